@@ -1,0 +1,197 @@
+"""Actor rank: steps gymnasium environments and sends n-step experiences to its site's buffer.
+
+Per loop turn: [comm] take what the buffer sent (weights, tokens, stop) without blocking;
+[algorithm] one batched greedy forward over this actor's envs, Ape-X epsilon per env, one step
+each, n-step accumulation; [comm] when a chunk is full and a token is free, compute the chunk's
+initial priorities with this actor's network copy and ``Isend`` it.
+
+Flow control (token control): an actor may have ``actor_credits`` experience messages that the
+buffer has not yet granted back.  Without a token it keeps stepping until ``4 * actor_chunk``
+transitions are waiting, then waits for a token (backpressure; the wait is counted as throttled
+time and the CPU goes to other ranks).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl import envs as envs_mod
+from mpirl.logs import Field, RunLog
+from mpirl.nstep import NStep
+from mpirl.qnet import NumpyQ
+from mpirl.waiting import Backoff
+from mpirl.wire import Tag, Wire
+
+BUFFER = 0  # the site's buffer is site rank 0
+
+
+def epsilon(i: int, n: int, base: float, alpha: float) -> float:
+    """Ape-X per-env exploration: eps_i = base^(1 + alpha * i / (n - 1))."""
+    return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
+
+
+def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
+    comm = topo.site
+    me = topo.place
+    m = cfg.envs_per_actor
+    n_total = topo.n_actors * m
+    rng = np.random.default_rng(cfg.seed + 1000 * me.rank)
+    envs = [envs_mod.make(cfg.env, seed=cfg.seed + 1000 * me.rank + j) for j in range(m)]
+    eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
+                    for j in range(m)])
+    nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
+    q = NumpyQ(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+
+    episodes = log.stream("episodes", [
+        Field("env", "i4", "", "env index within this actor"),
+        Field("ret", "f8", "reward", "undiscounted episode return"),
+        Field("length", "i8", "steps", "episode length"),
+        Field("epsilon", "f4", "", "exploration rate of this env"),
+    ], doc="episodes finished by this actor's envs")
+    progress = log.stream("actor", [
+        Field("env_steps", "i8", "steps", "env steps by this actor so far"),
+        Field("msgs_sent", "i8", "messages", "experience messages sent"),
+        Field("bytes_sent", "i8", "bytes", "experience bytes sent"),
+        Field("throttled_s", "f8", "s", "time spent waiting for a token (backpressure)"),
+        Field("weights_version", "i8", "", "version of the weights in use"),
+    ], doc="actor counters, about once per flush")
+    log.set_attrs(epsilons=eps)
+
+    status = MPI.Status()
+    wbuf = np.empty(wire_nbytes_weights(wire), np.uint8)
+    sends: list = []  # (request, buffer) in flight
+    tokens = cfg.actor_credits
+    backoff = Backoff()
+    weights_version = -1
+    stop = False
+    env_steps = steps_reported = seq = msgs = nbytes = 0
+    throttled = 0.0
+    done_episodes = 0
+    out_obs, out_act, out_ret, out_next, out_disc, out_qsa = [], [], [], [], [], []
+    returns_to_send: list[float] = []
+
+    def receive_all() -> None:
+        nonlocal tokens, weights_version, stop
+        while True:
+            msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
+            if msg is None:
+                return
+            tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
+            buf = wbuf if (tag == Tag.WEIGHTS and n == wbuf.nbytes) else np.empty(n, np.uint8)
+            msg.Recv([buf, MPI.BYTE])
+            m_ = wire.unpack(buf, tag, f"buffer of site {me.site}")
+            if m_.kind == Tag.WEIGHTS:
+                q.load(m_.arrays["params"])
+                weights_version = m_.seq
+            elif m_.kind == Tag.CREDIT:
+                tokens += m_.count
+            elif m_.kind == Tag.STOP:
+                stop = True
+            else:
+                raise RuntimeError(f"actor rank {me.rank}: unexpected {m_.kind.name} from buffer")
+
+    def send_chunk(final: bool = False) -> None:
+        """Pack up to actor_chunk transitions with initial priorities; Isend to the buffer."""
+        nonlocal tokens, seq, msgs, nbytes, steps_reported
+        k = len(out_obs) if final else cfg.actor_chunk
+        if k == 0 and not returns_to_send and env_steps == steps_reported:
+            return
+        rec = np.empty(k, wire.record)
+        rec["obs"] = out_obs[:k]
+        rec["action"] = out_act[:k]
+        rec["reward"] = out_ret[:k]
+        rec["next_obs"] = out_next[:k]
+        rec["discount"] = out_disc[:k]
+        # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
+        bootstrap = q(rec["next_obs"]).max(axis=1) if k else np.zeros(0)
+        td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
+        buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq)
+        sends.append((comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=Tag.EXPERIENCE), buf))
+        for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa):
+            del lst[:k]
+        returns_to_send.clear()
+        steps_reported = env_steps
+        seq += 1
+        msgs += 1
+        nbytes += buf.nbytes
+        if not final:
+            tokens -= 1
+
+    # [comm] wait for the first weights so no env step is taken with an untrained zero network
+    while weights_version < 0 and not stop:
+        receive_all()
+        backoff.idle()
+
+    obs = np.stack([e.reset(seed=cfg.seed + 1000 * me.rank + j)[0] for j, e in enumerate(envs)])
+    ep_ret = np.zeros(m)
+    ep_len = np.zeros(m, np.int64)
+    while not stop:
+        # [comm] tokens, weights, stop: never blocks
+        receive_all()
+        if sends:
+            sends[:] = [(r, b) for r, b in sends if not r.Test()]
+        # [comm] backpressure: too much waiting and no token -> wait for the buffer
+        if len(out_obs) >= 4 * cfg.actor_chunk and tokens <= 0:
+            t0 = time.monotonic()
+            backoff.idle()
+            throttled += time.monotonic() - t0
+            continue
+        backoff.work()
+        # [algorithm] act: one batched forward, epsilon-greedy per env
+        qv = q(obs)
+        actions = qv.argmax(axis=1)
+        explore = rng.random(m) < eps
+        actions[explore] = rng.integers(0, spec.n_actions, explore.sum())
+        for j, env in enumerate(envs):
+            a = int(actions[j])
+            nxt, r, term, trunc, _ = env.step(a)
+            env_steps += 1
+            ep_ret[j] += r
+            ep_len[j] += 1
+            for t in nsteps[j].push(obs[j].copy(), a, r, nxt, term, trunc, float(qv[j, a])):
+                out_obs.append(t[0])
+                out_act.append(t[1])
+                out_ret.append(t[2])
+                out_next.append(t[3])
+                out_disc.append(t[4])
+                out_qsa.append(t[5])
+            if term or trunc:
+                episodes.append(env=j, ret=ep_ret[j], length=ep_len[j], epsilon=eps[j])
+                returns_to_send.append(float(ep_ret[j]))
+                done_episodes += 1
+                ep_ret[j], ep_len[j] = 0.0, 0
+                nxt, _ = env.reset()
+            obs[j] = nxt
+        # [comm] ship full chunks while tokens last
+        while len(out_obs) >= cfg.actor_chunk and tokens > 0:
+            send_chunk()
+        if log.maybe_flush():
+            progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
+                            throttled_s=throttled, weights_version=weights_version)
+
+    # [comm] clean stop: ship what is left, say DONE, drain until the buffer's DONE comes back
+    send_chunk(final=True)
+    done = wire.done(env_steps, done_episodes)
+    sends.append((comm.Isend([done, MPI.BYTE], dest=BUFFER, tag=Tag.DONE), done))
+    acked = False
+    while not acked or sends:
+        msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
+        if msg is not None:
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            msg.Recv([buf, MPI.BYTE])
+            acked = acked or status.Get_tag() == Tag.DONE
+            continue
+        sends[:] = [(r, b) for r, b in sends if not r.Test()]
+        backoff.idle()
+    progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
+                    throttled_s=throttled, weights_version=weights_version)
+    log.set_attrs(env_steps=env_steps, episodes=done_episodes)
+    for e in envs:
+        e.close()
+
+
+def wire_nbytes_weights(wire: Wire) -> int:
+    return 40 + 4 * wire.n_params

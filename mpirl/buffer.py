@@ -1,0 +1,237 @@
+"""Buffer rank: the edge node that collects its site's experiences and faces the long-haul link.
+
+Two placements of the prioritized replay memory (``--replay-at``), same loop:
+
+* ``learner`` (existing, Ape-X style): every experience is forwarded over the link, in chunks of
+  ``forward_chunk``, against tokens the learner grants (``forward_credits`` in flight).  The
+  forward queue is bounded: when it is full the buffer stops granting tokens to its actors
+  (backpressure), so memory stays bounded whatever the link does.
+* ``buffer`` (proposed): experiences go into this node's prioritized replay memory; the buffer
+  keeps ``inflight`` sampled batches (with importance weights) in flight to the learner and
+  applies the priority updates that come back, generation-checked (an update for a slot that
+  was overwritten meanwhile is dropped and counted).  Token control paces the actors so the
+  learner samples ``replay_ratio`` transitions per inserted one.
+
+Per loop turn: [link] deliver what the learner sent (weights -> relayed to actors, priorities,
+tokens, stop); [site] take at most ``actor_chunk``-sized work from actors (bounded, so the learner
+is never starved by a flood of actor messages); [link] send batches / forwarded chunks; grant
+tokens; stats; idle back-off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.link import LinkEnd, resolve_profile
+from mpirl.logs import Field, RunLog
+from mpirl.replay import PrioritizedReplay
+from mpirl.waiting import Backoff
+from mpirl.wire import Tag, Wire
+
+LEARNER = 0  # link rank of the learner
+MAX_ACTOR_MSGS_PER_TURN = 8
+
+
+def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
+    site, me = topo.site, topo.place
+    actors = list(range(1, site.Get_size()))  # site ranks of this buffer's actors
+    link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=cfg.seed + me.rank)
+    at_buffer = cfg.replay_at == "buffer"
+    memory = PrioritizedReplay(cfg.replay_capacity, wire.record, alpha=cfg.alpha, beta=cfg.beta,
+                               eps=cfg.priority_eps, seed=cfg.seed + me.rank) if at_buffer else None
+
+    link_log = log.stream("link", [
+        Field("bytes_out", "i8", "bytes", "bytes sent toward the learner in the interval"),
+        Field("msgs_out", "i8", "messages", "messages sent toward the learner"),
+        Field("bytes_in", "i8", "bytes", "bytes received from the learner"),
+        Field("msgs_in", "i8", "messages", "messages received from the learner"),
+        Field("queue_s", "f8", "s", "summed time messages waited for the modelled bandwidth"),
+        Field("interval_s", "f8", "s", "length of the interval"),
+        Field("utilization", "f4", "", "fraction of the interval the outgoing side was busy "
+              "at the modelled bandwidth (0 without emulation)"),
+    ], doc="this buffer's side of the long-haul link, one row per interval")
+    site_log = log.stream("site", [
+        Field("env_steps", "i8", "steps", "env steps of this site's actors so far"),
+        Field("inserted", "i8", "transitions", "transitions received from actors so far"),
+        Field("sampled", "i8", "transitions", "transitions sent as batches (replay_at=buffer)"),
+        Field("replay_size", "i8", "transitions", "items in this buffer's replay memory"),
+        Field("stale_dropped", "i8", "priorities", "priority updates dropped: slot overwritten"),
+        Field("forward_queue", "i8", "transitions", "transitions waiting to be forwarded"),
+        Field("inflight", "i4", "batches", "sampled batches awaiting their priority update"),
+        Field("rtt_s", "f8", "s", "mean batch round trip in the interval (send -> update)"),
+    ], doc="buffer counters, one row per interval")
+    batch_log = log.stream("batches", [
+        Field("batch", "i8", "", "batch id"),
+        Field("priority_mean", "f4", "", "mean priority p the memory held for the batch"),
+        Field("size", "i8", "transitions", "replay memory size when sampled"),
+    ], doc="replay_at=buffer: every batch sampled and sent over the link")
+
+    status = MPI.Status()
+    backoff = Backoff()
+    site_sends: list = []
+    fwd_records: deque = deque()  # (records, td_abs) waiting to be forwarded (learner mode)
+    fwd_len = 0
+    fwd_limit = max(cfg.forward_credits * cfg.forward_chunk, 4 * cfg.actor_chunk)
+    fwd_tokens = 0  # granted by the learner
+    owed = {a: 0 for a in actors}  # tokens to give back to each actor
+    inflight: dict[int, float] = {}  # batch id -> send time
+    batch_id = fwd_seq = 0
+    env_steps = inserted = sampled = episodes = 0
+    stale = 0
+    returns: list[float] = []
+    rtts: list[float] = []
+    weights_version = -1
+    stopping = False
+    done_actors: set[int] = set()
+    t_start = t_stats = t_log = time.monotonic()
+    sent_done = False
+    acked = False
+
+    def to_site(buf: np.ndarray, dest: int, tag: Tag) -> None:
+        site_sends.append((site.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
+
+    def grant_actor_tokens() -> None:
+        """Token control toward the actors (the rate limiter of the pipeline)."""
+        if stopping:
+            return
+        for a in actors:
+            if not owed[a]:
+                continue
+            if at_buffer:
+                if cfg.replay_ratio > 0 and inserted > cfg.learning_starts + sampled / cfg.replay_ratio:
+                    return  # learner behind: let actors wait
+            elif fwd_len >= fwd_limit:
+                return  # forward queue full: backpressure
+            to_site(wire.credit(owed[a]), a, Tag.CREDIT)
+            owed[a] = 0
+
+    while not acked or site_sends or link.backlog:
+        now = time.monotonic()
+        did = False
+        link.poll(now)
+        # [link] what the learner sent
+        for tag, buf in link.receive(now):
+            did = True
+            m = wire.unpack(buf, tag, "the learner")
+            if m.kind == Tag.WEIGHTS:
+                weights_version = m.seq
+                if not stopping:
+                    for a in actors:  # relay the same buffer to every actor
+                        to_site(buf, a, Tag.WEIGHTS)
+            elif m.kind == Tag.PRIORITIES:
+                t_sent = inflight.pop(m.seq, None)
+                if t_sent is not None:
+                    rtts.append(now - t_sent)
+                if memory is not None:
+                    stale += memory.update(m.arrays["indices"], m.arrays["generations"],
+                                           m.arrays["td_abs"])
+            elif m.kind == Tag.CREDIT:
+                fwd_tokens += m.count
+            elif m.kind == Tag.STOP:
+                stopping = True
+                for a in actors:
+                    to_site(wire.stop(), a, Tag.STOP)
+            elif m.kind == Tag.DONE:
+                acked = True
+            else:
+                raise RuntimeError(f"buffer {me.site}: unexpected {m.kind.name} from the learner")
+        # [site] experiences from actors, bounded work per turn
+        for _ in range(MAX_ACTOR_MSGS_PER_TURN):
+            msg = site.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            if msg is None:
+                break
+            did = True
+            src, tag = status.Get_source(), status.Get_tag()
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            msg.Recv([buf, MPI.BYTE])
+            m = wire.unpack(buf, tag, f"actor (site rank {src})")
+            if m.kind == Tag.EXPERIENCE:
+                env_steps += int(m.a)
+                returns.extend(m.arrays["returns"].tolist())
+                episodes += len(m.arrays["returns"])
+                if m.count:
+                    inserted += m.count
+                    if memory is not None:
+                        memory.add(m.arrays["records"], m.arrays["td_abs"])
+                    else:
+                        fwd_records.append((m.arrays["records"], m.arrays["td_abs"]))
+                        fwd_len += m.count
+                owed[src] += 1
+            elif m.kind == Tag.DONE:
+                done_actors.add(src)
+                to_site(wire.done(0, 0), src, Tag.DONE)
+            else:
+                raise RuntimeError(f"buffer {me.site}: unexpected {m.kind.name} from actor {src}")
+        grant_actor_tokens()
+        # [link] toward the learner
+        if memory is not None and not stopping:
+            beta = cfg.beta if cfg.beta_steps == 0 else min(
+                1.0, cfg.beta + (1 - cfg.beta) * sampled / cfg.batch_size / cfg.beta_steps)
+            memory.beta = beta
+            while len(inflight) < cfg.inflight and len(memory) >= cfg.learning_starts \
+                    and len(memory) > 0:
+                sample = memory.sample(cfg.batch_size)
+                link.send(wire.batch(sample, batch_id, now), Tag.BATCH, now)
+                batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
+                                 size=len(memory))
+                inflight[batch_id] = now
+                batch_id += 1
+                sampled += cfg.batch_size
+                did = True
+        elif memory is None:
+            while fwd_records and fwd_tokens > 0 and (fwd_len >= cfg.forward_chunk or stopping):
+                recs, tds = [], []
+                k = 0
+                while fwd_records and k < cfg.forward_chunk:
+                    r, t = fwd_records.popleft()
+                    take = min(len(r), cfg.forward_chunk - k)
+                    recs.append(r[:take])
+                    tds.append(t[:take])
+                    if take < len(r):
+                        fwd_records.appendleft((r[take:], t[take:]))
+                    k += take
+                fwd_len -= k
+                link.send(wire.forward(np.concatenate(recs), np.concatenate(tds), fwd_seq),
+                          Tag.FORWARD, now)
+                fwd_seq += 1
+                fwd_tokens -= 1
+                did = True
+        if not sent_done and now - t_stats > 0.25:
+            link.send(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
+            returns.clear()
+            t_stats = now
+        if stopping and not sent_done and len(done_actors) == len(actors) and not fwd_len:
+            # everything this site produced has been handed to the link: say so, last
+            link.send(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
+            link.send(wire.done(env_steps, episodes), Tag.DONE, now)
+            returns.clear()
+            sent_done = True
+        if site_sends:
+            site_sends[:] = [(r, b) for r, b in site_sends if not r.Test()]
+        if now - t_log >= cfg.flush_seconds / 2:
+            b_out, m_out, q_s = link.sent.take()
+            b_in, m_in, _ = link.received.take()
+            dt = now - t_log
+            link_log.append(bytes_out=b_out, msgs_out=m_out, bytes_in=b_in, msgs_in=m_in,
+                            queue_s=q_s, interval_s=dt,
+                            utilization=min(1.0, b_out * 8 / link.profile.rate_bps / dt))
+            site_log.append(env_steps=env_steps, inserted=inserted, sampled=sampled,
+                            replay_size=len(memory) if memory is not None else 0,
+                            stale_dropped=stale, forward_queue=fwd_len, inflight=len(inflight),
+                            rtt_s=float(np.mean(rtts)) if rtts else np.nan)
+            rtts.clear()
+            t_log = now
+        log.maybe_flush(now)
+        if did:
+            backoff.work()
+        else:
+            nd = link.next_departure()
+            backoff.idle(until=nd)
+    log.set_attrs(env_steps=env_steps, inserted=inserted, sampled=sampled,
+                  stale_dropped=stale, wall_s=time.monotonic() - t_start,
+                  link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
+                  link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)

@@ -1,0 +1,263 @@
+"""One frozen, documented configuration, parsed once (CLI, optionally a TOML file), validated once.
+
+Every field's ``help`` metadata is the documentation: ``python -m mpirl.main --help`` prints it and
+the README's configuration table is generated from the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the value and the fix."""
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- run -----------------------------------------------------------------------------------
+    env: str = _f("CartPole-v1", "gymnasium environment id (discrete action space)")
+    replay_at: str = _f(
+        "buffer",
+        "where the prioritized replay memory lives: 'buffer' (proposed: at the edge, only "
+        "prioritized batches cross the link) or 'learner' (existing, Ape-X style: every "
+        "experience crosses the link)",
+        choices=("buffer", "learner"),
+    )
+    buffers: int = _f(1, "number of edge buffers (sites); actors are split over them")
+    seed: int = _f(0, "base random seed; each rank and env offsets it")
+    max_env_steps: int = _f(2_000_000, "stop after this many env steps (all actors), 0 = no limit")
+    max_seconds: float = _f(600.0, "stop after this many seconds of wall time, 0 = no limit")
+    target_return: float | None = _f(
+        None,
+        "stop when the greedy evaluation mean reaches this return (default: the env's "
+        "reward_threshold, e.g. 475 for CartPole-v1; pass 'none' to disable)",
+    )
+    run_dir: str | None = _f(
+        None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>); must be "
+        "new or empty"
+    )
+    progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
+    flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
+                              "lost if a rank is killed)")
+
+    # --- DQN -----------------------------------------------------------------------------------
+    hidden: tuple[int, ...] = _f((256, 256), "hidden layer sizes of the MLP Q-network")
+    dueling: bool = _f(False, "use a dueling head")
+    lr: float = _f(1e-3, "Adam learning rate")
+    gamma: float = _f(0.99, "discount factor")
+    n_step: int = _f(3, "n-step return length (computed at the actors)")
+    batch_size: int = _f(64, "learner batch size")
+    target_update: int = _f(500, "learner updates between target-network copies")
+    grad_clip: float = _f(10.0, "gradient norm clip (0 = off)")
+    huber_delta: float = _f(1.0, "Huber loss delta")
+
+    # --- replay memory -------------------------------------------------------------------------
+    replay_capacity: int = _f(100_000, "replay memory capacity in transitions")
+    alpha: float = _f(0.6, "priority exponent: p = (|td| + eps)^alpha")
+    beta: float = _f(0.4, "importance-weight exponent (annealed to 1 over beta_steps updates)")
+    beta_steps: int = _f(20_000, "learner updates over which beta anneals to 1 (0 = fixed)")
+    priority_eps: float = _f(1e-3, "added to |td| before the exponent")
+    learning_starts: int = _f(1_000, "transitions in the replay memory before sampling starts")
+    replay_ratio: float = _f(
+        8.0,
+        "samples per inserted transition the pipeline aims at; actors are throttled (token "
+        "control) when the learner falls behind (0 = never throttle)",
+    )
+
+    # --- actors --------------------------------------------------------------------------------
+    envs_per_actor: int = _f(4, "environments per actor rank, stepped in lockstep with one "
+                             "batched policy forward")
+    eps_base: float = _f(0.4, "Ape-X exploration: eps_i = eps_base^(1 + eps_alpha * i/(N-1))")
+    eps_alpha: float = _f(7.0, "Ape-X exploration exponent (see eps_base)")
+    actor_chunk: int = _f(64, "transitions per experience message from an actor")
+    actor_credits: int = _f(4, "experience messages an actor may have unacknowledged (tokens)")
+    weights_every: int = _f(100, "learner updates between weight broadcasts to the buffers")
+
+    # --- the link ------------------------------------------------------------------------------
+    link: str = _f("none", "long-haul link profile between buffers and learner (see --help)")
+    latency_ms: float | None = _f(None, "override the profile's one-way latency (ms)")
+    bandwidth_mbps: float | None = _f(None, "override the profile's bandwidth (Mbit/s)")
+    jitter_ms: float | None = _f(None, "override the profile's jitter (ms, uniform +-)")
+    inflight: int = _f(4, "replay_at=buffer: sampled batches in flight across the link "
+                       "(1 = synchronous)")
+    forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
+    forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
+
+    # --- evaluation ----------------------------------------------------------------------------
+    eval_episodes: int = _f(10, "greedy evaluation episodes (run in lockstep at the learner)")
+    eval_every: int = _f(1_000, "learner updates between greedy evaluations")
+
+    # --- resources -----------------------------------------------------------------------------
+    torch_threads: int = _f(1, "torch threads per rank")
+    config: str | None = _f(None, "TOML file with any of these keys (CLI flags win)")
+
+    # ------------------------------------------------------------------------------------------
+    def validate(self, world_size: int | None = None) -> None:
+        """Raise ConfigError naming the first bad value and the fix."""
+        c = self
+        pos_int = ["buffers", "n_step", "batch_size", "target_update", "replay_capacity",
+                   "envs_per_actor", "actor_chunk", "actor_credits", "weights_every",
+                   "inflight", "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
+                   "torch_threads"]
+        for name in pos_int:
+            v = getattr(c, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{name}={v!r} must be an integer > 0")
+        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed"]:
+            v = getattr(c, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name}={v!r} must be an integer >= 0")
+        for name in ["max_seconds", "progress_seconds", "grad_clip", "replay_ratio"]:
+            if getattr(c, name) < 0:
+                raise ConfigError(f"{name}={getattr(c, name)!r} must be >= 0")
+        for name in ["lr", "huber_delta", "flush_seconds", "priority_eps"]:
+            if not getattr(c, name) > 0:
+                raise ConfigError(f"{name}={getattr(c, name)!r} must be > 0")
+        if not 0 < c.gamma <= 1:
+            raise ConfigError(f"gamma={c.gamma!r} must be in (0, 1]")
+        if not 0 <= c.alpha <= 1:
+            raise ConfigError(f"alpha={c.alpha!r} must be in [0, 1]")
+        if not 0 <= c.beta <= 1:
+            raise ConfigError(f"beta={c.beta!r} must be in [0, 1]")
+        if not 0 <= c.eps_base <= 1:
+            raise ConfigError(f"eps_base={c.eps_base!r} must be in [0, 1]")
+        if c.replay_at not in ("buffer", "learner"):
+            raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer' or 'learner'")
+        if any((not isinstance(h, int)) or h <= 0 for h in c.hidden) or not c.hidden:
+            raise ConfigError(f"hidden={c.hidden!r} must be one or more positive layer sizes, "
+                              "e.g. --hidden 256 256")
+        if c.batch_size > c.replay_capacity:
+            raise ConfigError(f"batch_size={c.batch_size} must be <= replay_capacity="
+                              f"{c.replay_capacity}")
+        if c.learning_starts > c.replay_capacity:
+            raise ConfigError(f"learning_starts={c.learning_starts} must be <= replay_capacity="
+                              f"{c.replay_capacity}")
+        from mpirl.link import resolve_profile  # local: link imports nothing from config
+
+        resolve_profile(c)  # raises ConfigError on an unknown profile or bad overrides
+        if world_size is not None:
+            from mpirl.topology import check_layout
+
+            check_layout(world_size, c.buffers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing: CLI flags (dashes), TOML keys (underscores or dashes), same names.
+
+
+def _arg_type(f: dataclasses.Field):
+    t = str(f.type)
+    if "tuple" in t:
+        return int, "+"
+    if t.startswith("bool"):
+        return None, None
+    if "int" in t and "float" not in t:
+        return int, None
+    if "float" in t:
+        return _float_or_none if "None" in t else float, None
+    return str, None
+
+
+def _float_or_none(s: str) -> float | None:
+    if str(s).lower() in ("none", "off"):
+        return None
+    return float(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mpirl.link import PROFILES
+
+    profiles = ", ".join(f"{k} ({v.describe()})" for k, v in PROFILES.items())
+    p = argparse.ArgumentParser(
+        prog="python -m mpirl.main",
+        description="Distributed DQN with prioritized replay over MPI. Run under mpirun, e.g. "
+        "`mpirun -n 9 python -m mpirl.main`: rank 0 is the learner, then each site's buffer "
+        "followed by its actors.",
+        epilog=f"Link profiles: {profiles}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        typ, nargs = _arg_type(f)
+        kw = {"help": f.metadata["help"], "default": argparse.SUPPRESS, "dest": f.name}
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        if typ is None:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        else:
+            p.add_argument(flag, type=typ, nargs=nargs, metavar=f.name.upper(), **kw)
+    p.add_argument("--resume", default=None, help="continue the run in RUN_DIR (not yet "
+                   "available)", dest="resume", metavar="RUN_DIR")
+    return p
+
+
+def _from_toml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config={path!r}: no such file; pass an existing TOML file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config={path!r} is not valid TOML: {e}") from None
+    names = {f.name: f for f in dataclasses.fields(Config)}
+    out = {}
+    for k, v in data.items():
+        key = k.replace("-", "_")
+        if key not in names or key == "config":
+            raise ConfigError(f"config={path!r}: unknown key {k!r}; valid keys are the long "
+                              "options of --help without the dashes")
+        if key == "hidden":
+            v = tuple(v) if isinstance(v, list) else v
+        out[key] = v
+    return out
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    """CLI flags (and --config TOML) -> a Config, not yet checked against the world size."""
+    parser = build_parser()
+    ns = vars(parser.parse_args(argv))
+    if ns.pop("resume", None) is not None:
+        raise ConfigError("--resume is not available yet; start a new run")
+    values = {}
+    if ns.get("config"):
+        values.update(_from_toml(ns["config"]))
+    values.update(ns)
+    if "hidden" in values:
+        values["hidden"] = tuple(values["hidden"])
+    names = {f.name: f for f in dataclasses.fields(Config)}
+    for k, v in values.items():  # type checks for TOML values (argparse did the CLI ones)
+        typ, nargs = _arg_type(names[k])
+        if nargs:
+            continue
+        if typ is None and not isinstance(v, bool):
+            raise ConfigError(f"{k}={v!r} must be true or false")
+        if typ in (float, _float_or_none) and isinstance(v, int) and not isinstance(v, bool):
+            values[k] = float(v)
+        elif typ in (float, _float_or_none) and not isinstance(v, float) and v is not None:
+            raise ConfigError(f"{k}={v!r} must be a number")
+        elif typ is int and (not isinstance(v, int) or isinstance(v, bool)):
+            raise ConfigError(f"{k}={v!r} must be an integer")
+        elif typ is str and not isinstance(v, str) and v is not None:
+            raise ConfigError(f"{k}={v!r} must be a string")
+    cfg = Config(**values)
+    cfg.validate()
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,304 @@
+"""Learner rank (the cloud): trains the DQN and decides when the run stops.
+
+Per loop turn: [link] take what every buffer sent (batches or forwarded experiences, stats,
+done); [algorithm] one update when there is data: double DQN, Huber loss weighted by importance
+weights, gradient clipping, target copy every ``target_update`` updates; [link] the batch's
+priority update back to its buffer (replay_at=buffer), tokens for more forwarded experiences
+(replay_at=learner, paced so the learner samples ``replay_ratio`` transitions per insert),
+weights to every buffer every ``weights_every`` updates; greedy evaluation every ``eval_every``
+updates; the stop decision (target return, env-step or time budget) and a progress line.
+
+Stop protocol: the learner sends STOP to every buffer and keeps serving the link until each
+buffer answers DONE (it has collected DONE from its actors and handed everything over), then
+acknowledges with DONE.  No rank is left waiting; every file is closed.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+
+import numpy as np
+
+from mpirl.envs import Evaluator
+from mpirl.link import LinkEnd, resolve_profile
+from mpirl.logs import Field, RunLog
+from mpirl.qnet import NumpyQ, make_torch_q
+from mpirl.replay import PrioritizedReplay
+from mpirl.waiting import Backoff
+from mpirl.wire import Tag, Wire
+
+
+def _batch_tensors(torch, records):
+    """Structured records (possibly an unaligned view of a message) -> torch tensors."""
+    return (torch.from_numpy(np.ascontiguousarray(records["obs"], np.float32)),
+            torch.from_numpy(np.ascontiguousarray(records["action"], np.int64)),
+            torch.from_numpy(np.ascontiguousarray(records["reward"], np.float32)),
+            torch.from_numpy(np.ascontiguousarray(records["next_obs"], np.float32)),
+            torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
+
+
+def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
+    import torch
+
+    from mpirl.dqn import dqn_loss
+
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    profile = resolve_profile(cfg)
+    buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
+    links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
+    online = make_torch_q(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+    target = copy.deepcopy(online)
+    try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
+        opt = torch.optim.Adam(online.parameters(), lr=cfg.lr, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.Adam(online.parameters(), lr=cfg.lr)
+    at_learner = cfg.replay_at == "learner"
+    memory = PrioritizedReplay(cfg.replay_capacity, wire.record, alpha=cfg.alpha, beta=cfg.beta,
+                               eps=cfg.priority_eps, seed=cfg.seed) if at_learner else None
+    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000)
+    eval_q = NumpyQ(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+    target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
+
+    upd_log = log.stream("updates", [
+        Field("update", "i8", "", "update number"),
+        Field("loss", "f4", "", "weighted Huber loss of the update"),
+        Field("td_abs_mean", "f4", "", "mean |td| of the batch"),
+        Field("beta", "f4", "", "importance-weight exponent used"),
+    ], doc="one row per learner update")
+    xfer_log = log.stream("transfers", [
+        Field("buffer", "i4", "", "site of the buffer that sent it"),
+        Field("kind", "i4", "", "5 = sampled batch (replay_at=buffer), 4 = forwarded experiences "
+              "(replay_at=learner)"),
+        Field("n", "i8", "transitions", "experiences in the message"),
+        Field("nbytes", "i8", "bytes", "message size"),
+        Field("priority_mean", "f4", "", "mean priority the sender held for them: p=(|td|+eps)"
+              "^alpha from the buffer's memory, or from the actors' initial |td|"),
+        Field("arrival_td_mean", "f4", "", "mean |td| under the learner's current network on "
+              "arrival"),
+        Field("arrival_priority_mean", "f4", "", "mean (|td|+eps)^alpha of arrival_td"),
+    ], doc="every message of experiences that crossed the link toward the learner")
+    eval_log = log.stream("evals", [
+        Field("update", "i8", "", "learner updates so far"),
+        Field("env_steps", "i8", "steps", "env steps of all actors so far"),
+        Field("ret_mean", "f8", "reward", "greedy evaluation mean return"),
+        Field("ret_std", "f8", "reward", "std of the evaluation returns"),
+        Field("ret_min", "f8", "reward", "worst evaluation return"),
+    ], doc="greedy evaluations (eval_episodes episodes each)")
+    prog_log = log.stream("progress", [
+        Field("env_steps", "i8", "steps", "env steps of all actors"),
+        Field("updates", "i8", "", "learner updates"),
+        Field("env_steps_per_s", "f8", "steps/s", "over the last interval"),
+        Field("updates_per_s", "f8", "1/s", "over the last interval"),
+        Field("recent_return", "f8", "reward", "mean of the actors' last 100 episode returns"),
+        Field("loss", "f8", "", "mean loss over the interval"),
+        Field("busy_fraction", "f4", "", "time training / wall time over the interval"),
+        Field("link_bytes_per_s", "f8", "bytes/s", "both directions, all buffers"),
+    ], doc="one row per progress interval")
+    link_log = log.stream("link", [
+        Field("buffer", "i4", "", "site"),
+        Field("bytes_in", "i8", "bytes", "bytes received from the buffer in the interval"),
+        Field("msgs_in", "i8", "messages", "messages received from the buffer"),
+        Field("bytes_out", "i8", "bytes", "bytes sent to the buffer"),
+        Field("msgs_out", "i8", "messages", "messages sent to the buffer"),
+        Field("queue_s", "f8", "s", "summed time messages waited for the modelled bandwidth"),
+        Field("interval_s", "f8", "s", "length of the interval"),
+    ], doc="the learner's side of each long-haul link, one row per buffer per interval")
+
+    def to_numpy(t):
+        return t.detach().numpy()
+
+    def train(records, weights) -> np.ndarray:
+        """One DQN update; returns |td| per sample (the new priorities' raw material)."""
+        nonlocal updates, busy, loss_sum, loss_n
+        t0 = time.monotonic()
+        obs, act, rew, nxt, disc = _batch_tensors(torch, records)
+        w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
+        loss, td = dqn_loss(online, target, obs, act, rew, nxt, disc, w, cfg.huber_delta)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(online.parameters(), cfg.grad_clip)
+        opt.step()
+        updates += 1
+        if updates % cfg.target_update == 0:
+            target.load_state_dict(online.state_dict())
+        lv = float(loss.detach())
+        td_np = to_numpy(td)
+        upd_log.append(update=updates, loss=lv, td_abs_mean=float(td_np.mean()), beta=beta)
+        loss_sum += lv
+        loss_n += 1
+        busy += time.monotonic() - t0
+        return td_np
+
+    def arrival_td(records) -> np.ndarray:
+        with torch.no_grad():
+            obs, act, rew, nxt, disc = _batch_tensors(torch, records)
+            _, td = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.ones(len(act)))
+        return to_numpy(td)
+
+    def send_weights() -> None:
+        nonlocal weights_version
+        weights_version += 1
+        buf = wire.weights(online.flat_params(), weights_version, updates)
+        for b in buffers:
+            links[b].send(buf, Tag.WEIGHTS)
+
+    def beta_now() -> float:
+        if cfg.beta_steps == 0:
+            return cfg.beta
+        return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
+
+    backoff = Backoff()
+    updates = weights_version = -1
+    updates = 0
+    busy = 0.0
+    loss_sum, loss_n = 0.0, 0
+    beta = cfg.beta
+    site_steps = {b: 0 for b in buffers}
+    recent = deque(maxlen=100)
+    ready: deque = deque()  # (buffer, message) sampled batches waiting to be trained on
+    owed = {b: 0 for b in buffers}  # forward tokens to give back (replay_at=learner)
+    inserted = sampled = 0
+    last_eval = -np.inf
+    best_eval = -np.inf
+    stop_reason = None
+    done = set()
+    t_start = time.monotonic()
+    t_prog = t_link = t_start
+    prog_steps = prog_updates = 0
+    prog_busy = 0.0
+    to_target: dict = {}
+
+    send_weights()
+    if at_learner:
+        for b in buffers:
+            links[b].send(wire.credit(cfg.forward_credits), Tag.CREDIT)
+
+    while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
+        now = time.monotonic()
+        did = False
+        # [link] everything the buffers sent
+        for b, lk in links.items():
+            lk.poll(now)
+            for tag, buf in lk.receive(now):
+                did = True
+                m = wire.unpack(buf, tag, f"buffer {b - 1}")
+                if m.kind == Tag.BATCH:
+                    if stop_reason is None:
+                        ready.append((b, m, buf.nbytes))
+                elif m.kind == Tag.FORWARD:
+                    td = arrival_td(m.arrays["records"])
+                    xfer_log.append(buffer=b - 1, kind=int(Tag.FORWARD), n=m.count,
+                                    nbytes=buf.nbytes,
+                                    priority_mean=float(np.mean((m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha)),
+                                    arrival_td_mean=float(td.mean()),
+                                    arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))
+                    memory.add(m.arrays["records"], m.arrays["td_abs"])
+                    inserted += m.count
+                    owed[b] += 1
+                elif m.kind == Tag.STATS:
+                    site_steps[b] = int(m.a)
+                    recent.extend(m.arrays["returns"].tolist())
+                elif m.kind == Tag.DONE:
+                    site_steps[b] = int(m.a)
+                    done.add(b)
+                    lk.send(wire.done(0, 0), Tag.DONE)
+                else:
+                    raise RuntimeError(f"learner: unexpected {m.kind.name} from buffer {b - 1}")
+        env_steps = sum(site_steps.values())
+        # [link] tokens for forwarded experiences: the learner-side rate limiter
+        if at_learner:
+            for b in buffers:
+                limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
+                            or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
+                if owed[b] and limit_ok:
+                    links[b].send(wire.credit(owed[b]), Tag.CREDIT, now)
+                    owed[b] = 0
+        # [algorithm] one update
+        if stop_reason is None:
+            beta = beta_now()
+            if at_learner and len(memory) >= max(cfg.learning_starts, 1):
+                memory.beta = beta
+                s = memory.sample(cfg.batch_size)
+                td = train(s.records, s.weights)
+                memory.update(s.indices, s.generations, td)
+                sampled += cfg.batch_size
+                did = True
+            elif ready:
+                b, m, nbytes = ready.popleft()
+                td = train(m.arrays["records"], m.arrays["weights"])
+                links[b].send(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
+                                              m.seq, m.a), Tag.PRIORITIES)
+                xfer_log.append(buffer=b - 1, kind=int(Tag.BATCH), n=m.count, nbytes=nbytes,
+                                priority_mean=float(m.arrays["priorities"].mean()),
+                                arrival_td_mean=float(td.mean()),
+                                arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))
+                sampled += m.count
+                did = True
+            if did and updates and updates % cfg.weights_every == 0:
+                send_weights()
+            # greedy evaluation and the stop decision
+            if updates and updates - last_eval >= cfg.eval_every:
+                last_eval = updates
+                eval_q.load(online.flat_params())
+                rets = evaluator.run(eval_q)
+                eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
+                                ret_std=rets.std(), ret_min=rets.min())
+                best_eval = max(best_eval, float(rets.mean()))
+                if target_return is not None and rets.mean() >= target_return:
+                    stop_reason = "target_return"
+                    to_target = {"time_to_target_s": time.monotonic() - t_start,
+                                 "env_steps_to_target": env_steps, "updates_to_target": updates}
+            if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
+                stop_reason = "max_env_steps"
+            if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
+                stop_reason = "max_seconds"
+            if stop_reason is not None:
+                say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
+                    f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")
+                for lk in links.values():
+                    lk.send(wire.stop(), Tag.STOP, now)
+        # progress line and link accounting
+        if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
+            dt = now - t_prog
+            link_bytes = sum(lk.sent.bytes + lk.received.bytes for lk in links.values())
+            row = dict(env_steps=env_steps, updates=updates,
+                       env_steps_per_s=(env_steps - prog_steps) / dt,
+                       updates_per_s=(updates - prog_updates) / dt,
+                       recent_return=float(np.mean(recent)) if recent else np.nan,
+                       loss=loss_sum / loss_n if loss_n else np.nan,
+                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt)
+            prog_log.append(**row)
+            say(f"[{now - t_start:7.1f}s] env steps {env_steps:>10,} ({row['env_steps_per_s']:,.0f}/s)"
+                f" | updates {updates:>8,} ({row['updates_per_s']:,.0f}/s, busy "
+                f"{row['busy_fraction']:.0%}) | return {row['recent_return']:7.1f}"
+                f" | eval {best_eval:7.1f} | loss {row['loss']:.4f}"
+                f" | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
+            t_prog, prog_steps, prog_updates, prog_busy = now, env_steps, updates, busy
+            loss_sum, loss_n = 0.0, 0
+        if now - t_link >= cfg.flush_seconds / 2:
+            for b, lk in links.items():
+                b_out, m_out, q_s = lk.sent.take()
+                b_in, m_in, _ = lk.received.take()
+                link_log.append(buffer=b - 1, bytes_in=b_in, msgs_in=m_in, bytes_out=b_out,
+                                msgs_out=m_out, queue_s=q_s, interval_s=now - t_link)
+            t_link = now
+        log.maybe_flush(now)
+        if did:
+            backoff.work()
+        else:
+            backoff.idle(until=min((d for d in (lk.next_departure() for lk in links.values())
+                                    if d is not None), default=None))
+
+    wall = time.monotonic() - t_start
+    summary = {"stop_reason": stop_reason, "updates": updates, "env_steps": env_steps,
+               "wall_s": wall, "best_eval": best_eval, "busy_fraction": busy / wall,
+               "link_bytes_in": sum(lk.received.total_bytes for lk in links.values()),
+               "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
+               **to_target}
+    log.set_attrs(**summary)
+    evaluator.close()
+    return summary

@@ -1,0 +1,195 @@
+"""Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
+
+The whole data flow, wired in one place::
+
+    actors --EXPERIENCE (Isend, tokens)--> buffer --[long-haul link]--> learner
+      ^                                      |  ^                          |
+      +---------- WEIGHTS (relayed) ---------+  +-- WEIGHTS, PRIORITIES, --+
+                                                    CREDIT, STOP
+
+Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
+Configuration is parsed and validated once on every rank (no communication needed: every rank
+reaches the same verdict); errors are printed by rank 0 only and every rank exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS/OpenMP thread per rank: 9 ranks share 2 cores. Set before numpy/torch load.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mpi4py import MPI
+
+    out = {"python": sys.version.split()[0],
+           "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+           "mpi_standard": "%d.%d" % MPI.Get_version()}
+    for pkg in ("mpirl", "torch", "numpy", "gymnasium", "h5py", "mpi4py"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def _hostnames(world) -> list[str]:
+    """Every rank's host name, gathered as fixed-size bytes (no pickle)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    mine = np.zeros(256, np.uint8)
+    name = socket.gethostname().encode()[:256]
+    mine[: len(name)] = np.frombuffer(name, np.uint8)
+    allnames = np.zeros((world.Get_size(), 256), np.uint8)
+    world.Allgather([mine, MPI.BYTE], [allnames, MPI.BYTE])
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in allnames]
+
+
+def _default_run_dir(cfg) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{cfg.env}-{cfg.replay_at}"
+
+
+def _prepare_run_dir(world, cfg) -> Path:
+    """Rank 0 creates the run folder; every rank learns the outcome (no silent overwrite)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpirl.config import ConfigError
+
+    path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
+    err = ""
+    if world.Get_rank() == 0:
+        try:
+            if path.exists() and (not path.is_dir() or any(path.iterdir())):
+                err = (f"run_dir={str(path)!r} exists and is not an empty folder; pass a new "
+                       "--run-dir (mpirl never writes into an existing run)")
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                probe = path / ".write-test"
+                probe.write_bytes(b"")
+                probe.unlink()
+        except OSError as e:
+            err = f"run_dir={str(path)!r} cannot be created or written ({e.strerror}); pass a " \
+                  "writable --run-dir"
+    flag = np.array([len(err)], np.int64)
+    world.Bcast([flag, MPI.INT64_T], root=0)
+    if flag[0]:
+        raise ConfigError(err or "the run folder could not be prepared (see rank 0)")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    from mpirl import envs, topology
+    from mpirl.config import ConfigError, parse, to_dict
+    from mpirl.replay import footprint_bytes
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+
+    # ---- configuration: the same verdict on every rank, printed by rank 0 only --------------
+    quiet = contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext()
+    quiet_err = contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext()
+    try:
+        with quiet, quiet_err:
+            try:
+                cfg = parse(argv)
+            except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+                return int(e.code or 0)
+        cfg.validate(world.Get_size())
+        spec = envs.inspect(cfg.env)
+        from mpirl.wire import transition_dtype
+
+        record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+        need = footprint_bytes(cfg.replay_capacity, record)
+        avail = _available_memory()
+        if avail is not None and need > avail:
+            raise ConfigError(
+                f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
+                f"for {record.itemsize}-byte transitions but only {avail / 2**30:.2f} GiB is "
+                f"available; lower --replay-capacity to at most {int(avail * 0.8 / (need / cfg.replay_capacity)):,}")
+        run_dir = _prepare_run_dir(world, cfg)
+    except (ConfigError, topology.LayoutError) as e:
+        if rank == 0:
+            sys.stderr.write(f"mpirl: error: {e}\n")
+        return 2
+
+    # ---- from here on, any exception on any rank aborts the whole job promptly -------------
+    from mpirl import failure
+
+    topo = topology.build(world, cfg.buffers)
+    who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
+                                         else ")")
+    failure.install(world, who)
+    hosts = _hostnames(world)
+    from mpirl.link import resolve_profile
+
+    profile = resolve_profile(cfg)
+    if rank == 0:
+        print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
+              f"({profile.describe()}), run folder {run_dir}")
+        print(topology.format_table(topo.places, hosts))
+        for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
+            print(f"mpirl: warning: {w}")
+        sys.stdout.flush()
+
+    from mpirl import qnet
+    from mpirl.logs import RunLog
+    from mpirl.wire import Wire
+
+    wire = Wire(record, qnet.n_params(spec.obs_shape[0], spec.n_actions, cfg.hidden,
+                                      cfg.dueling))
+    layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
+              for p, h in zip(topo.places, hosts)]
+    attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(_versions()),
+             "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
+             "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
+             "link_profile": profile.describe()}
+    name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
+            "actor": f"actor-{rank}"}[topo.role]
+    with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds) as log:
+        if topo.role == "learner":
+            from mpirl import learner
+
+            summary = learner.run(cfg, topo, spec, wire, log,
+                                  say=lambda s: print(s, flush=True))
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        elif topo.role == "buffer":
+            from mpirl import buffer
+
+            buffer.run(cfg, topo, spec, wire, log)
+        else:
+            from mpirl import actor
+
+            actor.run(cfg, topo, spec, wire, log)
+    return 0
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

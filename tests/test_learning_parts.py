@@ -1,0 +1,58 @@
+"""The Q-network (torch and numpy agree) and the DQN loss."""
+import numpy as np
+import pytest
+import torch
+
+from mpirl.dqn import dqn_loss
+from mpirl.qnet import NumpyQ, make_torch_q, n_params
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_numpy_forward_matches_torch(dueling):
+    torch.manual_seed(0)
+    net = make_torch_q(4, 3, (16, 8), dueling)
+    flat = net.flat_params()
+    assert flat.size == n_params(4, 3, (16, 8), dueling)
+    q = NumpyQ(4, 3, (16, 8), dueling)
+    q.load(flat)
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_allclose(q(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_numpy_q_rejects_wrong_size():
+    with pytest.raises(ValueError, match="same --hidden"):
+        NumpyQ(4, 2, (8,), False).load(np.zeros(3, np.float32))
+
+
+def test_double_dqn_loss_by_hand():
+    class Table(torch.nn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.tensor(table))
+
+        def forward(self, s):  # s holds a state index
+            return self.table[s[:, 0].long()]
+
+    online = Table([[1.0, 2.0], [3.0, 0.5]])
+    target = Table([[10.0, 20.0], [30.0, 40.0]])
+    obs = torch.tensor([[0.0]])
+    nxt = torch.tensor([[1.0]])
+    # online picks action 0 at s'=1 (3.0 > 0.5); target values it at 30 -> y = 1 + 0.5 * 30 = 16
+    loss, td = dqn_loss(online, target, obs, torch.tensor([1]), torch.tensor([1.0]), nxt,
+                        torch.tensor([0.5]), torch.tensor([2.0]), huber_delta=1.0)
+    assert td.item() == pytest.approx(14.0)  # |2 - 16|
+    assert loss.item() == pytest.approx(2.0 * (14.0 - 0.5))  # weighted Huber, linear part
+    loss.backward()
+    assert online.table.grad[0, 1].item() == pytest.approx(-2.0)
+    assert target.table.grad is None
+
+
+def test_terminal_discount_zero_ignores_bootstrap():
+    online = torch.nn.Linear(2, 2)
+    target = torch.nn.Linear(2, 2)
+    obs = torch.zeros(3, 2)
+    _, td = dqn_loss(online, target, obs, torch.zeros(3, dtype=torch.long), torch.ones(3),
+                     torch.randn(3, 2) * 100, torch.zeros(3), torch.ones(3))
+    q = online(obs)[:, 0]
+    np.testing.assert_allclose(td.numpy(), (q - 1).abs().detach().numpy(), rtol=1e-6)

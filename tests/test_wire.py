@@ -1,0 +1,95 @@
+import numpy as np
+import pytest
+
+from mpirl.wire import HEADER, Tag, Wire, WireError, pack, transition_dtype
+
+
+@pytest.fixture
+def wire():
+    return Wire(transition_dtype((4,), np.float32), n_params=10)
+
+
+def records(wire, n, seed=0):
+    rng = np.random.default_rng(seed)
+    r = np.zeros(n, wire.record)
+    r["obs"] = rng.normal(size=(n, 4))
+    r["next_obs"] = rng.normal(size=(n, 4))
+    r["action"] = rng.integers(0, 2, n)
+    r["reward"] = rng.normal(size=n)
+    r["discount"] = 0.99
+    return r
+
+
+def test_experience_round_trip(wire):
+    rec = records(wire, 5)
+    buf = wire.experience(rec, np.arange(5), [1.0, 2.5], env_steps=7, seq=3)
+    assert buf.dtype == np.uint8
+    m = wire.unpack(buf, Tag.EXPERIENCE)
+    assert m.kind == Tag.EXPERIENCE and m.count == 5 and m.seq == 3 and m.a == 7
+    np.testing.assert_array_equal(m.arrays["records"], rec)
+    np.testing.assert_array_equal(m.arrays["returns"], [1.0, 2.5])
+    np.testing.assert_array_equal(m.arrays["td_abs"], np.arange(5, dtype=np.float32))
+
+
+def test_empty_experience(wire):
+    buf = wire.experience(np.zeros(0, wire.record), [], [], env_steps=3, seq=0)
+    m = wire.unpack(buf, Tag.EXPERIENCE)
+    assert m.count == 0 and len(m.arrays["records"]) == 0 and buf.nbytes == HEADER.itemsize
+
+
+def test_batch_and_priorities_round_trip(wire):
+    from types import SimpleNamespace
+
+    rec = records(wire, 4)
+    s = SimpleNamespace(indices=np.array([3, 1, 4, 1]), generations=np.array([0, 2, 0, 2]),
+                        weights=np.ones(4), priorities=np.array([.5, .25, 1, .25]), records=rec)
+    m = wire.unpack(wire.batch(s, batch_id=9, t_send=1.5), Tag.BATCH)
+    assert m.seq == 9 and m.a == 1.5
+    np.testing.assert_array_equal(m.arrays["indices"], s.indices)
+    np.testing.assert_array_equal(m.arrays["records"], rec)
+    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5),
+                    Tag.PRIORITIES)
+    np.testing.assert_array_equal(p.arrays["generations"], s.generations)
+    np.testing.assert_array_equal(p.arrays["td_abs"], [1, 2, 3, 4])
+
+
+def test_weights_stats_control(wire):
+    w = wire.unpack(wire.weights(np.arange(10), version=4, updates=100), Tag.WEIGHTS)
+    assert w.seq == 4 and w.a == 100 and w.arrays["params"][-1] == 9
+    s = wire.unpack(wire.stats([1.0], env_steps=50, episodes=3), Tag.STATS)
+    assert s.a == 50 and s.b == 3 and list(s.arrays["returns"]) == [1.0]
+    assert wire.unpack(wire.credit(3, 12.0), Tag.CREDIT).count == 3
+    assert wire.unpack(wire.stop(), Tag.STOP).kind == Tag.STOP
+    assert wire.unpack(wire.done(5, 2), Tag.DONE).a == 5
+
+
+@pytest.mark.parametrize("mangle, match", [
+    (lambda b: b[:10], "shorter than the 40-byte header"),
+    (lambda b: np.concatenate([b, np.zeros(3, np.uint8)]), "must be"),
+    (lambda b: np.zeros_like(b), "bad magic"),
+])
+def test_malformed_rejected(wire, mangle, match):
+    buf = wire.experience(records(wire, 2), [1, 2], [], 0, 0)
+    with pytest.raises(WireError, match=match):
+        wire.unpack(mangle(buf), Tag.EXPERIENCE, "actor (site rank 3)")
+
+
+def test_mismatched_tag_and_version(wire):
+    buf = wire.stop()
+    with pytest.raises(WireError, match="header says STOP"):
+        wire.unpack(buf, Tag.DONE)
+    h = buf[:HEADER.itemsize].view(HEADER)
+    h["version"] = 99
+    with pytest.raises(WireError, match="wire version 99"):
+        wire.unpack(buf, Tag.STOP)
+
+
+def test_other_obs_shape_is_rejected(wire):
+    other = Wire(transition_dtype((8,), np.float32), 10)
+    buf = other.forward(np.zeros(2, other.record), [1, 1], 0)
+    with pytest.raises(WireError, match="mismatched observation shape"):
+        wire.unpack(buf, Tag.FORWARD, "buffer 0")
+
+
+def test_pack_header_only():
+    assert pack(Tag.STOP).nbytes == 40
