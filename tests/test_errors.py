@@ -1,0 +1,49 @@
+"""Bad input: one clear line from one rank, naming the value and the fix; non-zero exit; no hang."""
+import pytest
+
+from mpirun import run_mpirl
+
+CASES = [
+    # (ranks, args, text the one error line must contain)
+    (2, [], "needs >= 3 ranks"),
+    (4, ["--buffers", "2"], "needs >= 5 ranks"),
+    (3, ["--env", "Pendulum-v1"], "needs a Discrete action space"),
+    (3, ["--env", "NoSuchEnv-v0"], "is not a gymnasium environment id"),
+    (3, ["--batch-size", "0"], "batch_size=0 must be an integer > 0"),
+    (3, ["--replay-capacity", "100000000000"], "lower --replay-capacity"),
+    (3, ["--link", "carrier-pigeon"], "link='carrier-pigeon' is not a known profile"),
+    (3, ["--config", "/nonexistent.toml"], "no such file"),
+    (3, ["--gamma", "2"], "gamma=2.0 must be in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize("n, args, text", CASES, ids=[c[2][:30] for c in CASES])
+def test_bad_input_one_clear_error(tmp_path, n, args, text):
+    p = run_mpirl(n, *args, "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert p.returncode != 0
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
+    assert len(lines) == 1, p.stderr
+    assert text in lines[0]
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_option_usage_once(tmp_path):
+    p = run_mpirl(3, "--bogus", timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.count("unrecognized arguments: --bogus") == 1
+
+
+def test_existing_run_dir_is_never_overwritten(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("mine")
+    p = run_mpirl(3, "--run-dir", str(run), timeout=60)
+    assert p.returncode != 0 and "exists and is not an empty folder" in p.stderr
+    assert sorted(x.name for x in run.iterdir()) == ["keep.txt"]
+
+
+def test_help_once(tmp_path):
+    p = run_mpirl(3, "--help", timeout=60)
+    assert p.returncode == 0
+    assert p.stdout.count("usage:") == 1 and "wan-100m-30ms" in p.stdout
