@@ -162,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
              "link_profile": profile.describe()}
     name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
             "actor": f"actor-{rank}"}[topo.role]
+    profiler = None
+    if os.environ.get("MPIRL_PROFILE"):  # cProfile every rank: <run_dir>/profile-<name>.pstats
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds) as log:
         if topo.role == "learner":
             from mpirl import learner
@@ -177,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             from mpirl import actor
 
             actor.run(cfg, topo, spec, wire, log)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(run_dir / f"profile-{name}.pstats")
     return 0
 
 
