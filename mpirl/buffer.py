@@ -26,10 +26,11 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.link import LinkEnd, resolve_profile
+from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
 from mpirl.replay import PrioritizedReplay
 from mpirl.waiting import Backoff
+from mpirl.window import InflightWindow
 from mpirl.wire import Tag, Wire
 
 LEARNER = 0  # link rank of the learner
@@ -62,7 +63,15 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
         Field("stale_dropped", "i8", "priorities", "priority updates dropped: slot overwritten"),
         Field("forward_queue", "i8", "transitions", "transitions waiting to be forwarded"),
         Field("inflight", "i4", "batches", "sampled batches awaiting their priority update"),
+        Field("window", "i4", "batches", "batches allowed in flight (--inflight; auto: chosen)"),
         Field("rtt_s", "f8", "s", "mean batch round trip in the interval (send -> update)"),
+        Field("rtt_net_s", "f8", "s", "auto window's smoothed round trip on the wire"),
+        Field("step_s", "f8", "s", "learner's time per update as it reports it"),
+        Field("too_stale", "i8", "priorities", "priority updates dropped: older than "
+              "max_staleness batches"),
+        Field("forward_dropped", "i8", "transitions", "dropped by --forward-overflow "
+              "drop-oldest"),
+        Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
     ], doc="buffer counters, one row per interval")
     batch_log = log.stream("batches", [
         Field("batch", "i8", "", "batch id"),
@@ -78,7 +87,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
     fwd_limit = max(cfg.forward_credits * cfg.forward_chunk, 4 * cfg.actor_chunk)
     fwd_tokens = 0  # granted by the learner
     owed = {a: 0 for a in actors}  # tokens to give back to each actor
-    inflight: dict[int, float] = {}  # batch id -> send time
+    inflight: dict[int, tuple[float, float]] = {}  # batch id -> (send time, queue wait)
+    window = InflightWindow(cfg.inflight_fixed)
+    too_stale = fwd_dropped = throttled = 0
+    change = cfg.link_change_at()
     batch_id = fwd_seq = 0
     env_steps = inserted = sampled = episodes = 0
     stale = 0
@@ -103,8 +115,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
                 continue
             if at_buffer:
                 if cfg.replay_ratio > 0 and inserted > cfg.learning_starts + sampled / cfg.replay_ratio:
+                    throttled += 1
                     return  # learner behind: let actors wait
-            elif fwd_len >= fwd_limit:
+            elif fwd_len >= fwd_limit and cfg.forward_overflow == "block":
+                throttled += 1
                 return  # forward queue full: backpressure
             to_site(wire.credit(owed[a]), a, Tag.CREDIT)
             owed[a] = 0
@@ -112,6 +126,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
     while not acked or site_sends or link.backlog:
         now = time.monotonic()
         did = False
+        if change is not None and now - t_start >= change[0]:
+            link.set_profile(PROFILES[change[1]])
+            change = None
         link.poll(now)
         # [link] what the learner sent
         for tag, buf in link.receive(now):
@@ -123,12 +140,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
                     for a in actors:  # relay the same buffer to every actor
                         to_site(buf, a, Tag.WEIGHTS)
             elif m.kind == Tag.PRIORITIES:
-                t_sent = inflight.pop(m.seq, None)
-                if t_sent is not None:
-                    rtts.append(now - t_sent)
+                sent = inflight.pop(m.seq, None)
+                hold, step = m.arrays["timing"]
+                if sent is not None:
+                    rtts.append(now - sent[0])
+                    window.observe(now - sent[0], float(hold), sent[1], float(step))
                 if memory is not None:
-                    stale += memory.update(m.arrays["indices"], m.arrays["generations"],
-                                           m.arrays["td_abs"])
+                    if cfg.max_staleness and batch_id - 1 - m.seq > cfg.max_staleness:
+                        too_stale += m.count  # too old to trust: GBA's staleness bound
+                    else:  # generation-checked: never lands on an overwritten slot
+                        stale += memory.update(m.arrays["indices"], m.arrays["generations"],
+                                               m.arrays["td_abs"])
             elif m.kind == Tag.CREDIT:
                 fwd_tokens += m.count
             elif m.kind == Tag.STOP:
@@ -160,6 +182,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
                     else:
                         fwd_records.append((m.arrays["records"], m.arrays["td_abs"]))
                         fwd_len += m.count
+                        while fwd_len > fwd_limit and cfg.forward_overflow == "drop-oldest":
+                            old, _ = fwd_records.popleft()
+                            fwd_len -= len(old)
+                            fwd_dropped += len(old)
                 owed[src] += 1
             elif m.kind == Tag.DONE:
                 done_actors.add(src)
@@ -172,13 +198,13 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             beta = cfg.beta if cfg.beta_steps == 0 else min(
                 1.0, cfg.beta + (1 - cfg.beta) * sampled / cfg.batch_size / cfg.beta_steps)
             memory.beta = beta
-            while len(inflight) < cfg.inflight and len(memory) >= cfg.learning_starts \
+            while len(inflight) < window.size and len(memory) >= cfg.learning_starts \
                     and len(memory) > 0:
                 sample = memory.sample(cfg.batch_size)
-                link.send(wire.batch(sample, batch_id, now), Tag.BATCH, now)
+                wait = link.send(wire.batch(sample, batch_id, now), Tag.BATCH, now)
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
                                  size=len(memory))
-                inflight[batch_id] = now
+                inflight[batch_id] = (now, wait)
                 batch_id += 1
                 sampled += cfg.batch_size
                 did = True
@@ -222,7 +248,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             site_log.append(env_steps=env_steps, inserted=inserted, sampled=sampled,
                             replay_size=len(memory) if memory is not None else 0,
                             stale_dropped=stale, forward_queue=fwd_len, inflight=len(inflight),
-                            rtt_s=float(np.mean(rtts)) if rtts else np.nan)
+                            window=window.size, rtt_s=float(np.mean(rtts)) if rtts else np.nan,
+                            rtt_net_s=window.rtt_net if window.rtt_net is not None else np.nan,
+                            step_s=window.step if window.step is not None else np.nan,
+                            too_stale=too_stale, forward_dropped=fwd_dropped,
+                            throttled=throttled)
             rtts.clear()
             t_log = now
         log.maybe_flush(now)
@@ -232,6 +262,6 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             nd = link.next_departure()
             backoff.idle(until=nd)
     log.set_attrs(env_steps=env_steps, inserted=inserted, sampled=sampled,
-                  stale_dropped=stale, wall_s=time.monotonic() - t_start,
+                  stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped, wall_s=time.monotonic() - t_start,
                   link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
                   link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)

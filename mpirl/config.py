@@ -92,8 +92,17 @@ class Config:
     latency_ms: float | None = _f(None, "override the profile's one-way latency (ms)")
     bandwidth_mbps: float | None = _f(None, "override the profile's bandwidth (Mbit/s)")
     jitter_ms: float | None = _f(None, "override the profile's jitter (ms, uniform +-)")
-    inflight: int = _f(4, "replay_at=buffer: sampled batches in flight across the link "
-                       "(1 = synchronous)")
+    inflight: str = _f("auto", "replay_at=buffer: sampled batches in flight across the link: "
+                       "1 = synchronous, K = asynchronous window, 'auto' = the smallest window "
+                       "that keeps the learner busy (measured round trip / update time)")
+    max_staleness: int = _f(64, "replay_at=buffer: drop a priority update whose batch was "
+                            "sampled more than this many batches ago (0 = no bound); updates "
+                            "for overwritten slots are always dropped")
+    link_change: str | None = _f(None, "change the link profile during the run: "
+                                 "'SECONDS:PROFILE', e.g. '30:wan-100m-30ms'")
+    forward_overflow: str = _f("block", "replay_at=learner, forward queue full: 'block' "
+                               "(backpressure to the actors) or 'drop-oldest' (counted)",
+                               choices=("block", "drop-oldest"))
     forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
     forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
 
@@ -106,18 +115,39 @@ class Config:
     config: str | None = _f(None, "TOML file with any of these keys (CLI flags win)")
 
     # ------------------------------------------------------------------------------------------
+    @property
+    def inflight_fixed(self) -> int | None:
+        """The fixed window, or None for 'auto'."""
+        return None if self.inflight == "auto" else int(self.inflight)
+
+    def link_change_at(self) -> tuple[float, str] | None:
+        """(seconds, profile) of --link-change, or None."""
+        if self.link_change is None:
+            return None
+        from mpirl.link import PROFILES
+
+        secs, _, prof = self.link_change.partition(":")
+        try:
+            t = float(secs)
+        except ValueError:
+            t = -1.0
+        if t < 0 or prof not in PROFILES:
+            raise ConfigError(f"link_change={self.link_change!r} must be 'SECONDS:PROFILE' with "
+                              f"SECONDS >= 0 and PROFILE one of {', '.join(PROFILES)}")
+        return t, prof
+
     def validate(self, world_size: int | None = None) -> None:
         """Raise ConfigError naming the first bad value and the fix."""
         c = self
         pos_int = ["buffers", "n_step", "batch_size", "target_update", "replay_capacity",
                    "envs_per_actor", "actor_chunk", "actor_credits", "weights_every",
-                   "inflight", "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
+                   "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
                    "torch_threads"]
         for name in pos_int:
             v = getattr(c, name)
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be an integer > 0")
-        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed"]:
+        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed", "max_staleness"]:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
@@ -146,6 +176,12 @@ class Config:
         if c.learning_starts > c.replay_capacity:
             raise ConfigError(f"learning_starts={c.learning_starts} must be <= replay_capacity="
                               f"{c.replay_capacity}")
+        if c.inflight != "auto" and not (c.inflight.isdigit() and int(c.inflight) >= 1):
+            raise ConfigError(f"inflight={c.inflight!r} must be 'auto' or an integer >= 1")
+        if c.forward_overflow not in ("block", "drop-oldest"):
+            raise ConfigError(f"forward_overflow={c.forward_overflow!r} must be 'block' or "
+                              "'drop-oldest'")
+        c.link_change_at()  # raises on a bad --link-change
         from mpirl.link import resolve_profile  # local: link imports nothing from config
 
         resolve_profile(c)  # raises ConfigError on an unknown profile or bad overrides

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from mpirl.envs import Evaluator
-from mpirl.link import LinkEnd, resolve_profile
+from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
 from mpirl.qnet import NumpyQ, make_torch_q
 from mpirl.replay import PrioritizedReplay
@@ -171,6 +171,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
     prog_steps = prog_updates = 0
     prog_busy = 0.0
     to_target: dict = {}
+    step_s = None
+    change = cfg.link_change_at()
 
     send_weights()
     if at_learner:
@@ -188,7 +190,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                 m = wire.unpack(buf, tag, f"buffer {b - 1}")
                 if m.kind == Tag.BATCH:
                     if stop_reason is None:
-                        ready.append((b, m, buf.nbytes))
+                        ready.append((b, m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
                     td = arrival_td(m.arrays["records"])
                     xfer_log.append(buffer=b - 1, kind=int(Tag.FORWARD), n=m.count,
@@ -218,8 +220,13 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                     links[b].send(wire.credit(owed[b]), Tag.CREDIT, now)
                     owed[b] = 0
         # [algorithm] one update
+        if change is not None and now - t_start >= change[0]:
+            for lk in links.values():
+                lk.set_profile(PROFILES[change[1]])
+            change = None
         if stop_reason is None:
             beta = beta_now()
+            t_step0 = time.monotonic()
             if at_learner and len(memory) >= max(cfg.learning_starts, 1):
                 memory.beta = beta
                 s = memory.sample(cfg.batch_size)
@@ -228,10 +235,13 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                 sampled += cfg.batch_size
                 did = True
             elif ready:
-                b, m, nbytes = ready.popleft()
+                b, m, nbytes, arrived = ready.popleft()
                 td = train(m.arrays["records"], m.arrays["weights"])
+                t_done = time.monotonic()
+                step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
                 links[b].send(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                              m.seq, m.a), Tag.PRIORITIES)
+                                              m.seq, m.a, hold=t_done - arrived, step=step_s),
+                              Tag.PRIORITIES)
                 xfer_log.append(buffer=b - 1, kind=int(Tag.BATCH), n=m.count, nbytes=nbytes,
                                 priority_mean=float(m.arrays["priorities"].mean()),
                                 arrival_td_mean=float(td.mean()),

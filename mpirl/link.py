@@ -143,14 +143,23 @@ class LinkEnd:
         self._status = MPI.Status()
 
     # ---- sending -----------------------------------------------------------------------------
-    def send(self, buf: np.ndarray, tag: int, now: float | None = None) -> None:
+    def send(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
+        """Hand ``buf`` to the link; returns the time it waits behind earlier messages."""
         now = time.monotonic() if now is None else now
         if self.profile.emulated:
+            start = max(now, self.out_model.busy_until)
             dep = self.out_model.departure(now, buf.nbytes)
             self._queue.append((dep, now, tag, buf))
             self.poll(now)
-        else:
-            self._isend(buf, tag, 0.0)
+            return start - now
+        self._isend(buf, tag, 0.0)
+        return 0.0
+
+    def set_profile(self, profile: LinkProfile) -> None:
+        """Change the emulated link from now on (messages already queued keep their times)."""
+        self.profile = profile
+        self.out_model.profile = profile
+        self.in_model.profile = profile
 
     def _isend(self, buf, tag, queue_s):
         req = self.comm.Isend([buf, self._MPI.BYTE], dest=self.peer, tag=tag)

@@ -19,8 +19,9 @@ FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; td_ab
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
                                   clock); indices i8[B], generations i8[B], weights f4[B],
                                   priorities f4[B], records[B]
-PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; indices i8[B],
-                                  generations i8[B], td_abs f4[B]
+PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; timing f8[2]
+                                  (hold: arrival -> update sent, step: mean update time, s),
+                                  indices i8[B], generations i8[B], td_abs f4[B]
 STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes;
                                   returns f8[k]
 STOP        learner -> buffer     (header only)
@@ -108,7 +109,8 @@ class Wire:
             return [("indices", i8, count), ("generations", i8, count), ("weights", f4, count),
                     ("priorities", f4, count), ("records", rec, count)]
         if kind == Tag.PRIORITIES:
-            return [("indices", i8, count), ("generations", i8, count), ("td_abs", f4, count)]
+            return [("timing", f8, 2), ("indices", i8, count), ("generations", i8, count),
+                    ("td_abs", f4, count)]
         if kind == Tag.WEIGHTS:
             return [("params", f4, self.n_params)]
         if kind == Tag.STATS:
@@ -163,9 +165,10 @@ class Wire:
                                 np.asarray(sample.priorities, "<f4"), sample.records],
                     count=len(sample.indices), seq=batch_id, a=t_send)
 
-    def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float):
-        return pack(Tag.PRIORITIES, [np.asarray(indices, "<i8"), np.asarray(generations, "<i8"),
-                                     np.asarray(td_abs, "<f4")],
+    def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
+                   hold: float = 0.0, step: float = 0.0):
+        return pack(Tag.PRIORITIES, [np.array([hold, step], "<f8"), np.asarray(indices, "<i8"),
+                                     np.asarray(generations, "<i8"), np.asarray(td_abs, "<f4")],
                     count=len(indices), seq=batch_id, a=t_echo)
 
     def weights(self, params: np.ndarray, version: int, updates: int) -> np.ndarray:
