@@ -24,7 +24,8 @@ def test_latency_and_bandwidth_hold(lat_ms, mbps):
         # first message: one serialization + the latency, never earlier; a little later at most
         assert times[0] >= lat_ms / 1e3 + tx - 1e-4
         assert times[0] <= lat_ms / 1e3 + tx + 0.015
-        # the stream: no faster than the modelled bandwidth, and within 10% of it
-        rate = (count - 1) * size * 8 / (times[-1] - times[0])
-        assert rate <= mbps * 1e6 * 1.02
-        assert rate >= mbps * 1e6 * 0.90
+        # the stream: never faster than the modelled bandwidth (each message leaves no earlier
+        # than the model says), and within 20% of it on a loaded 2-core machine
+        rate = count * size * 8 / (times[-1] - lat_ms / 1e3)
+        assert rate <= mbps * 1e6 * 1.001
+        assert rate >= mbps * 1e6 * 0.80
