@@ -108,6 +108,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
 
     def grant_actor_tokens() -> None:
         """Token control toward the actors (the rate limiter of the pipeline)."""
+        nonlocal throttled
         if stopping:
             return
         for a in actors:

@@ -88,6 +88,10 @@ class Config:
     weights_every: int = _f(100, "learner updates between weight broadcasts to the buffers")
 
     # --- the link ------------------------------------------------------------------------------
+    site_weights: tuple[float, ...] = _f(
+        (), "share of the learner's work per site (one weight per buffer; default equal): "
+        "replay_at=buffer, which site's batch is trained next; replay_at=learner, which site "
+        "gets forward tokens first")
     link: str = _f("none", "long-haul link profile between buffers and learner (see --help)")
     latency_ms: float | None = _f(None, "override the profile's one-way latency (ms)")
     bandwidth_mbps: float | None = _f(None, "override the profile's bandwidth (Mbit/s)")
@@ -176,6 +180,10 @@ class Config:
         if c.learning_starts > c.replay_capacity:
             raise ConfigError(f"learning_starts={c.learning_starts} must be <= replay_capacity="
                               f"{c.replay_capacity}")
+        if c.site_weights and (len(c.site_weights) != c.buffers
+                               or any(not w > 0 for w in c.site_weights)):
+            raise ConfigError(f"site_weights={c.site_weights!r} must be {c.buffers} positive "
+                              f"numbers, one per buffer (--buffers {c.buffers})")
         if c.inflight != "auto" and not (c.inflight.isdigit() and int(c.inflight) >= 1):
             raise ConfigError(f"inflight={c.inflight!r} must be 'auto' or an integer >= 1")
         if c.forward_overflow not in ("block", "drop-oldest"):
@@ -198,7 +206,7 @@ class Config:
 def _arg_type(f: dataclasses.Field):
     t = str(f.type)
     if "tuple" in t:
-        return int, "+"
+        return (float if "float" in t else int), "+"
     if t.startswith("bool"):
         return None, None
     if "int" in t and "float" not in t:
@@ -257,7 +265,7 @@ def _from_toml(path: str) -> dict:
         if key not in names or key == "config":
             raise ConfigError(f"config={path!r}: unknown key {k!r}; valid keys are the long "
                               "options of --help without the dashes")
-        if key == "hidden":
+        if key in ("hidden", "site_weights"):
             v = tuple(v) if isinstance(v, list) else v
         out[key] = v
     return out
@@ -273,8 +281,9 @@ def parse(argv: list[str] | None = None) -> Config:
     if ns.get("config"):
         values.update(_from_toml(ns["config"]))
     values.update(ns)
-    if "hidden" in values:
-        values["hidden"] = tuple(values["hidden"])
+    for key in ("hidden", "site_weights"):
+        if key in values:
+            values[key] = tuple(values[key])
     names = {f.name: f for f in dataclasses.fields(Config)}
     for k, v in values.items():  # type checks for TOML values (argparse did the CLI ones)
         typ, nargs = _arg_type(names[k])

@@ -159,7 +159,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
     beta = cfg.beta
     site_steps = {b: 0 for b in buffers}
     recent = deque(maxlen=100)
-    ready: deque = deque()  # (buffer, message) sampled batches waiting to be trained on
+    ready = {b: deque() for b in buffers}  # per site: sampled batches waiting to be trained on
+    weight = {b: (cfg.site_weights[b - 1] if cfg.site_weights else 1.0) for b in buffers}
+    served = {b: 0 for b in buffers}  # batches trained (replay_at=buffer) / inserted (learner)
     owed = {b: 0 for b in buffers}  # forward tokens to give back (replay_at=learner)
     inserted = sampled = 0
     last_eval = -np.inf
@@ -190,7 +192,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                 m = wire.unpack(buf, tag, f"buffer {b - 1}")
                 if m.kind == Tag.BATCH:
                     if stop_reason is None:
-                        ready.append((b, m, buf.nbytes, now))
+                        ready[b].append((m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
                     td = arrival_td(m.arrays["records"])
                     xfer_log.append(buffer=b - 1, kind=int(Tag.FORWARD), n=m.count,
@@ -200,6 +202,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                                     arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))
                     memory.add(m.arrays["records"], m.arrays["td_abs"])
                     inserted += m.count
+                    served[b] += m.count
                     owed[b] += 1
                 elif m.kind == Tag.STATS:
                     site_steps[b] = int(m.a)
@@ -213,7 +216,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
         env_steps = sum(site_steps.values())
         # [link] tokens for forwarded experiences: the learner-side rate limiter
         if at_learner:
-            for b in buffers:
+            # the site furthest behind its share gets its tokens first
+            for b in sorted(buffers, key=lambda x: served[x] / weight[x]):
                 limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
                             or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
                 if owed[b] and limit_ok:
@@ -234,8 +238,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                 memory.update(s.indices, s.generations, td)
                 sampled += cfg.batch_size
                 did = True
-            elif ready:
-                b, m, nbytes, arrived = ready.popleft()
+            elif any(ready.values()):
+                # the site furthest behind its share goes next (weighted fair queueing)
+                b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
+                m, nbytes, arrived = ready[b].popleft()
+                served[b] += 1
                 td = train(m.arrays["records"], m.arrays["weights"])
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)

@@ -67,3 +67,15 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         steps += aattrs["env_steps"]
     # everything the actors produced was counted by the buffers and reached the learner's stats
     assert steps == summary["env_steps"]
+
+
+def test_site_weights_share_the_learner(tmp_path):
+    """Two sites, weights 3:1, replay at the buffers: the learner trains ~3x more of site 0."""
+    run_dir = tmp_path / "run"
+    p = run_mpirl(7, "--buffers", "2", "--site-weights", "3", "1", "--run-dir", str(run_dir),
+                  *SHORT, "--replay-ratio", "0", timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    learner, _ = read(run_dir / "learner.h5")
+    sites = learner["transfers/buffer"]
+    share = (sites == 0).sum() / max(1, (sites == 1).sum())
+    assert 2.0 < share < 4.5, share
