@@ -140,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     from mpirl.link import resolve_profile
 
     profile = resolve_profile(cfg)
+    versions = _versions()
     if rank == 0:
         print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
               f"({profile.describe()}), run folder {run_dir}")
+        print(f"mpirl: MPI library: {versions['mpi_library']}")
         print(topology.format_table(topo.places, hosts))
         for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
             print(f"mpirl: warning: {w}")
@@ -156,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                                       cfg.dueling))
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
-    attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(_versions()),
+    from mpirl.placement import slurm_info
+
+    attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
+             "slurm_json": json.dumps(slurm_info()),
              "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
              "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
              "link_profile": profile.describe()}
