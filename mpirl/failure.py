@@ -9,6 +9,7 @@ MPI's default is to hang: a rank that raises sits in MPI_Finalize while the othe
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -54,3 +55,27 @@ class Watchdog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class StopSignal:
+    """SIGTERM/SIGINT (SLURM preemption, Ctrl-C) -> a clean, coordinated stop.
+
+    The learner turns the first signal into its normal STOP protocol (every rank finishes its
+    sends, closes its files, exits 0); other ranks ignore the first signal because the stop
+    reaches them through the pipeline, and arm a watchdog in case it does not.  A second
+    signal on any rank ends the job at once.
+    """
+
+    def __init__(self, world, who: str, grace_s: float = 60.0):
+        self.requested: str | None = None
+        self._watchdog = Watchdog(world, who)
+        self._grace = grace_s
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.requested is not None:
+            raise KeyboardInterrupt(f"second {name}")
+        self.requested = name
+        self._watchdog.arm(self._grace, f"a clean stop after {name}")

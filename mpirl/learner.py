@@ -39,7 +39,7 @@ def _batch_tensors(torch, records):
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
+def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -> dict:
     import torch
 
     from mpirl.dqn import dqn_loss
@@ -273,6 +273,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print) -> dict:
                 stop_reason = "max_env_steps"
             if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
                 stop_reason = "max_seconds"
+            if stop_reason is None and stop_signal is not None and stop_signal.requested:
+                stop_reason = stop_signal.requested  # SIGTERM / SIGINT: stop cleanly
             if stop_reason is not None:
                 say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
                     f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")

@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
                                          else ")")
     failure.install(world, who)
+    stop_signal = failure.StopSignal(world, who)
     hosts = _hostnames(world)
     from mpirl.link import resolve_profile
 
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             from mpirl import learner
 
             summary = learner.run(cfg, topo, spec, wire, log,
-                                  say=lambda s: print(s, flush=True))
+                                  say=lambda s: print(s, flush=True), stop_signal=stop_signal)
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         elif topo.role == "buffer":
             from mpirl import buffer

@@ -47,3 +47,34 @@ def test_help_once(tmp_path):
     p = run_mpirl(3, "--help", timeout=60)
     assert p.returncode == 0
     assert p.stdout.count("usage:") == 1 and "wan-100m-30ms" in p.stdout
+
+
+def test_sigterm_stops_cleanly(tmp_path):
+    """SLURM preemption / Ctrl-C: SIGTERM to mpirun -> every rank stops cleanly, files complete."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mpirun import mpirun_path
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([mpirun_path(), "-n", "4", sys.executable, "-m", "mpirl.main",
+                             "--run-dir", str(run), "--max-seconds", "120", "--progress-seconds",
+                             "1", "--target-return", "none", "--hidden", "16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (run / "learner.h5").exists():
+        time.sleep(0.2)
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "SIGTERM"
+    import h5py
+
+    for f in run.glob("*.h5"):
+        with h5py.File(f, "r") as h:
+            assert len(h.attrs["config_json"]) > 0
