@@ -1,0 +1,13 @@
+"""Turn mpirl run folders into tables and plots that compare the two replay placements.
+
+Reads only the run's HDF5 files and ``summary.json`` (h5py + numpy; matplotlib for plots), never
+``mpirl`` itself, so it works on a machine that has only the run folders.
+
+- `analysis.runs`: find run folders, read them (live, finished or killed runs).
+- `analysis.metrics`: the "after convergence" window and the per-run metrics.
+- `analysis.plots`: loss, transferred priority, return and link throughput against time, one curve
+  per placement, seeds as a min..max band (matplotlib, imported only when drawing).
+- `analysis.compare`: group runs by link profile and placement, tables, plots, ``report.md``
+  (``python -m analysis.compare EXPERIMENT_DIR``).
+- `analysis.schema`: the HDF5 layout of a run as markdown (``python -m analysis.schema RUN_DIR``).
+"""

@@ -1,0 +1,194 @@
+"""Print the HDF5 layout of a run folder as markdown (the tables of docs/hdf5.md).
+
+    python -m analysis.schema RUN_DIR > schema.md
+    python -m analysis.schema RUN_DIR --update docs/hdf5.md   # rewrite its generated part
+
+Streams, fields, dtypes, units and meanings come from the files themselves (the writer stores
+``doc`` on every group and ``units``/``doc`` on every dataset); file attributes carry no doc in
+the file, so their meanings come from `ATTR_DOCS` here ("(not documented here)" flags a new one).
+One file of each kind is described: ``learner.h5``, the first ``buffer-<site>.h5`` and the first
+``actor-<rank>.h5``; ``summary.json`` too when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+__all__ = ["ATTR_DOCS", "SUMMARY_DOCS", "describe_file", "describe_run"]
+
+_COMMON = {
+    "config_json": "the run's full config as JSON (every `python -m mpirl.main --help` option: "
+                   "`env`, `replay_at`, `link`, `seed`, `alpha`, `priority_eps`, ...)",
+    "versions_json": "JSON: versions of python, mpirl, torch, numpy, gymnasium, h5py, mpi4py and "
+                     "the MPI library",
+    "layout_json": "JSON list, one entry per world rank: `rank`, `role`, `site`, `host`",
+    "t0_unix": "wall-clock time (s since the Unix epoch) of this file's t = 0; add it to a "
+               "stream's `t` to align files of different ranks",
+    "log_format": "version of the log layout",
+    "flush_seconds": "seconds between flushes to disk (a killed rank loses at most this much)",
+    "writer_host": "host that wrote the file",
+    "writer_pid": "process id of the writer",
+    "resumed_unix": "wall-clock times the file was reopened to continue (absent if never)",
+    "rank": "world rank of the writer",
+    "role": "`learner`, `buffer` or `actor`",
+    "site": "edge site of the writer (-1 for the learner)",
+    "host": "host name of the writer (from MPI)",
+    "world_size": "ranks in the job",
+    "link_profile": "the long-haul link as resolved at start (profile and overrides, in words)",
+}
+
+SUMMARY_DOCS = {
+    "stop_reason": "why the learner stopped: `target_return`, `max_env_steps`, `max_seconds`",
+    "updates": "learner updates in the run",
+    "env_steps": "env steps of all actors (as last reported to the learner)",
+    "wall_s": "seconds from the learner's loop start to its stop",
+    "best_eval": "best greedy evaluation mean return",
+    "busy_fraction": "fraction of wall time the learner spent in updates",
+    "link_bytes_in": "bytes the learner received over the link (all buffers), toward the learner",
+    "link_bytes_out": "bytes the learner sent over the link (weights, priority updates, credits)",
+    "time_to_target_s": "seconds from the learner's loop start to the first eval >= target "
+                        "(only when reached)",
+    "env_steps_to_target": "env steps at that eval (only when reached)",
+    "updates_to_target": "learner updates at that eval (only when reached)",
+    "target_return": "the return target the learner used",
+}
+
+ATTR_DOCS: dict[str, dict[str, str]] = {
+    "learner": {**_COMMON, **{k: f"summary, set when the learner stops: {v}"
+                              for k, v in SUMMARY_DOCS.items()}},
+    "buffer": {**_COMMON,
+               "env_steps": "set at stop: env steps of this site's actors",
+               "inserted": "set at stop: transitions received from the actors",
+               "sampled": "set at stop: transitions sent as sampled batches (replay_at=buffer)",
+               "stale_dropped": "set at stop: priority updates dropped, slot overwritten",
+               "too_stale": "set at stop: priority updates dropped, older than max_staleness",
+               "forward_dropped": "set at stop: transitions dropped by --forward-overflow",
+               "wall_s": "set at stop: seconds the buffer loop ran",
+               "link_bytes_out": "set at stop: bytes sent toward the learner",
+               "link_bytes_in": "set at stop: bytes received from the learner",
+               "link_msgs_out": "set at stop: messages sent toward the learner",
+               "link_msgs_in": "set at stop: messages received from the learner"},
+    "actor": {**_COMMON,
+              "epsilons": "exploration rate of each of this actor's envs (Ape-X schedule)",
+              "env_steps": "set at stop: env steps of this actor",
+              "episodes": "set at stop: episodes finished by this actor"},
+}
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _type(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype.name}[{', '.join(map(str, v.shape))}]" if v.dtype.kind != "O" \
+            else f"str[{', '.join(map(str, v.shape))}]"
+    if isinstance(v, (str, bytes)):
+        if isinstance(v, str) and v[:1] in "[{":
+            return "str (JSON)"
+        return "str"
+    return np.asarray(v).dtype.name
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def describe_file(path: str | Path, role: str) -> str:
+    """Markdown for one file: its attributes, then every stream with its fields."""
+    path = Path(path)
+    docs = ATTR_DOCS.get(role, _COMMON)
+    out = []
+    with h5py.File(path, "r", locking=False) as f:
+        out += ["| attribute | type | meaning |", "|---|---|---|"]
+        for k in sorted(f.attrs):
+            out.append(f"| `{k}` | {_type(f.attrs[k])} | "
+                       f"{_cell(docs.get(k, '(not documented here)'))} |")
+        for name, g in f.items():
+            if not isinstance(g, h5py.Group):
+                continue
+            fields = [_s(x) for x in g.attrs.get("fields", list(g.keys()))]
+            out += ["", f"**`/{name}`**: {_cell(_s(g.attrs.get('doc', '')))}", "",
+                    "| field | dtype | shape per row | units | meaning |", "|---|---|---|---|---|"]
+            for k in fields:
+                if k not in g:
+                    continue
+                d = g[k]
+                shape = "scalar" if d.shape[1:] == () else "×".join(map(str, d.shape[1:]))
+                out.append(f"| `{k}` | {d.dtype.str.lstrip('<>|=')} | {shape} | "
+                           f"{_cell(_s(d.attrs.get('units', ''))) or '-'} | "
+                           f"{_cell(_s(d.attrs.get('doc', '')))} |")
+    return "\n".join(out) + "\n"
+
+
+def describe_run(run_dir: str | Path) -> str:
+    """Markdown for a run folder: one section per file kind, then ``summary.json``."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "learner.h5").exists():
+        raise FileNotFoundError(f"{run_dir} has no learner.h5: not an mpirl run folder")
+    files = [("learner.h5", run_dir / "learner.h5", "learner")]
+    for pattern, role in (("buffer-*.h5", "buffer"), ("actor-*.h5", "actor")):
+        found = sorted(run_dir.glob(pattern), key=lambda p: int(p.stem.split("-")[-1]))
+        if found:
+            label = pattern.replace("*", "<site>" if role == "buffer" else "<rank>")
+            files.append((label, found[0], role))
+    out = []
+    for label, path, role in files:
+        out += [f"### `{label}` (example: `{path.name}`)", "", describe_file(path, role)]
+    sj = run_dir / "summary.json"
+    if sj.exists():
+        summary = json.loads(sj.read_text())
+        out += ["### `summary.json`", "",
+                ("Written by the learner's rank when the run ends (absent while it runs or after "
+                "a kill); the same keys are attributes of `learner.h5`."), "",
+                "| key | type | meaning |", "|---|---|---|"]
+        for k, v in summary.items():
+            out.append(f"| `{k}` | {type(v).__name__} | "
+                       f"{_cell(SUMMARY_DOCS.get(k, '(not documented here)'))} |")
+        out.append("")
+    return "\n".join(out)
+
+
+BEGIN = "<!-- begin: python -m analysis.schema RUN_DIR -->"
+END = "<!-- end: python -m analysis.schema RUN_DIR -->"
+
+
+def update_doc(doc: str | Path, markdown: str) -> None:
+    """Replace the text between the `BEGIN` and `END` markers of ``doc`` with ``markdown``."""
+    doc = Path(doc)
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{doc} lacks the markers {BEGIN} ... {END}")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    doc.write_text(f"{head}{BEGIN}\n\n{markdown}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.schema", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", help="a run folder (holds learner.h5)")
+    ap.add_argument("--update", metavar="DOC", help="write into DOC between its markers "
+                    "(docs/hdf5.md) instead of printing")
+    a = ap.parse_args(argv)
+    try:
+        md = describe_run(a.run_dir)
+        if a.update:
+            update_doc(a.update, md)
+        else:
+            sys.stdout.write(md)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"analysis.schema: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
