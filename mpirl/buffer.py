@@ -239,10 +239,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             sent_done = True
         if site_sends:
             site_sends[:] = [(r, b) for r, b in site_sends if not r.Test()]
-        if now - t_log >= cfg.flush_seconds / 2:
+        finished = acked and not site_sends and not link.backlog
+        if now - t_log >= cfg.flush_seconds / 2 or finished:  # and a last row at the end
             b_out, m_out, q_s = link.sent.take()
             b_in, m_in, _ = link.received.take()
-            dt = now - t_log
+            dt = max(now - t_log, 1e-9)
             link_log.append(bytes_out=b_out, msgs_out=m_out, bytes_in=b_in, msgs_in=m_in,
                             queue_s=q_s, interval_s=dt,
                             utilization=min(1.0, b_out * 8 / link.profile.rate_bps / dt))

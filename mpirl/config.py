@@ -44,7 +44,7 @@ class Config:
     target_return: float | None = _f(
         None,
         "stop when the greedy evaluation mean reaches this return (default: the env's "
-        "reward_threshold, e.g. 475 for CartPole-v1; pass 'none' to disable)",
+        "reward_threshold, e.g. 475 for CartPole-v1; 'none' disables it)",
     )
     run_dir: str | None = _f(
         None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>); must be "
@@ -217,8 +217,9 @@ def _arg_type(f: dataclasses.Field):
 
 
 def _float_or_none(s: str) -> float | None:
+    """'none'/'off' -> inf (a target never reached: disabled); else the number."""
     if str(s).lower() in ("none", "off"):
-        return None
+        return float("inf")
     return float(s)
 
 
@@ -291,6 +292,11 @@ def parse(argv: list[str] | None = None) -> Config:
             continue
         if typ is None and not isinstance(v, bool):
             raise ConfigError(f"{k}={v!r} must be true or false")
+        if typ is _float_or_none and isinstance(v, str):
+            try:
+                values[k] = v = _float_or_none(v)
+            except ValueError:
+                raise ConfigError(f"{k}={v!r} must be a number or 'none'") from None
         if typ in (float, _float_or_none) and isinstance(v, int) and not isinstance(v, bool):
             values[k] = float(v)
         elif typ in (float, _float_or_none) and not isinstance(v, float) and v is not None:

@@ -61,6 +61,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
     evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000)
     eval_q = NumpyQ(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
+    if target_return is not None and not np.isfinite(target_return):
+        target_return = None  # --target-return none
+    log.set_attrs(target_return=target_return)
 
     upd_log = log.stream("updates", [
         Field("update", "i8", "", "update number"),
@@ -70,6 +73,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
     ], doc="one row per learner update")
     xfer_log = log.stream("transfers", [
         Field("buffer", "i4", "", "site of the buffer that sent it"),
+        Field("update", "i8", "", "learner updates so far when it was used / arrived"),
         Field("kind", "i4", "", "5 = sampled batch (replay_at=buffer), 4 = forwarded experiences "
               "(replay_at=learner)"),
         Field("n", "i8", "transitions", "experiences in the message"),
@@ -105,6 +109,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
         Field("msgs_out", "i8", "messages", "messages sent to the buffer"),
         Field("queue_s", "f8", "s", "summed time messages waited for the modelled bandwidth"),
         Field("interval_s", "f8", "s", "length of the interval"),
+        Field("utilization", "f4", "", "fraction of the interval the learner->buffer side was "
+              "busy at the modelled bandwidth (0 without emulation)"),
     ], doc="the learner's side of each long-haul link, one row per buffer per interval")
 
     def to_numpy(t):
@@ -170,6 +176,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
     done = set()
     t_start = time.monotonic()
     t_prog = t_link = t_start
+    log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
     prog_steps = prog_updates = 0
     prog_busy = 0.0
     to_target: dict = {}
@@ -195,7 +202,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                         ready[b].append((m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
                     td = arrival_td(m.arrays["records"])
-                    xfer_log.append(buffer=b - 1, kind=int(Tag.FORWARD), n=m.count,
+                    xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.FORWARD), n=m.count,
                                     nbytes=buf.nbytes,
                                     priority_mean=float(np.mean((m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha)),
                                     arrival_td_mean=float(td.mean()),
@@ -249,7 +256,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                 links[b].send(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                               m.seq, m.a, hold=t_done - arrived, step=step_s),
                               Tag.PRIORITIES)
-                xfer_log.append(buffer=b - 1, kind=int(Tag.BATCH), n=m.count, nbytes=nbytes,
+                xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
+                                nbytes=nbytes,
                                 priority_mean=float(m.arrays["priorities"].mean()),
                                 arrival_td_mean=float(td.mean()),
                                 arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))
@@ -298,12 +306,15 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                 f" | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
             t_prog, prog_steps, prog_updates, prog_busy = now, env_steps, updates, busy
             loss_sum, loss_n = 0.0, 0
-        if now - t_link >= cfg.flush_seconds / 2:
+        finished = len(done) == len(buffers) and not any(lk.backlog for lk in links.values())
+        if now - t_link >= cfg.flush_seconds / 2 or finished:  # and a last row at the end
             for b, lk in links.items():
                 b_out, m_out, q_s = lk.sent.take()
                 b_in, m_in, _ = lk.received.take()
                 link_log.append(buffer=b - 1, bytes_in=b_in, msgs_in=m_in, bytes_out=b_out,
-                                msgs_out=m_out, queue_s=q_s, interval_s=now - t_link)
+                                msgs_out=m_out, queue_s=q_s, interval_s=now - t_link,
+                                utilization=min(1.0, b_out * 8 / lk.profile.rate_bps
+                                                / max(now - t_link, 1e-9)))
             t_link = now
         log.maybe_flush(now)
         if did:
@@ -313,7 +324,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                                     if d is not None), default=None))
 
     wall = time.monotonic() - t_start
-    summary = {"stop_reason": stop_reason, "updates": updates, "env_steps": env_steps,
+    summary = {"stop_reason": stop_reason, "target_return": target_return,
+               "updates": updates, "env_steps": env_steps,
                "wall_s": wall, "best_eval": best_eval, "busy_fraction": busy / wall,
                "link_bytes_in": sum(lk.received.total_bytes for lk in links.values()),
                "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),

@@ -13,7 +13,8 @@ def test_cli_values():
     cfg = parse(["--replay-at", "learner", "--hidden", "32", "32", "--target-return", "none",
                  "--no-dueling", "--max-seconds", "10"])
     assert cfg.replay_at == "learner" and cfg.hidden == (32, 32)
-    assert cfg.target_return is None and cfg.max_seconds == 10.0
+    assert cfg.target_return == float("inf") and cfg.max_seconds == 10.0  # disabled
+    assert parse([]).target_return is None  # default: the env's threshold
 
 
 @pytest.mark.parametrize("argv, match", [
