@@ -100,11 +100,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
         if k == 0 and not returns_to_send and env_steps == steps_reported:
             return
         rec = np.empty(k, wire.record)
-        rec["obs"] = out_obs[:k]
-        rec["action"] = out_act[:k]
-        rec["reward"] = out_ret[:k]
-        rec["next_obs"] = out_next[:k]
-        rec["discount"] = out_disc[:k]
+        if k:  # a final message may carry only returns and step counts
+            rec["obs"] = out_obs[:k]
+            rec["action"] = out_act[:k]
+            rec["reward"] = out_ret[:k]
+            rec["next_obs"] = out_next[:k]
+            rec["discount"] = out_disc[:k]
         # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
         bootstrap = q(rec["next_obs"]).max(axis=1) if k else np.zeros(0)
         td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
