@@ -55,13 +55,13 @@ class Config:
                               "lost if a rank is killed)")
 
     # --- DQN -----------------------------------------------------------------------------------
-    hidden: tuple[int, ...] = _f((256, 256), "hidden layer sizes of the MLP Q-network")
+    hidden: tuple[int, ...] = _f((64, 64), "hidden layer sizes of the MLP Q-network")
     dueling: bool = _f(False, "use a dueling head")
     lr: float = _f(1e-3, "Adam learning rate")
     gamma: float = _f(0.99, "discount factor")
     n_step: int = _f(3, "n-step return length (computed at the actors)")
     batch_size: int = _f(64, "learner batch size")
-    target_update: int = _f(500, "learner updates between target-network copies")
+    target_update: int = _f(200, "learner updates between target-network copies")
     grad_clip: float = _f(10.0, "gradient norm clip (0 = off)")
     huber_delta: float = _f(1.0, "Huber loss delta")
 
@@ -73,7 +73,7 @@ class Config:
     priority_eps: float = _f(1e-3, "added to |td| before the exponent")
     learning_starts: int = _f(1_000, "transitions in the replay memory before sampling starts")
     replay_ratio: float = _f(
-        8.0,
+        4.0,
         "samples per inserted transition the pipeline aims at; actors are throttled (token "
         "control) when the learner falls behind (0 = never throttle)",
     )
