@@ -4,6 +4,7 @@ MPI's default is to hang: a rank that raises sits in MPI_Finalize while the othe
 ``install(world, who)`` sets ``sys.excepthook`` and ``threading.excepthook`` to print the error
 (naming the rank and role) and call ``MPI.COMM_WORLD.Abort(1)``: measured, a 9-rank job ended
 0.4 s after the raise.  ``Watchdog`` aborts if a clean shutdown takes too long.
+``Fault`` is the test-only injection hook (``MPIRL_FAULT``) the fault tests use to check all this.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 
@@ -79,3 +81,84 @@ class StopSignal:
             raise KeyboardInterrupt(f"second {name}")
         self.requested = name
         self._watchdog.arm(self._grace, f"a clean stop after {name}")
+
+
+class Fault:
+    """Test-only fault injection: ``MPIRL_FAULT="ROLE:RANK:SECONDS[:ACTION]"`` (several: comma).
+
+    The rank with world rank RANK and role ROLE acts SECONDS after its role loop started (its
+    first `check`):
+
+    - ``raise`` (default): raises RuntimeError in its role loop (fail fast must abort the job);
+    - ``kill``: SIGKILLs itself in its role loop (no Python cleanup, like an OOM kill);
+    - ``checkpoint``: SIGKILLs itself while writing its next checkpoint part, after the temp
+      files are written and before they are renamed (the previous checkpoint must stay usable);
+    - ``wire``: (actor) its next experience message goes out with a wrong wire version.
+
+    Role loops call `check` once per turn: one comparison when no fault is set.
+    """
+
+    ACTIONS = ("raise", "kill", "checkpoint", "wire")
+
+    def __init__(self, role: str = "", rank: int = -1, spec: str | None = None):
+        self.spec = spec if spec is not None else os.environ.get("MPIRL_FAULT", "")
+        self.action: str | None = None
+        self.delay = 0.0
+        self.at: float | None = None  # set by the first check()
+        for item in filter(None, (x.strip() for x in self.spec.split(","))):
+            parts = item.split(":")
+            try:
+                r, k, s = parts[0], int(parts[1]), float(parts[2])
+                act = parts[3] if len(parts) > 3 else "raise"
+                if act not in self.ACTIONS or len(parts) > 4:
+                    raise ValueError
+            except (ValueError, IndexError):
+                raise ValueError(f"MPIRL_FAULT={self.spec!r}: each item must be "
+                                 "ROLE:RANK:SECONDS[:ACTION] with ACTION one of "
+                                 f"{', '.join(self.ACTIONS)}") from None
+            if r == role and k == rank:
+                self.action, self.delay = act, s
+
+    def check(self, now: float | None = None) -> None:
+        """Once per role-loop turn: start the clock, fire a due ``raise`` or ``kill``."""
+        if self.action is None:
+            return
+        now = time.monotonic() if now is None else now
+        if self.at is None:
+            self.at = now + self.delay
+        if now >= self.at and self.action in ("raise", "kill"):
+            self._fire()
+
+    def due(self, action: str) -> bool:
+        """True once (then disarmed) when ``action`` is set and its time has come."""
+        if self.action != action or self.at is None or time.monotonic() < self.at:
+            return False
+        self.action = None
+        return True
+
+    def in_checkpoint(self) -> None:
+        """Between a checkpoint's temp files and their rename."""
+        if self.due("checkpoint"):
+            sys.stderr.write(f"mpirl: injected fault: SIGKILL while writing a checkpoint "
+                             f"(MPIRL_FAULT={self.spec!r})\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _fire(self) -> None:
+        action, self.action = self.action, None
+        sys.stderr.write(f"mpirl: injected fault: {action} at unix {time.time():.3f} "
+                         f"(MPIRL_FAULT={self.spec!r})\n")
+        sys.stderr.flush()
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault (MPIRL_FAULT={self.spec!r})")
+
+
+#: set by mpirl.main for this rank; inert unless MPIRL_FAULT names it
+FAULT = Fault(spec="")
+
+
+def install_fault(role: str, rank: int) -> Fault:
+    global FAULT
+    FAULT = Fault(role, rank)
+    return FAULT
