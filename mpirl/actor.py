@@ -9,6 +9,11 @@ Flow control (token control): an actor may have ``actor_credits`` experience mes
 buffer has not yet granted back.  Without a token it keeps stepping until ``4 * actor_chunk``
 transitions are waiting, then waits for a token (backpressure; the wait is counted as throttled
 time and the CPU goes to other ranks).
+
+Checkpoints: on CHECKPOINT the actor writes its part (counters, epsilons, RNG state and the
+transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it writes its
+final part before DONE.  Resumed, it continues those counters with fresh episodes (env states
+are not saved: the episodes in progress and their incomplete n-step windows are dropped).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl import envs as envs_mod
+from mpirl import failure
+from mpirl.checkpoint import restore_rng, rng_meta
 from mpirl.logs import Field, RunLog
 from mpirl.nstep import NStep
 from mpirl.qnet import NumpyQ
@@ -33,13 +40,16 @@ def epsilon(i: int, n: int, base: float, alpha: float) -> float:
     return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
+def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> None:
     comm = topo.site
     me = topo.place
     m = cfg.envs_per_actor
     n_total = topo.n_actors * m
+    fault = failure.FAULT
     rng = np.random.default_rng(cfg.seed + 1000 * me.rank)
-    envs = [envs_mod.make(cfg.env, seed=cfg.seed + 1000 * me.rank + j) for j in range(m)]
+    # a resumed run starts fresh episodes, seeded apart from those of earlier launches
+    seed0 = cfg.seed + 1000 * me.rank + (0 if resume is None else 7919 * resume.id)
+    envs = [envs_mod.make(cfg.env, seed=seed0 + j) for j in range(m)]
     eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
                     for j in range(m)])
     nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
@@ -72,9 +82,36 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
     done_episodes = 0
     out_obs, out_act, out_ret, out_next, out_disc, out_qsa = [], [], [], [], [], []
     returns_to_send: list[float] = []
+    final_ckpt = -1
+    outs = ("obs", "act", "ret", "next", "disc", "qsa")
+
+    def save(ckpt_id: int) -> None:
+        """This actor's part of checkpoint ``ckpt_id``: everything needed to continue."""
+        k = len(out_obs)
+        lists = (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)
+        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(outs, lists)}
+        arrays["out_obs"] = np.asarray(out_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
+        arrays["out_next"] = np.asarray(out_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
+        arrays["returns_to_send"] = np.asarray(returns_to_send, np.float64)
+        ckpt.write(ckpt_id, {
+            "env_steps": env_steps, "steps_reported": steps_reported, "seq": seq, "msgs": msgs,
+            "bytes_sent": nbytes, "throttled_s": throttled, "episodes": done_episodes,
+            "epsilons": eps.tolist(), "rng": rng_meta(rng)}, arrays)
+
+    if resume is not None:
+        r = resume.meta
+        env_steps, steps_reported, seq = r["env_steps"], r["steps_reported"], r["seq"]
+        msgs, nbytes, throttled = r["msgs"], r["bytes_sent"], r["throttled_s"]
+        done_episodes = r["episodes"]
+        eps = np.asarray(r["epsilons"], np.float64)
+        restore_rng(rng, r["rng"])
+        for n, lst in zip(outs, (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)):
+            lst.extend(resume.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
+                       else list(resume.arrays[f"out_{n}"]))
+        returns_to_send.extend(resume.arrays["returns_to_send"].tolist())
 
     def receive_all() -> None:
-        nonlocal tokens, weights_version, stop
+        nonlocal tokens, weights_version, stop, final_ckpt
         while True:
             msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
             if msg is None:
@@ -90,6 +127,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
                 tokens += m_.count
             elif m_.kind == Tag.STOP:
                 stop = True
+                final_ckpt = m_.seq
+            elif m_.kind == Tag.CHECKPOINT:  # snapshot between two steps, then acknowledge
+                save(m_.seq)
+                ack = wire.checkpoint(m_.seq, env_steps)
+                sends.append((comm.Isend([ack, MPI.BYTE], dest=BUFFER, tag=Tag.CHECKPOINT), ack))
             else:
                 raise RuntimeError(f"actor rank {me.rank}: unexpected {m_.kind.name} from buffer")
 
@@ -110,6 +152,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
         bootstrap = q(rec["next_obs"]).max(axis=1) if k else np.zeros(0)
         td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
         buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq)
+        if fault.action == "wire" and fault.due("wire"):  # test hook: a wrong wire version
+            buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
         sends.append((comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=Tag.EXPERIENCE), buf))
         for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa):
             del lst[:k]
@@ -126,10 +170,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
         receive_all()
         backoff.idle()
 
-    obs = np.stack([e.reset(seed=cfg.seed + 1000 * me.rank + j)[0] for j, e in enumerate(envs)])
+    obs = np.stack([e.reset(seed=seed0 + j)[0] for j, e in enumerate(envs)])
     ep_ret = np.zeros(m)
     ep_len = np.zeros(m, np.int64)
     while not stop:
+        fault.check()
         # [comm] tokens, weights, stop: never blocks
         receive_all()
         if sends:
@@ -175,6 +220,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
 
     # [comm] clean stop: ship what is left, say DONE, drain until the buffer's DONE comes back
     send_chunk(final=True)
+    if final_ckpt >= 0:  # everything is sent: the part holds final counters only
+        save(final_ckpt)
     done = wire.done(env_steps, done_episodes)
     sends.append((comm.Isend([done, MPI.BYTE], dest=BUFFER, tag=Tag.DONE), done))
     acked = False

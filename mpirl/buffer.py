@@ -16,6 +16,13 @@ Per loop turn: [link] deliver what the learner sent (weights -> relayed to actor
 tokens, stop); [site] take at most ``actor_chunk``-sized work from actors (bounded, so the learner
 is never starved by a flood of actor messages); [link] send batches / forwarded chunks; grant
 tokens; stats; idle back-off.
+
+Checkpoints: CHECKPOINT from the learner is forwarded to every actor; each actor snapshots and
+acknowledges, and the buffer holds that actor's later messages (they stay queued in MPI) until
+every actor has acknowledged.  Then it writes its part (replay memory or forward queue,
+counters), acknowledges to the learner and releases the actors.  Everything an actor sent before
+its snapshot is in the buffer's part, nothing after: env steps and transitions are counted once.
+On STOP with a checkpoint id it writes its final part before DONE.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from mpirl import failure
+from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
 from mpirl.replay import PrioritizedReplay
@@ -37,7 +46,7 @@ LEARNER = 0  # link rank of the learner
 MAX_ACTOR_MSGS_PER_TURN = 8
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
+def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> None:
     site, me = topo.site, topo.place
     actors = list(range(1, site.Get_size()))  # site ranks of this buffer's actors
     link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=cfg.seed + me.rank)
@@ -102,6 +111,37 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
     t_start = t_stats = t_log = time.monotonic()
     sent_done = False
     acked = False
+    fault = failure.FAULT
+    ckpt_id = final_ckpt = -1  # checkpoint in progress; final checkpoint (from STOP)
+    ckpt_held: set[int] = set()  # actors that acknowledged: their later messages wait
+
+    def save(cid: int) -> None:
+        """This buffer's part of checkpoint ``cid``."""
+        arrays = {}
+        meta = {"env_steps": env_steps, "inserted": inserted, "sampled": sampled,
+                "episodes": episodes, "batch_id": batch_id, "fwd_seq": fwd_seq,
+                "stale_dropped": stale, "too_stale": too_stale, "forward_dropped": fwd_dropped,
+                "throttled": throttled}
+        if memory is not None:
+            arrays, meta["replay"] = memory_state(memory)
+        else:  # the forward queue: experiences received, not yet sent to the learner
+            arrays["forward_records"] = (np.concatenate([r for r, _ in fwd_records])
+                                         if fwd_records else np.zeros(0, wire.record))
+            arrays["forward_td"] = (np.concatenate([t for _, t in fwd_records]).astype(np.float32)
+                                    if fwd_records else np.zeros(0, np.float32))
+        ckpt.write(cid, meta, arrays)
+
+    if resume is not None:
+        r = resume.meta
+        env_steps, inserted, sampled, episodes = (r["env_steps"], r["inserted"], r["sampled"],
+                                                  r["episodes"])
+        batch_id, fwd_seq, stale = r["batch_id"], r["fwd_seq"], r["stale_dropped"]
+        too_stale, fwd_dropped, throttled = r["too_stale"], r["forward_dropped"], r["throttled"]
+        if memory is not None:
+            restore_memory(memory, resume.arrays, r["replay"])
+        elif len(resume.arrays["forward_records"]):
+            fwd_records.append((resume.arrays["forward_records"], resume.arrays["forward_td"]))
+            fwd_len = len(resume.arrays["forward_records"])
 
     def to_site(buf: np.ndarray, dest: int, tag: Tag) -> None:
         site_sends.append((site.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
@@ -126,6 +166,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
 
     while not acked or site_sends or link.backlog:
         now = time.monotonic()
+        fault.check(now)
         did = False
         if change is not None and now - t_start >= change[0]:
             link.set_profile(PROFILES[change[1]])
@@ -156,15 +197,28 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
                 fwd_tokens += m.count
             elif m.kind == Tag.STOP:
                 stopping = True
+                final_ckpt = m.seq
                 for a in actors:
-                    to_site(wire.stop(), a, Tag.STOP)
+                    to_site(wire.stop(m.seq), a, Tag.STOP)
+            elif m.kind == Tag.CHECKPOINT:
+                ckpt_id = m.seq
+                for a in actors:
+                    to_site(wire.checkpoint(ckpt_id), a, Tag.CHECKPOINT)
             elif m.kind == Tag.DONE:
                 acked = True
             else:
                 raise RuntimeError(f"buffer {me.site}: unexpected {m.kind.name} from the learner")
         # [site] experiences from actors, bounded work per turn
         for _ in range(MAX_ACTOR_MSGS_PER_TURN):
-            msg = site.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            if not ckpt_held:
+                msg = site.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            else:  # during a checkpoint: only actors that have not acknowledged yet
+                msg = None
+                for a in actors:
+                    if a not in ckpt_held:
+                        msg = site.Improbe(source=a, tag=MPI.ANY_TAG, status=status)
+                        if msg is not None:
+                            break
             if msg is None:
                 break
             did = True
@@ -191,8 +245,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             elif m.kind == Tag.DONE:
                 done_actors.add(src)
                 to_site(wire.done(0, 0), src, Tag.DONE)
+            elif m.kind == Tag.CHECKPOINT and m.seq == ckpt_id:
+                ckpt_held.add(src)
             else:
                 raise RuntimeError(f"buffer {me.site}: unexpected {m.kind.name} from actor {src}")
+        if ckpt_id >= 0 and len(ckpt_held) == len(actors):
+            # every actor's messages before its snapshot are in: snapshot, ack, release
+            save(ckpt_id)
+            link.send(wire.checkpoint(ckpt_id, env_steps), Tag.CHECKPOINT, now)
+            ckpt_id = -1
+            ckpt_held.clear()
+            did = True
         grant_actor_tokens()
         # [link] toward the learner
         if memory is not None and not stopping:
@@ -233,6 +296,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog) -> None:
             t_stats = now
         if stopping and not sent_done and len(done_actors) == len(actors) and not fwd_len:
             # everything this site produced has been handed to the link: say so, last
+            if final_ckpt >= 0:
+                save(final_ckpt)
             link.send(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
             link.send(wire.done(env_steps, episodes), Tag.DONE, now)
             returns.clear()

@@ -53,6 +53,10 @@ class Config:
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
                               "lost if a rank is killed)")
+    checkpoint_seconds: float = _f(
+        300.0, "seconds between coordinated checkpoints in RUN_DIR/checkpoint (0 = none on a "
+        "cadence); a clean stop (budget, target, SIGTERM/SIGINT) always writes one, so the run "
+        "can be continued with --resume")
 
     # --- DQN -----------------------------------------------------------------------------------
     hidden: tuple[int, ...] = _f((64, 64), "hidden layer sizes of the MLP Q-network")
@@ -155,7 +159,8 @@ class Config:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
-        for name in ["max_seconds", "progress_seconds", "grad_clip", "replay_ratio"]:
+        for name in ["max_seconds", "progress_seconds", "grad_clip", "replay_ratio",
+                     "checkpoint_seconds"]:
             if getattr(c, name) < 0:
                 raise ConfigError(f"{name}={getattr(c, name)!r} must be >= 0")
         for name in ["lr", "huber_delta", "flush_seconds", "priority_eps"]:
@@ -246,8 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
             p.add_argument(flag, type=typ, nargs=nargs, metavar=f.name.upper(), **kw)
-    p.add_argument("--resume", default=None, help="continue the run in RUN_DIR (not yet "
-                   "available)", dest="resume", metavar="RUN_DIR")
+    p.add_argument("--resume", default=None, dest="resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest complete checkpoint, with "
+                   "its stored configuration, the same number of ranks, appending to its HDF5 "
+                   "files; only " + ", ".join("--" + k.replace("_", "-") for k in RESUME_FLAGS)
+                   + " may be given with it (--max-seconds counts this launch)")
     return p
 
 
@@ -272,14 +280,46 @@ def _from_toml(path: str) -> dict:
     return out
 
 
-def parse(argv: list[str] | None = None) -> Config:
-    """CLI flags (and --config TOML) -> a Config, not yet checked against the world size."""
+#: The flags --resume accepts: when and how the run stops and reports, never what it learns.
+RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
+                "progress_seconds", "flush_seconds")
+
+
+def resume_dir(argv: list[str] | None = None) -> str | None:
+    """RUN_DIR of ``--resume RUN_DIR``, or None (usage errors exit as in `parse`)."""
+    return vars(build_parser().parse_args(argv)).get("resume")
+
+
+def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
+    """CLI flags (and --config TOML) -> a Config, not yet checked against the world size.
+
+    With ``--resume RUN_DIR``, ``stored`` is the run's stored config (``to_dict`` output, from
+    its checkpoint manifest); only `RESUME_FLAGS` may override it.
+    """
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
-    if ns.pop("resume", None) is not None:
-        raise ConfigError("--resume is not available yet; start a new run")
+    resume = ns.pop("resume", None)
     values = {}
-    if ns.get("config"):
+    if resume is not None:
+        if stored is None:
+            raise ConfigError("--resume RUN_DIR needs the run's stored configuration")
+        bad = [k for k in ns if k not in RESUME_FLAGS]
+        if bad:
+            raise ConfigError(
+                f"--resume continues {resume!r} with its stored configuration; only "
+                + ", ".join("--" + k.replace("_", "-") for k in RESUME_FLAGS)
+                + " may be given with it, not " + ", ".join("--" + k.replace("_", "-")
+                                                             for k in bad)
+                + " (start a new run to change them)")
+        names = {f.name for f in dataclasses.fields(Config)}
+        unknown = sorted(set(stored) - names)
+        if unknown:
+            raise ConfigError(f"--resume {resume!r}: the stored configuration has keys this "
+                              f"mpirl does not know ({', '.join(unknown)}); resume with the "
+                              "mpirl version that wrote the run")
+        values.update(stored)
+        values["run_dir"] = resume
+    elif ns.get("config"):
         values.update(_from_toml(ns["config"]))
     values.update(ns)
     for key in ("hidden", "site_weights"):

@@ -11,6 +11,12 @@ updates; the stop decision (target return, env-step or time budget) and a progre
 Stop protocol: the learner sends STOP to every buffer and keeps serving the link until each
 buffer answers DONE (it has collected DONE from its actors and handed everything over), then
 acknowledges with DONE.  No rank is left waiting; every file is closed.
+
+Checkpoints (``checkpoint_seconds``, and always at a clean stop): the learner sends CHECKPOINT
+to every buffer, holds each buffer's later messages once it has acknowledged (its part is on
+disk), and when all have, writes its own part (networks, optimizer, counters, RNG states, the
+replay memory at the learner) and the manifest last.  A stop waits for a checkpoint in progress;
+STOP then carries the id of a final checkpoint that every rank writes before its DONE.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from collections import deque
 
 import numpy as np
 
+from mpirl import failure
+from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
@@ -39,7 +47,11 @@ def _batch_tensors(torch, records):
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -> dict:
+CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
+
+
+def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, ckpt=None,
+        resume=None) -> dict:
     import torch
 
     from mpirl.dqn import dqn_loss
@@ -183,6 +195,54 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
     step_s = None
     change = cfg.link_change_at()
 
+    fault = failure.FAULT
+    elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
+    ckpt_next = ckpt.next_id() if ckpt is not None else 1
+    ckpt_id, ckpt_t0, t_ckpt = -1, 0.0, t_start  # checkpoint in progress, its start, last end
+    ckpt_acked: dict[int, int] = {}  # buffer -> its env steps at its snapshot
+    parked = {b: deque() for b in buffers}  # a buffer's messages received after its ack
+    stop_sent = False
+    final_ckpt = -1
+    names = [part_name(p.role, p.site, p.rank) for p in topo.places]
+
+    def save(cid: int, reason: str) -> None:
+        """The learner's part of checkpoint ``cid``, then the manifest (last)."""
+        meta = {"updates": updates, "weights_version": weights_version, "inserted": inserted,
+                "sampled": sampled, "served": {str(b - 1): served[b] for b in buffers},
+                "site_steps": {str(b - 1): site_steps[b] for b in buffers},
+                "best_eval": best_eval, "last_eval": last_eval, "eval_round": evaluator.round,
+                "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
+                "to_target": to_target}
+        arrays = None
+        if memory is not None:
+            arrays, meta["replay"] = memory_state(memory)
+        ckpt.write(cid, meta, arrays, {
+            "online": online.state_dict(), "target": target.state_dict(),
+            "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()})
+        ckpt.manifest(cid, names, reason, {"updates": updates, "env_steps": env_steps,
+                                           "inserted": inserted, "sampled": sampled,
+                                           "best_eval": best_eval})
+
+    if resume is not None:  # continue where the checkpoint left off
+        ts, r = resume.torch, resume.meta
+        online.load_state_dict(ts["online"])
+        target.load_state_dict(ts["target"])
+        opt.load_state_dict(ts["optimizer"])
+        torch.set_rng_state(ts["torch_rng"])
+        updates, weights_version = r["updates"], r["weights_version"]
+        inserted, sampled = r["inserted"], r["sampled"]
+        best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
+        evaluator.round = r["eval_round"]
+        for b in buffers:
+            served[b] = r["served"][str(b - 1)]
+            site_steps[b] = r["site_steps"][str(b - 1)]
+        elapsed_before, to_target = r["wall_s_total"], r["to_target"]
+        if memory is not None:
+            restore_memory(memory, resume.arrays, r["replay"])
+        beta = beta_now()
+    env_steps = sum(site_steps.values())
+    prog_steps, prog_updates = env_steps, updates  # rates of the first interval: this launch
+
     send_weights()
     if at_learner:
         for b in buffers:
@@ -190,11 +250,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
 
     while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
         now = time.monotonic()
+        fault.check(now)
         did = False
         # [link] everything the buffers sent
         for b, lk in links.items():
             lk.poll(now)
-            for tag, buf in lk.receive(now):
+            if b in ckpt_acked:
+                continue  # its snapshot is taken: what it sent after waits for ours
+            msgs = lk.receive(now)
+            if parked[b]:
+                msgs = [*parked[b], *msgs]
+                parked[b].clear()
+            for i, (tag, buf) in enumerate(msgs):
                 did = True
                 m = wire.unpack(buf, tag, f"buffer {b - 1}")
                 if m.kind == Tag.BATCH:
@@ -218,9 +285,30 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                     site_steps[b] = int(m.a)
                     done.add(b)
                     lk.send(wire.done(0, 0), Tag.DONE)
+                elif m.kind == Tag.CHECKPOINT and m.seq == ckpt_id:
+                    ckpt_acked[b] = site_steps[b] = int(m.a)
+                    parked[b].extend(msgs[i + 1:])
+                    break
                 else:
                     raise RuntimeError(f"learner: unexpected {m.kind.name} from buffer {b - 1}")
         env_steps = sum(site_steps.values())
+        # [checkpoint] every buffer (and through it every actor) has its part on disk
+        if ckpt_id >= 0 and len(ckpt_acked) == len(buffers):
+            save(ckpt_id, "periodic")
+            say(f"mpirl: checkpoint {ckpt_id} written in {time.monotonic() - ckpt_t0:.2f} s "
+                f"({updates:,} updates, {env_steps:,} env steps)")
+            ckpt_id, t_ckpt = -1, time.monotonic()
+            ckpt_acked.clear()
+            did = True
+        elif ckpt_id >= 0 and now - ckpt_t0 > CKPT_TIMEOUT_S:
+            raise RuntimeError(f"checkpoint {ckpt_id}: no acknowledgement from buffer(s) "
+                               f"{sorted(b - 1 for b in set(buffers) - set(ckpt_acked))} after "
+                               f"{CKPT_TIMEOUT_S:g} s")
+        elif (ckpt is not None and cfg.checkpoint_seconds and ckpt_id < 0 and stop_reason is None
+              and now - t_ckpt >= cfg.checkpoint_seconds):
+            ckpt_id, ckpt_next, ckpt_t0 = ckpt_next, ckpt_next + 1, now
+            for lk in links.values():
+                lk.send(wire.checkpoint(ckpt_id), Tag.CHECKPOINT, now)
         # [link] tokens for forwarded experiences: the learner-side rate limiter
         if at_learner:
             # the site furthest behind its share gets its tokens first
@@ -275,7 +363,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                 best_eval = max(best_eval, float(rets.mean()))
                 if target_return is not None and rets.mean() >= target_return:
                     stop_reason = "target_return"
-                    to_target = {"time_to_target_s": time.monotonic() - t_start,
+                    to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
                                  "env_steps_to_target": env_steps, "updates_to_target": updates}
             if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
                 stop_reason = "max_env_steps"
@@ -283,11 +371,14 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
                 stop_reason = "max_seconds"
             if stop_reason is None and stop_signal is not None and stop_signal.requested:
                 stop_reason = stop_signal.requested  # SIGTERM / SIGINT: stop cleanly
-            if stop_reason is not None:
-                say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
-                    f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")
-                for lk in links.values():
-                    lk.send(wire.stop(), Tag.STOP, now)
+        if stop_reason is not None and not stop_sent and ckpt_id < 0:
+            # after any checkpoint in progress; every rank writes the final one before DONE
+            final_ckpt = ckpt_next if ckpt is not None else -1
+            say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
+                f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")
+            for lk in links.values():
+                lk.send(wire.stop(final_ckpt), Tag.STOP, now)
+            stop_sent = True
         # progress line and link accounting
         if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
             dt = now - t_prog
@@ -323,10 +414,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None) -
             backoff.idle(until=min((d for d in (lk.next_departure() for lk in links.values())
                                     if d is not None), default=None))
 
+    if final_ckpt >= 0:  # every buffer's DONE says its part (and its actors') is on disk
+        t0 = time.monotonic()
+        save(final_ckpt, stop_reason)
+        say(f"mpirl: checkpoint {final_ckpt} written in {time.monotonic() - t0:.2f} s; continue "
+            f"with --resume {ckpt.run_dir}")
     wall = time.monotonic() - t_start
     summary = {"stop_reason": stop_reason, "target_return": target_return,
                "updates": updates, "env_steps": env_steps,
-               "wall_s": wall, "best_eval": best_eval, "busy_fraction": busy / wall,
+               "wall_s": wall, "wall_s_total": elapsed_before + wall,
+               "checkpoint": final_ckpt if final_ckpt >= 0 else None,
+               "resumed_from": resume.id if resume is not None else None,
+               "best_eval": best_eval, "busy_fraction": busy / wall,
                "link_bytes_in": sum(lk.received.total_bytes for lk in links.values()),
                "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
                **to_target}

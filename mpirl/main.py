@@ -10,6 +10,9 @@ The whole data flow, wired in one place::
 Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
 Configuration is parsed and validated once on every rank (no communication needed: every rank
 reaches the same verdict); errors are printed by rank 0 only and every rank exits non-zero.
+``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
+manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
+becomes one error on rank 0 (gathered), so every rank reaches the same verdict there too.
 """
 
 from __future__ import annotations
@@ -92,11 +95,84 @@ def _prepare_run_dir(world, cfg) -> Path:
     return path
 
 
+def _bcast_text(world, text: str | None) -> str:
+    """Rank 0's ``text`` on every rank, as bytes (no pickle)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    data = np.frombuffer((text or "").encode(), np.uint8) if world.Get_rank() == 0 else None
+    n = np.array([0 if data is None else data.size], np.int64)
+    world.Bcast([n, MPI.INT64_T], root=0)
+    buf = data.copy() if data is not None else np.empty(int(n[0]), np.uint8)
+    world.Bcast([buf, MPI.BYTE], root=0)
+    return bytes(buf).decode()
+
+
+def _resume_manifest(world, run_dir: str) -> dict:
+    """Rank 0 selects and checks the checkpoint; every rank gets its manifest or the error."""
+    from mpirl import checkpoint
+
+    text, err = None, ""
+    if world.Get_rank() == 0:
+        try:
+            manifest, skipped = checkpoint.select(run_dir)
+            for why in skipped:
+                print(f"mpirl: warning: skipping {why}", file=sys.stderr, flush=True)
+            text = json.dumps(manifest)
+        except checkpoint.CheckpointError as e:
+            err = str(e)
+        except Exception as e:  # noqa: BLE001 - must reach every rank, not hang them
+            err = f"--resume {run_dir!r}: {type(e).__name__}: {e}"
+        text = "E" + err if err else "M" + text
+    got = _bcast_text(world, text)
+    if got[:1] != "M":
+        raise checkpoint.CheckpointError(got[1:] or "the checkpoint could not be read")
+    return json.loads(got[1:])
+
+
+def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, record):
+    """Every rank loads its part; the first failure (by rank) is every rank's error."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpirl import checkpoint
+
+    rank = world.Get_rank()
+    me = places[rank]
+    name = checkpoint.part_name(me.role, me.site, me.rank)
+    part, err = None, ""
+    try:
+        if not (run_dir / f"{name}.h5").is_file():
+            raise checkpoint.CheckpointError(f"{run_dir / (name + '.h5')} is missing; --resume "
+                                             "appends to the run's HDF5 files")
+        part = checkpoint.load_part(run_dir, manifest, name)
+        if me.role != "actor" and "replay_storage" in part.arrays:
+            dt = part.arrays["replay_storage"].dtype
+            if dt != record:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {part.id}: {name}'s replay memory holds {dt}, the env "
+                    f"{cfg.env} gives {record}")
+    except checkpoint.CheckpointError as e:
+        err = str(e)
+    except Exception as e:  # noqa: BLE001 - reported by rank 0, never a hang
+        err = f"checkpoint {manifest.get('id')}: {name}: {type(e).__name__}: {e}"
+    mine = np.zeros(1024, np.uint8)
+    raw = err.encode()[:1024]
+    mine[: len(raw)] = np.frombuffer(raw, np.uint8)
+    every = np.zeros((world.Get_size(), 1024), np.uint8)
+    world.Allgather([mine, MPI.BYTE], [every, MPI.BYTE])
+    for r, row in enumerate(every):
+        text = bytes(row).rstrip(b"\0").decode(errors="replace")
+        if text:
+            raise checkpoint.CheckpointError(f"rank {r}: {text}")
+    return part
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     from mpirl import envs, topology
-    from mpirl.config import ConfigError, parse, to_dict
+    from mpirl.config import ConfigError, parse, resume_dir, to_dict
     from mpirl.replay import footprint_bytes
 
     world = MPI.COMM_WORLD
@@ -105,12 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     # ---- configuration: the same verdict on every rank, printed by rank 0 only --------------
     quiet = contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext()
     quiet_err = contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext()
+    manifest = None
     try:
         with quiet, quiet_err:
             try:
-                cfg = parse(argv)
+                resume = resume_dir(argv)
             except SystemExit as e:  # argparse: --help (0) or a usage error (2)
                 return int(e.code or 0)
+        if resume is not None:
+            parse(argv, stored={})  # the flags allowed with --resume, before reading anything
+            manifest = _resume_manifest(world, resume)
+            cfg = parse(argv, stored=manifest["config"])
+            if manifest["world_size"] != world.Get_size():
+                roles = [x["role"] for x in manifest["layout"]]
+                raise ConfigError(
+                    f"--resume {resume!r}: the run was checkpointed by {manifest['world_size']} "
+                    f"ranks (1 learner, {roles.count('buffer')} buffer(s), "
+                    f"{roles.count('actor')} actors) and this job has {world.Get_size()}; "
+                    f"resume it with `mpirun -n {manifest['world_size']} python -m mpirl.main "
+                    f"--resume {resume}`")
+        else:
+            cfg = parse(argv)
         cfg.validate(world.Get_size())
         spec = envs.inspect(cfg.env)
         from mpirl.wire import transition_dtype
@@ -123,7 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
                 f"for {record.itemsize}-byte transitions but only {avail / 2**30:.2f} GiB is "
                 f"available; lower --replay-capacity to at most {int(avail * 0.8 / (need / cfg.replay_capacity)):,}")
-        run_dir = _prepare_run_dir(world, cfg)
+        if manifest is None:
+            run_dir = _prepare_run_dir(world, cfg)
+            part = None
+        else:
+            run_dir = Path(cfg.run_dir)
+            part = _resume_parts(world, run_dir, manifest,
+                                 topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
     except (ConfigError, topology.LayoutError) as e:
         if rank == 0:
             sys.stderr.write(f"mpirl: error: {e}\n")
@@ -136,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
                                          else ")")
     failure.install(world, who)
+    failure.install_fault(topo.role, rank)  # test-only MPIRL_FAULT; inert otherwise
     stop_signal = failure.StopSignal(world, who)
     hosts = _hostnames(world)
     from mpirl.link import resolve_profile
@@ -143,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     profile = resolve_profile(cfg)
     versions = _versions()
     if rank == 0:
+        if part is not None:
+            c = manifest.get("counters", {})
+            print(f"mpirl: resuming {run_dir} from checkpoint {part.id} "
+                  f"({manifest.get('reason', '?')}): {c.get('updates', 0):,} updates, "
+                  f"{c.get('env_steps', 0):,} env steps")
         print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
               f"({profile.describe()}), run folder {run_dir}")
         print(f"mpirl: MPI library: {versions['mpi_library']}")
@@ -174,21 +277,38 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds) as log:
+    from mpirl.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(run_dir, name, failure.FAULT, info={
+        "config": to_dict(cfg), "world_size": world.Get_size(),
+        "layout": [{k: x[k] for k in ("rank", "role", "site")} for x in layout]})
+    with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
+                resume=part is not None) as log:
+        ckpt.log = log
+        if part is not None:  # where this launch continues: rows past log_rows are from the
+            # interrupted launch, after the checkpoint (kept; analysis may cut them)
+            from mpirl.checkpoint import file_rows
+
+            resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
+            resumes.append({"checkpoint": part.id, "unix": time.time(),
+                            "rows_at_checkpoint": part.meta.get("log_rows", {}),
+                            "rows_before_resume": file_rows(log.file)})
+            log.set_attrs(resumes_json=json.dumps(resumes))
         if topo.role == "learner":
             from mpirl import learner
 
             summary = learner.run(cfg, topo, spec, wire, log,
-                                  say=lambda s: print(s, flush=True), stop_signal=stop_signal)
+                                  say=lambda s: print(s, flush=True), stop_signal=stop_signal,
+                                  ckpt=ckpt, resume=part)
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         elif topo.role == "buffer":
             from mpirl import buffer
 
-            buffer.run(cfg, topo, spec, wire, log)
+            buffer.run(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part)
         else:
             from mpirl import actor
 
-            actor.run(cfg, topo, spec, wire, log)
+            actor.run(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(run_dir / f"profile-{name}.pstats")

@@ -24,10 +24,16 @@ PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; timi
                                   indices i8[B], generations i8[B], td_abs f4[B]
 STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes;
                                   returns f8[k]
-STOP        learner -> buffer     (header only)
-            -> actors
+STOP        learner -> buffer     seq=id of the final checkpoint each rank writes before its
+            -> actors             DONE (-1: none)
 DONE        actor -> buffer,      a=env steps (total), b=episodes (total)
             buffer -> learner
+CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forwards it to its
+            -> actors             actors
+            actor -> buffer,      ack: seq=checkpoint id, a=env steps (total) at the snapshot;
+            buffer -> learner     the sender's part is on disk.  After an ack the receiver
+                                  holds that sender's later messages until its own snapshot
+                                  (a consistent cut: see mpirl.checkpoint, docs/reliability.md)
 ==========  ====================  ============================================================
 
 ``records`` use the run's transition dtype (``transition_dtype``): obs, action, reward (the
@@ -42,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 1
+VERSION = 2  # 2: CHECKPOINT, STOP.seq = final checkpoint id
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
@@ -59,6 +65,7 @@ class Tag(IntEnum):
     STATS = 7
     STOP = 8
     DONE = 9
+    CHECKPOINT = 10
 
 
 class WireError(RuntimeError):
@@ -184,8 +191,12 @@ class Wire:
         return pack(Tag.STATS, [returns], count=len(returns), a=env_steps, b=episodes)
 
     @staticmethod
-    def stop() -> np.ndarray:
-        return pack(Tag.STOP)
+    def stop(checkpoint: int = -1) -> np.ndarray:
+        return pack(Tag.STOP, seq=checkpoint)
+
+    @staticmethod
+    def checkpoint(ckpt_id: int, env_steps: int = 0) -> np.ndarray:
+        return pack(Tag.CHECKPOINT, seq=ckpt_id, a=env_steps)
 
     @staticmethod
     def done(env_steps: int, episodes: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Bad input: one clear line from one rank, naming the value and the fix; non-zero exit; no hang."""
-import pytest
+import json
 
+import pytest
 from mpirun import run_mpirl
 
 CASES = [
@@ -78,3 +79,64 @@ def test_sigterm_stops_cleanly(tmp_path):
     for f in run.glob("*.h5"):
         with h5py.File(f, "r") as h:
             assert len(h.attrs["config_json"]) > 0
+
+
+# ---- --resume: the same contract (one line from rank 0, non-zero exit, no hang) ---------------
+
+def _fake_run(path, world_size: int, garbage_part: str | None = None):
+    """A run folder with a checkpoint written by mpirl.checkpoint, without running anything."""
+    import numpy as np
+
+    from mpirl import checkpoint as ck
+    from mpirl.config import parse, to_dict
+    from mpirl.topology import layout
+
+    places = layout(world_size, 1)
+    names = [ck.part_name(p.role, p.site, p.rank) for p in places]
+    for name in names:
+        (path / f"{name}.h5").parent.mkdir(parents=True, exist_ok=True)
+        (path / f"{name}.h5").write_bytes(b"")
+        ck.write_part(path, 1, name, {}, {"x": np.arange(3)} if name == garbage_part else None)
+    if garbage_part:  # readable bytes that match their hash, but not an .npz
+        f = ck.root(path) / "000001" / f"{garbage_part}.npz"
+        f.write_bytes(b"not a zip file" * 10)
+        part = json.loads(f.with_suffix(".json").read_text())
+        part["files"][f.name] = {"bytes": f.stat().st_size, "sha256": ck._sha256(f)}
+        f.with_suffix(".json").write_text(json.dumps(part))
+    ck.write_manifest(path, 1, names, {
+        "config": to_dict(parse(["--hidden", "32", "32"])), "world_size": world_size,
+        "layout": [{"rank": p.rank, "role": p.role, "site": p.site} for p in places],
+        "reason": "test", "counters": {}})
+    return path
+
+
+RESUME_CASES = [
+    # (ranks, how to make RUN_DIR, extra args, text the one error line must contain)
+    (3, "missing", [], "no such run folder"),
+    (3, "empty", [], "has no complete checkpoint"),
+    (3, "fake3", ["--lr", "0.1"], "only --max-seconds, --max-env-steps"),
+    (3, "fake4", [], "checkpointed by 4 ranks (1 learner, 1 buffer(s), 2 actors) and this job has 3"),
+    (3, "corrupt", [], "no usable checkpoint"),
+    (3, "garbage", [], "rank 1: checkpoint 1: buffer-0's files cannot be read"),
+]
+
+
+@pytest.mark.parametrize("n, make, args, text", RESUME_CASES, ids=[c[1] for c in RESUME_CASES])
+def test_bad_resume_one_clear_error(tmp_path, n, make, args, text):
+    run = tmp_path / "run"
+    if make == "empty":
+        run.mkdir()
+    elif make in ("fake3", "fake4"):
+        _fake_run(run, int(make[-1]))
+    elif make == "corrupt":
+        _fake_run(run, 3, garbage_part="buffer-0")
+        f = run / "checkpoint" / "000001" / "buffer-0.npz"
+        f.write_bytes(f.read_bytes() + b"x")
+    elif make == "garbage":
+        _fake_run(run, 3, garbage_part="buffer-0")
+    p = run_mpirl(n, "--resume", str(run), *args, timeout=60)
+    assert p.returncode != 0
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
+    assert len(lines) == 1, p.stderr
+    assert text in lines[0]
+    assert "Traceback" not in p.stderr
