@@ -305,3 +305,34 @@ def test_corrupt_checkpoint_is_one_clear_error(trained, tmp_path):
     assert len(lines) == 1, p.stderr
     assert "no usable checkpoint" in lines[0] and "buffer-0.npz" in lines[0]
     assert "Traceback" not in p.stderr
+
+
+# ---- job scripts: a requeued job continues from a checkpoint ---------------------------------
+
+@pytest.mark.parametrize("job, first, tries", [
+    ("single-node.sbatch", "j-7-r2", ["j-7-r1", "j-7-r0"]),  # same code in edge-cloud*.sbatch
+    ("matrix-array.sbatch", "buffer-none-seed0-restart2",
+     ["buffer-none-seed0-restart1", "buffer-none-seed0"]),
+])
+def test_requeued_job_resumes_the_try_with_a_checkpoint(tmp_path, job, first, tries):
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(MPIRL_DRY_RUN="1", RUN_ROOT=str(tmp_path), EXPERIMENT_DIR=str(tmp_path),
+               SLURM_JOB_ID="7", SLURM_JOB_NAME="j", SLURM_RESTART_COUNT="2",
+               SLURM_ARRAY_TASK_ID="0")
+
+    def launch() -> str:
+        r = subprocess.run(["bash", str(root / "jobs" / job)], capture_output=True, text=True, check=False,
+                           env=env, cwd=root, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return next(x for x in r.stdout.splitlines() if x.startswith("+ "))
+
+    assert f"--run-dir {tmp_path}/{first}" in launch()  # no checkpoint anywhere: a new run
+    for older in reversed(tries):  # the newest earlier try with a checkpoint wins
+        (tmp_path / older / "checkpoint").mkdir(parents=True)
+        (tmp_path / older / "checkpoint" / "manifest-000004.json").write_text("{}")
+        line = launch()
+        assert f" --resume {tmp_path}/{older} --max-seconds " in line, line
+        assert "--run-dir" not in line and "--seed" not in line
