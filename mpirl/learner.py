@@ -294,9 +294,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         env_steps = sum(site_steps.values())
         # [checkpoint] every buffer (and through it every actor) has its part on disk
         if ckpt_id >= 0 and len(ckpt_acked) == len(buffers):
+            t_acks = time.monotonic()
             save(ckpt_id, "periodic")
             say(f"mpirl: checkpoint {ckpt_id} written in {time.monotonic() - ckpt_t0:.2f} s "
-                f"({updates:,} updates, {env_steps:,} env steps)")
+                f"(every part acknowledged after {t_acks - ckpt_t0:.2f} s; {updates:,} updates, "
+                f"{env_steps:,} env steps)")
             ckpt_id, t_ckpt = -1, time.monotonic()
             ckpt_acked.clear()
             did = True
