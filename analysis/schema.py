@@ -36,6 +36,9 @@ _COMMON = {
     "writer_host": "host that wrote the file",
     "writer_pid": "process id of the writer",
     "resumed_unix": "wall-clock times the file was reopened to continue (absent if never)",
+    "resumes_json": "JSON list, one entry per `--resume` launch: `checkpoint` id, `unix` time, "
+                    "`rows_at_checkpoint` and `rows_before_resume` per stream (rows in between "
+                    "were written after the checkpoint by the interrupted launch)",
     "rank": "world rank of the writer",
     "role": "`learner`, `buffer` or `actor`",
     "site": "edge site of the writer (-1 for the learner)",
@@ -45,16 +48,20 @@ _COMMON = {
 }
 
 SUMMARY_DOCS = {
-    "stop_reason": "why the learner stopped: `target_return`, `max_env_steps`, `max_seconds`",
+    "stop_reason": "why the learner stopped: `target_return`, `max_env_steps`, `max_seconds`, "
+                   "`SIGTERM`, `SIGINT`",
     "updates": "learner updates in the run",
     "env_steps": "env steps of all actors (as last reported to the learner)",
     "wall_s": "seconds from the learner's loop start to its stop",
+    "wall_s_total": "wall_s summed over every launch of a resumed run (= wall_s if never resumed)",
+    "checkpoint": "id of the final checkpoint written at the stop (RUN_DIR/checkpoint)",
+    "resumed_from": "checkpoint id this launch resumed from (null: a new run)",
     "best_eval": "best greedy evaluation mean return",
     "busy_fraction": "fraction of wall time the learner spent in updates",
     "link_bytes_in": "bytes the learner received over the link (all buffers), toward the learner",
     "link_bytes_out": "bytes the learner sent over the link (weights, priority updates, credits)",
     "time_to_target_s": "seconds from the learner's loop start to the first eval >= target "
-                        "(only when reached)",
+                        "(only when reached; over every launch of a resumed run)",
     "env_steps_to_target": "env steps at that eval (only when reached)",
     "updates_to_target": "learner updates at that eval (only when reached)",
     "target_return": "the return target the learner used",
