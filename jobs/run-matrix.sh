@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 export EXPERIMENT_DIR=${EXPERIMENT_DIR:-experiments/local-$(date +%Y%m%d-%H%M%S)}
 export MAX_SECONDS=${MAX_SECONDS:-150}
 export NTASKS=${NTASKS:-9}
-total=$(bash jobs/matrix-array.sbatch --list | head -n 1 | sed -E 's/.*\(([0-9]+) runs.*/\1/')
+listing=$(bash jobs/matrix-array.sbatch --list)  # no pipe into head: SIGPIPE + pipefail
+total=$(sed -n -E '1s/.*\(([0-9]+) runs.*/\1/p' <<< "$listing")
 cells=${ONLY:-$(seq 0 $(( total - 1 )))}
 failed=0
 for i in $cells; do
