@@ -16,6 +16,11 @@ import threading
 import time
 import traceback
 
+#: Pause between printing the error and aborting: MPI_Abort tears down Hydra's output forwarding,
+#: and on a loaded machine the flushed line naming the rank was lost (once in a full test run,
+#: at load ~7.5 on 2 cores: only the line before it arrived).  Costs this much per abort.
+FORWARD_GRACE_S = 0.25
+
 
 def install(world, who: str) -> None:
     def hook(exc_type, exc, tb):
@@ -27,6 +32,7 @@ def install(world, who: str) -> None:
                 msg += "".join(traceback.format_exception(exc_type, exc, tb))
         sys.stderr.write(msg)
         sys.stderr.flush()
+        time.sleep(FORWARD_GRACE_S)
         world.Abort(1)
 
     sys.excepthook = hook
@@ -47,6 +53,7 @@ class Watchdog:
             sys.stderr.write(f"mpirl: {self.who}: {what} took longer than {seconds:g} s; "
                              "aborting the job\n")
             sys.stderr.flush()
+            time.sleep(FORWARD_GRACE_S)
             self.world.Abort(2)
 
         self._timer = threading.Timer(seconds, fire)
@@ -142,14 +149,19 @@ class Fault:
             sys.stderr.write(f"mpirl: injected fault: SIGKILL while writing a checkpoint "
                              f"(MPIRL_FAULT={self.spec!r})\n")
             sys.stderr.flush()
+            time.sleep(FORWARD_GRACE_S)  # so that the line reaches mpirun's output
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _fire(self) -> None:
         action, self.action = self.action, None
-        sys.stderr.write(f"mpirl: injected fault: {action} at unix {time.time():.3f} "
+        # a kill happens FORWARD_GRACE_S after its line, so that the line reaches mpirun's
+        # output; the time printed is the time of the raise or of the kill itself
+        at = time.time() + (FORWARD_GRACE_S if action == "kill" else 0.0)
+        sys.stderr.write(f"mpirl: injected fault: {action} at unix {at:.3f} "
                          f"(MPIRL_FAULT={self.spec!r})\n")
         sys.stderr.flush()
         if action == "kill":
+            time.sleep(max(0.0, at - time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected fault (MPIRL_FAULT={self.spec!r})")
 
