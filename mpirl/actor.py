@@ -14,6 +14,13 @@ Checkpoints: on CHECKPOINT the actor writes its part (counters, epsilons, RNG st
 transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it writes its
 final part before DONE.  Resumed, it continues those counters with fresh episodes (env states
 are not saved: the episodes in progress and their incomplete n-step windows are dropped).
+
+Image observations (see mpirl.frames): every frame gets an id in this actor's ``FrameLog``; the
+n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
+it refers to once.  Rewards of image envs are clipped to [-1, 1] before the n-step sum (the
+episode returns logged stay unclipped); with ``--episodic-life`` a lost life ends the n-step
+return (discount 0) while the game goes on.  Image runs act with the torch CNN (imported here
+only then); vector runs keep NumpyQ and never import torch.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from mpi4py import MPI
 from mpirl import envs as envs_mod
 from mpirl import failure
 from mpirl.checkpoint import restore_rng, rng_meta
+from mpirl.frames import FrameLog, stacks
 from mpirl.logs import Field, RunLog
 from mpirl.nstep import NStep
-from mpirl.qnet import NumpyQ
+from mpirl.qnet import make_q
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
@@ -53,7 +61,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
                     for j in range(m)])
     nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
-    q = NumpyQ(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+    q = make_q(spec, cfg.hidden, cfg.dueling)
+    flog = FrameLog(spec.stack, spec.frame_shape) if spec.image else None
+    ids: list = [None] * m  # image runs: the current stack of frame ids per env
+    lives = np.zeros(m, np.int64)
+    episodic_life = cfg.episodic_life and spec.family == "atari"
 
     episodes = log.stream("episodes", [
         Field("env", "i4", "", "env index within this actor"),
@@ -90,8 +102,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         k = len(out_obs)
         lists = (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)
         arrays = {f"out_{n}": np.asarray(x) for n, x in zip(outs, lists)}
-        arrays["out_obs"] = np.asarray(out_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
-        arrays["out_next"] = np.asarray(out_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
+        if flog is not None:  # image run: frame ids -> indices into a saved frame table
+            idx, arrays["out_frames"] = flog.pack(out_obs, out_next)
+            arrays["out_obs"], arrays["out_next"] = idx[:, :spec.stack], idx[:, spec.stack:]
+        else:
+            arrays["out_obs"] = np.asarray(out_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
+            arrays["out_next"] = np.asarray(out_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
         arrays["returns_to_send"] = np.asarray(returns_to_send, np.float64)
         ckpt.write(ckpt_id, {
             "env_steps": env_steps, "steps_reported": steps_reported, "seq": seq, "msgs": msgs,
@@ -108,6 +124,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         for n, lst in zip(outs, (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)):
             lst.extend(resume.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
                        else list(resume.arrays[f"out_{n}"]))
+        if flog is not None:  # frame ids again, in this actor's new FrameLog
+            first = flog.adopt(resume.arrays["out_frames"])
+            out_obs[:] = [tuple(int(first + i) for i in row) for row in out_obs]
+            out_next[:] = [tuple(int(first + i) for i in row) for row in out_next]
         returns_to_send.extend(resume.arrays["returns_to_send"].tolist())
 
     def receive_all() -> None:
@@ -142,21 +162,31 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if k == 0 and not returns_to_send and env_steps == steps_reported:
             return
         rec = np.empty(k, wire.record)
-        if k:  # a final message may carry only returns and step counts
+        rec["action"] = out_act[:k]
+        rec["reward"] = out_ret[:k]
+        rec["discount"] = out_disc[:k]
+        table = None
+        if flog is not None:  # image run: each frame once, records index the table
+            rec["frames"], table = flog.pack(out_obs[:k], out_next[:k])
+            next_obs = stacks(rec, table, spec.stack)[1]
+        elif k:  # a final message may carry only returns and step counts
             rec["obs"] = out_obs[:k]
-            rec["action"] = out_act[:k]
-            rec["reward"] = out_ret[:k]
             rec["next_obs"] = out_next[:k]
-            rec["discount"] = out_disc[:k]
+            next_obs = rec["next_obs"]
         # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
-        bootstrap = q(rec["next_obs"]).max(axis=1) if k else np.zeros(0)
+        bootstrap = q(next_obs).max(axis=1) if k else np.zeros(0)
         td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
-        buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq)
+        buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq,
+                              frames=table)
         if fault.action == "wire" and fault.due("wire"):  # test hook: a wrong wire version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
         sends.append((comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=Tag.EXPERIENCE), buf))
         for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa):
             del lst[:k]
+        if flog is not None:  # forget frames nothing pending refers to any more
+            pending = [i[0] for i in ids] + [o[0] for o in out_obs]
+            pending += [st[0][0] for ns in nsteps for st in ns._steps]
+            flog.prune(min(pending))
         returns_to_send.clear()
         steps_reported = env_steps
         seq += 1
@@ -170,7 +200,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         receive_all()
         backoff.idle()
 
-    obs = np.stack([e.reset(seed=seed0 + j)[0] for j, e in enumerate(envs)])
+    first = [e.reset(seed=seed0 + j) for j, e in enumerate(envs)]
+    obs = np.stack([o for o, _ in first])
+    for j, (o, info) in enumerate(first):
+        lives[j] = info.get("lives", 0)
+        if flog is not None:
+            ids[j] = flog.reset(o)
     ep_ret = np.zeros(m)
     ep_len = np.zeros(m, np.int64)
     while not stop:
@@ -193,11 +228,23 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         actions[explore] = rng.integers(0, spec.n_actions, explore.sum())
         for j, env in enumerate(envs):
             a = int(actions[j])
-            nxt, r, term, trunc, _ = env.step(a)
+            nxt, r, term, trunc, info = env.step(a)
             env_steps += 1
             ep_ret[j] += r
             ep_len[j] += 1
-            for t in nsteps[j].push(obs[j].copy(), a, r, nxt, term, trunc, float(qv[j, a])):
+            if spec.clip_rewards:
+                r = float(np.clip(r, -1.0, 1.0))
+            life_lost = False
+            if episodic_life:
+                life_lost = 0 < info.get("lives", 0) < lives[j]
+                lives[j] = info.get("lives", 0)
+            if flog is not None:
+                s_ids, ids[j] = ids[j], flog.step(ids[j], nxt)
+                here, there = s_ids, ids[j]
+            else:
+                here, there = obs[j].copy(), nxt
+            for t in nsteps[j].push(here, a, r, there, term or life_lost, trunc,
+                                    float(qv[j, a])):
                 out_obs.append(t[0])
                 out_act.append(t[1])
                 out_ret.append(t[2])
@@ -209,7 +256,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 returns_to_send.append(float(ep_ret[j]))
                 done_episodes += 1
                 ep_ret[j], ep_len[j] = 0.0, 0
-                nxt, _ = env.reset()
+                nxt, info = env.reset()
+                lives[j] = info.get("lives", 0)
+                if flog is not None:
+                    ids[j] = flog.reset(nxt)
             obs[j] = nxt
         # [comm] ship full chunks while tokens last
         while len(out_obs) >= cfg.actor_chunk and tokens > 0:

@@ -35,9 +35,10 @@ from mpi4py import MPI
 
 from mpirl import failure
 from mpirl.checkpoint import memory_state, restore_memory
+from mpirl.frames import compact, concat
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.replay import PrioritizedReplay
+from mpirl.replay.build import make_replay
 from mpirl.waiting import Backoff
 from mpirl.window import InflightWindow
 from mpirl.wire import Tag, Wire
@@ -51,11 +52,13 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     actors = list(range(1, site.Get_size()))  # site ranks of this buffer's actors
     link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=cfg.seed + me.rank)
     at_buffer = cfg.replay_at == "buffer"
-    memory = PrioritizedReplay(cfg.replay_capacity, wire.record, alpha=cfg.alpha, beta=cfg.beta,
-                               eps=cfg.priority_eps, seed=cfg.seed + me.rank) if at_buffer else None
+    memory = make_replay(cfg, spec, wire.record, seed=cfg.seed + me.rank) if at_buffer else None
+    image = spec.image
 
     link_log = log.stream("link", [
         Field("bytes_out", "i8", "bytes", "bytes sent toward the learner in the interval"),
+        Field("raw_bytes_out", "i8", "bytes", "the same messages before compression "
+              "(= bytes_out when --compress is off)"),
         Field("msgs_out", "i8", "messages", "messages sent toward the learner"),
         Field("bytes_in", "i8", "bytes", "bytes received from the learner"),
         Field("msgs_in", "i8", "messages", "messages received from the learner"),
@@ -91,7 +94,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     status = MPI.Status()
     backoff = Backoff()
     site_sends: list = []
-    fwd_records: deque = deque()  # (records, td_abs) waiting to be forwarded (learner mode)
+    fwd_records: deque = deque()  # (records, td_abs, frames) waiting to be forwarded (learner mode)
     fwd_len = 0
     fwd_limit = max(cfg.forward_credits * cfg.forward_chunk, 4 * cfg.actor_chunk)
     fwd_tokens = 0  # granted by the learner
@@ -108,6 +111,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     weights_version = -1
     stopping = False
     done_actors: set[int] = set()
+    raw_out = raw_total = 0  # bytes compression saved toward the learner (interval, total)
     t_start = t_stats = t_log = time.monotonic()
     sent_done = False
     acked = False
@@ -125,10 +129,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
         else:  # the forward queue: experiences received, not yet sent to the learner
-            arrays["forward_records"] = (np.concatenate([r for r, _ in fwd_records])
-                                         if fwd_records else np.zeros(0, wire.record))
-            arrays["forward_td"] = (np.concatenate([t for _, t in fwd_records]).astype(np.float32)
-                                    if fwd_records else np.zeros(0, np.float32))
+            if image and fwd_records:  # one frame table for the whole queue
+                arrays["forward_records"], arrays["forward_frames"] = concat(
+                    (r, f) for r, _, f in fwd_records)
+            else:
+                arrays["forward_records"] = (np.concatenate([r for r, _, _ in fwd_records])
+                                             if fwd_records else np.zeros(0, wire.record))
+                if image:
+                    arrays["forward_frames"] = np.zeros((0,) + spec.frame_shape, np.uint8)
+            arrays["forward_td"] = (np.concatenate([t for _, t, _ in fwd_records])
+                                    .astype(np.float32) if fwd_records
+                                    else np.zeros(0, np.float32))
         ckpt.write(cid, meta, arrays)
 
     if resume is not None:
@@ -140,7 +151,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if memory is not None:
             restore_memory(memory, resume.arrays, r["replay"])
         elif len(resume.arrays["forward_records"]):
-            fwd_records.append((resume.arrays["forward_records"], resume.arrays["forward_td"]))
+            fwd_records.append((resume.arrays["forward_records"], resume.arrays["forward_td"],
+                                resume.arrays.get("forward_frames")))
             fwd_len = len(resume.arrays["forward_records"])
 
     def to_site(buf: np.ndarray, dest: int, tag: Tag) -> None:
@@ -232,13 +244,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 episodes += len(m.arrays["returns"])
                 if m.count:
                     inserted += m.count
+                    frames = m.arrays.get("frames")
                     if memory is not None:
-                        memory.add(m.arrays["records"], m.arrays["td_abs"])
+                        if image:
+                            memory.add(m.arrays["records"], frames, m.arrays["td_abs"])
+                        else:
+                            memory.add(m.arrays["records"], m.arrays["td_abs"])
                     else:
-                        fwd_records.append((m.arrays["records"], m.arrays["td_abs"]))
+                        fwd_records.append((m.arrays["records"], m.arrays["td_abs"], frames))
                         fwd_len += m.count
                         while fwd_len > fwd_limit and cfg.forward_overflow == "drop-oldest":
-                            old, _ = fwd_records.popleft()
+                            old, _, _ = fwd_records.popleft()
                             fwd_len -= len(old)
                             fwd_dropped += len(old)
                 owed[src] += 1
@@ -264,8 +280,15 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             memory.beta = beta
             while len(inflight) < window.size and len(memory) >= cfg.learning_starts \
                     and len(memory) > 0:
-                sample = memory.sample(cfg.batch_size)
-                wait = link.send(wire.batch(sample, batch_id, now), Tag.BATCH, now)
+                table = None
+                if image:
+                    sample, table = memory.sample(cfg.batch_size)
+                else:
+                    sample = memory.sample(cfg.batch_size)
+                out = wire.batch(sample, batch_id, now, frames=table)
+                wait = link.send(out, Tag.BATCH, now)
+                raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
+                raw_total += wire.last_raw_nbytes - out.nbytes
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
                                  size=len(memory))
                 inflight[batch_id] = (now, wait)
@@ -274,19 +297,27 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 did = True
         elif memory is None:
             while fwd_records and fwd_tokens > 0 and (fwd_len >= cfg.forward_chunk or stopping):
-                recs, tds = [], []
+                recs, tds, tables = [], [], []
                 k = 0
                 while fwd_records and k < cfg.forward_chunk:
-                    r, t = fwd_records.popleft()
+                    r, t, f = fwd_records.popleft()
                     take = min(len(r), cfg.forward_chunk - k)
                     recs.append(r[:take])
                     tds.append(t[:take])
+                    tables.append(f)
                     if take < len(r):
-                        fwd_records.appendleft((r[take:], t[take:]))
+                        fwd_records.appendleft((r[take:], t[take:], f))
                     k += take
                 fwd_len -= k
-                link.send(wire.forward(np.concatenate(recs), np.concatenate(tds), fwd_seq),
-                          Tag.FORWARD, now)
+                table = None
+                if image:  # one frame table; frames of the parts not sent now are left out
+                    rec_all, table = compact(*concat(zip(recs, tables)))
+                else:
+                    rec_all = np.concatenate(recs)
+                out = wire.forward(rec_all, np.concatenate(tds), fwd_seq, frames=table)
+                link.send(out, Tag.FORWARD, now)
+                raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
+                raw_total += wire.last_raw_nbytes - out.nbytes
                 fwd_seq += 1
                 fwd_tokens -= 1
                 did = True
@@ -309,7 +340,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             b_out, m_out, q_s = link.sent.take()
             b_in, m_in, _ = link.received.take()
             dt = max(now - t_log, 1e-9)
-            link_log.append(bytes_out=b_out, msgs_out=m_out, bytes_in=b_in, msgs_in=m_in,
+            link_log.append(bytes_out=b_out, raw_bytes_out=b_out + raw_out,
+                            msgs_out=m_out, bytes_in=b_in, msgs_in=m_in,
                             queue_s=q_s, interval_s=dt,
                             utilization=min(1.0, b_out * 8 / link.profile.rate_bps / dt))
             site_log.append(env_steps=env_steps, inserted=inserted, sampled=sampled,
@@ -321,6 +353,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                             too_stale=too_stale, forward_dropped=fwd_dropped,
                             throttled=throttled)
             rtts.clear()
+            raw_out = 0
             t_log = now
         log.maybe_flush(now)
         if did:
@@ -331,4 +364,5 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     log.set_attrs(env_steps=env_steps, inserted=inserted, sampled=sampled,
                   stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped, wall_s=time.monotonic() - t_start,
                   link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
+                  link_raw_bytes_out=link.sent.total_bytes + raw_total,
                   link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)

@@ -289,7 +289,12 @@ def file_rows(h5file) -> dict[str, int]:
 # ---- the replay memory ------------------------------------------------------------------------
 
 def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
-    """(arrays, meta) of a PrioritizedReplay: only the slots in use (the ring starts at 0)."""
+    """(arrays, meta) of a PrioritizedReplay: only the slots in use (the ring starts at 0).
+
+    A FrameReplay (image observations) saves its own way: the slots and frames in use, the frame
+    ring's cursor and the retired tail (`FrameReplay.checkpoint_state`)."""
+    if hasattr(memory, "checkpoint_state"):
+        return memory.checkpoint_state(prefix)
     sd = memory.state_dict()
     n = len(memory)
     arrays = {f"{prefix}storage": np.array(sd["storage"][:n]),
@@ -302,6 +307,11 @@ def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
 
 def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") -> None:
     """Load what `memory_state` saved into a memory built with the run's config."""
+    if hasattr(memory, "restore_checkpoint"):
+        try:
+            return memory.restore_checkpoint(arrays, meta, prefix)
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"replay memory in the checkpoint: {e}") from None
     cap = int(meta["capacity"])
     if cap != memory.capacity:
         raise CheckpointError(f"replay memory of {cap:,} transitions in the checkpoint, "

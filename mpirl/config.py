@@ -29,7 +29,9 @@ def _f(default, help: str, **kw):
 @dataclass(frozen=True)
 class Config:
     # --- run -----------------------------------------------------------------------------------
-    env: str = _f("CartPole-v1", "gymnasium environment id (discrete action space)")
+    env: str = _f("CartPole-v1", "gymnasium environment id (discrete action space): vector "
+                  "observations, Atari 'ALE/<Game>-v5' or MinAtar 'MinAtar/<Game>-v1' (images "
+                  "need pip install -e \".[images]\"; see docs/images.md)")
     replay_at: str = _f(
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (proposed: at the edge, only "
@@ -59,7 +61,8 @@ class Config:
         "can be continued with --resume")
 
     # --- DQN -----------------------------------------------------------------------------------
-    hidden: tuple[int, ...] = _f((64, 64), "hidden layer sizes of the MLP Q-network")
+    hidden: tuple[int, ...] = _f((64, 64), "hidden layer sizes of the MLP Q-network (vector "
+                                 "observations; image observations get a CNN, see mpirl.qnet)")
     dueling: bool = _f(False, "use a dueling head")
     lr: float = _f(1e-3, "Adam learning rate")
     gamma: float = _f(0.99, "discount factor")
@@ -83,6 +86,9 @@ class Config:
     )
 
     # --- actors --------------------------------------------------------------------------------
+    episodic_life: bool = _f(False, "Atari: a lost life ends the n-step return (discount 0) "
+                             "for learning; the game goes on and the logged return is the whole "
+                             "game's")
     envs_per_actor: int = _f(4, "environments per actor rank, stepped in lockstep with one "
                              "batched policy forward")
     eps_base: float = _f(0.4, "Ape-X exploration: eps_i = eps_base^(1 + eps_alpha * i/(N-1))")
@@ -113,16 +119,25 @@ class Config:
                                choices=("block", "drop-oldest"))
     forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
     forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
+    compress: str = _f("auto", "zstd-compress the experiences that cross the link (FORWARD and "
+                       "BATCH): 'auto' = on for image observations, off for vectors",
+                       choices=("auto", "on", "off"))
 
     # --- evaluation ----------------------------------------------------------------------------
     eval_episodes: int = _f(10, "greedy evaluation episodes (run in lockstep at the learner)")
     eval_every: int = _f(1_000, "learner updates between greedy evaluations")
+    eval_max_steps: int = _f(27_000, "cut a greedy evaluation episode after this many agent "
+                             "steps (27,000 = Atari's 30-minute cap; 0 = the env's own limit)")
 
     # --- resources -----------------------------------------------------------------------------
     torch_threads: int = _f(1, "torch threads per rank")
     config: str | None = _f(None, "TOML file with any of these keys (CLI flags win)")
 
     # ------------------------------------------------------------------------------------------
+    def compress_for(self, image: bool) -> bool:
+        """Whether FORWARD / BATCH are compressed in a run with (image) observations."""
+        return self.compress == "on" or (self.compress == "auto" and image)
+
     @property
     def inflight_fixed(self) -> int | None:
         """The fixed window, or None for 'auto'."""
@@ -155,7 +170,8 @@ class Config:
             v = getattr(c, name)
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be an integer > 0")
-        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed", "max_staleness"]:
+        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed", "max_staleness",
+                     "eval_max_steps"]:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
@@ -191,6 +207,8 @@ class Config:
                               f"numbers, one per buffer (--buffers {c.buffers})")
         if c.inflight != "auto" and not (c.inflight.isdigit() and int(c.inflight) >= 1):
             raise ConfigError(f"inflight={c.inflight!r} must be 'auto' or an integer >= 1")
+        if c.compress not in ("auto", "on", "off"):
+            raise ConfigError(f"compress={c.compress!r} must be 'auto', 'on' or 'off'")
         if c.forward_overflow not in ("block", "drop-oldest"):
             raise ConfigError(f"forward_overflow={c.forward_overflow!r} must be 'block' or "
                               "'drop-oldest'")

@@ -1,10 +1,37 @@
-"""Gymnasium environments: creation, checks (DQN needs a discrete action space), eval."""
+"""Gymnasium environments: creation, checks (DQN needs a discrete action space), eval.
+
+``inspect`` is the one place that decides what an observation is (shape, dtype, scaling, and for
+image environments the frame that actors, wire and replay memory store once):
+
+==============  ==========================  ====================================================
+family          ids                         observation
+==============  ==========================  ====================================================
+vector          any 1-D Box env             as the env gives it (float32 ...)
+Atari           ``ALE/<Game>-v5`` (and the  AtariPreprocessing + FrameStackObservation: no-op
+                old ``*NoFrameskip-v4``)    reset (up to 30), frame skip 4 done by the wrapper
+                                            (the ALE env runs with frameskip=1), 84x84
+                                            grayscale, 4 frames -> uint8 [4, 84, 84]; one frame
+                                            is [1, 84, 84]; the net scales by 1/255
+MinAtar         ``MinAtar/<Game>-v0|v1``    bool [10, 10, C] transposed to uint8 [C, 10, 10];
+                                            Markov already (no stacking); values 0/1, no scaling
+==============  ==========================  ====================================================
+
+Image environments need the optional extra: ``pip install -e ".[images]"``.  Rewards of image
+environments are clipped to [-1, 1] by the actors (``EnvSpec.clip_rewards``); episode returns are
+logged unclipped.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+IMAGES_EXTRA = 'pip install -e ".[images]"'
+ATARI_STACK = 4
+ATARI_NOOP_MAX = 30
+ATARI_FRAME_SKIP = 4
+ATARI_SIZE = 84
 
 
 @dataclass(frozen=True)
@@ -13,15 +40,99 @@ class EnvSpec:
     obs_dtype: np.dtype
     n_actions: int
     reward_threshold: float | None
+    #: "vector", "atari" or "minatar"
+    family: str = "vector"
+    #: image envs: shape of one stored frame (channels, height, width); an observation is
+    #: ``stack`` frames concatenated along axis 0.  None for vector observations.
+    frame_shape: tuple[int, ...] | None = None
+    stack: int = 1
+    #: the network multiplies its input by this (1/255 for 8-bit pixels)
+    obs_scale: float = 1.0
+    clip_rewards: bool = False
+
+    @property
+    def image(self) -> bool:
+        return self.frame_shape is not None
+
+
+def family(env_id: str) -> str:
+    """Which preprocessing an id gets (from the id alone: no import needed)."""
+    if env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"):
+        return "atari"
+    if env_id.startswith("MinAtar/"):
+        return "minatar"
+    return "vector"
+
+
+def _need_images_extra(env_id: str, missing: str):
+    from mpirl.config import ConfigError
+
+    return ConfigError(f"env={env_id!r} is an image environment and needs the images extra "
+                       f"({missing} is not installed): {IMAGES_EXTRA}")
+
+
+def _register(env_id: str) -> None:
+    """Register the image families' gymnasium ids (gymnasium >= 1.0 loads no plugins itself)."""
+    fam = family(env_id)
+    if fam == "vector":
+        return
+    import importlib.util
+
+    for mod in ("zstandard",) + (("ale_py", "cv2") if fam == "atari" else ("minatar",)):
+        if importlib.util.find_spec(mod) is None:
+            raise _need_images_extra(env_id, {"cv2": "opencv-python-headless",
+                                              "ale_py": "ale-py"}.get(mod, mod))
+    import gymnasium as gym
+
+    if fam == "atari":
+        import ale_py
+
+        gym.register_envs(ale_py)
+    elif not any(k.startswith("MinAtar/") for k in gym.envs.registry):
+        import logging
+        import sys
+
+        # minatar imports matplotlib + seaborn for its own display (about 3 s per rank on 2
+        # cores); mpirl never renders, so those imports are made to fail fast, then undone.
+        blocked = [m for m in ("matplotlib.pyplot", "seaborn") if m not in sys.modules]
+        sys.modules.update({m: None for m in blocked})
+        level = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # minatar warns that it cannot render
+        try:
+            from minatar import gym as minatar_gym
+        finally:
+            for m in blocked:
+                sys.modules.pop(m, None)
+            logging.getLogger().setLevel(level)
+        minatar_gym.register_envs()
+
+
+class _MinAtarObs:
+    """Transpose MinAtar's bool [10, 10, C] to uint8 [C, 10, 10] (channels first, as torch)."""
+
+    @staticmethod
+    def wrap(env):
+        import gymnasium as gym
+
+        h, w, c = env.observation_space.shape
+        space = gym.spaces.Box(0, 1, (c, h, w), np.uint8)
+        return gym.wrappers.TransformObservation(
+            env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1)), np.uint8), space)
 
 
 def make(env_id: str, seed: int | None = None):
+    """A gymnasium env with mpirl's preprocessing for its family (see the module docstring)."""
     import gymnasium as gym
 
     from mpirl.config import ConfigError
 
+    _register(env_id)
+    fam = family(env_id)
     try:
-        env = gym.make(env_id)
+        if fam == "atari":
+            env = gym.make(env_id, frameskip=1)  # AtariPreprocessing skips (max-pools 2 frames)
+        else:
+            env = gym.make(env_id)
     except gym.error.Error as e:
         raise ConfigError(f"env={env_id!r} is not a gymnasium environment id ({e}); pick one "
                           "from gymnasium.envs.registry, e.g. --env CartPole-v1") from None
@@ -33,6 +144,16 @@ def make(env_id: str, seed: int | None = None):
         env.close()
         raise ConfigError(f"env={env_id!r} has observation space {env.observation_space}; "
                           "mpirl needs a Box observation space")
+    if fam == "atari":
+        from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+        env = AtariPreprocessing(env, noop_max=ATARI_NOOP_MAX, frame_skip=ATARI_FRAME_SKIP,
+                                 screen_size=ATARI_SIZE, grayscale_obs=True,
+                                 terminal_on_life_loss=False, scale_obs=False)
+        # padding "reset": the first observation of an episode is 4 copies of the reset frame
+        env = FrameStackObservation(env, ATARI_STACK, padding_type="reset")
+    elif fam == "minatar":
+        env = _MinAtarObs.wrap(env)
     if seed is not None:
         env.action_space.seed(seed)
     return env
@@ -40,24 +161,40 @@ def make(env_id: str, seed: int | None = None):
 
 def inspect(env_id: str) -> EnvSpec:
     env = make(env_id)
-    spec = EnvSpec(tuple(env.observation_space.shape), np.dtype(env.observation_space.dtype),
-                   int(env.action_space.n), getattr(env.spec, "reward_threshold", None))
+    shape = tuple(env.observation_space.shape)
+    dtype = np.dtype(env.observation_space.dtype)
+    n_actions = int(env.action_space.n)
+    threshold = getattr(env.spec, "reward_threshold", None)
     env.close()
-    if len(spec.obs_shape) != 1:
+    fam = family(env_id)
+    if fam == "atari":
+        return EnvSpec(shape, dtype, n_actions, threshold, family=fam,
+                       frame_shape=(1,) + shape[1:], stack=ATARI_STACK, obs_scale=1 / 255,
+                       clip_rewards=True)
+    if fam == "minatar":
+        return EnvSpec(shape, dtype, n_actions, threshold, family=fam, frame_shape=shape,
+                       stack=1, obs_scale=1.0, clip_rewards=True)
+    if len(shape) != 1:
         from mpirl.config import ConfigError
 
-        raise ConfigError(f"env={env_id!r} has observation shape {spec.obs_shape}; only vector "
-                          "observations (1-D Box) are supported so far")
-    return spec
+        raise ConfigError(f"env={env_id!r} has observation shape {shape}; vector observations "
+                          "(1-D Box), Atari (ALE/<Game>-v5) and MinAtar (MinAtar/<Game>-v1) are "
+                          "supported")
+    return EnvSpec(shape, dtype, n_actions, threshold)
 
 
 class Evaluator:
-    """Greedy evaluation: ``episodes`` envs stepped in lockstep with one batched forward."""
+    """Greedy evaluation: ``episodes`` envs stepped in lockstep with one batched forward.
 
-    def __init__(self, env_id: str, episodes: int, seed: int):
+    An episode is cut after ``max_steps`` agent steps (0 = the env's own limit): a greedy Atari
+    agent that never presses FIRE in Breakout would otherwise play until the 108,000-frame cap.
+    """
+
+    def __init__(self, env_id: str, episodes: int, seed: int, max_steps: int = 0):
         self.envs = [make(env_id) for _ in range(episodes)]
         self.seed = seed
         self.round = 0
+        self.max_steps = max_steps
 
     def run(self, q) -> np.ndarray:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
@@ -67,14 +204,16 @@ class Evaluator:
         self.round += 1
         returns = np.zeros(n)
         live = np.ones(n, bool)
+        steps = 0
         while live.any():
             idx = np.flatnonzero(live)
             actions = q(obs[idx]).argmax(axis=1)
+            steps += 1
             for j, a in zip(idx, actions):
                 o, r, term, trunc, _ = self.envs[j].step(int(a))
                 returns[j] += r
                 obs[j] = o
-                if term or trunc:
+                if term or trunc or (self.max_steps and steps >= self.max_steps):
                     live[j] = False
         return returns
 

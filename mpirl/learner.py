@@ -30,20 +30,29 @@ import numpy as np
 from mpirl import failure
 from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
+from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.qnet import NumpyQ, make_torch_q
-from mpirl.replay import PrioritizedReplay
+from mpirl.qnet import make_learner_q, make_q
+from mpirl.replay.build import make_replay
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
 
-def _batch_tensors(torch, records):
-    """Structured records (possibly an unaligned view of a message) -> torch tensors."""
-    return (torch.from_numpy(np.ascontiguousarray(records["obs"], np.float32)),
+def _batch_tensors(torch, records, frames=None, stack: int = 1):
+    """Structured records (possibly an unaligned view of a message) -> torch tensors.
+
+    Image runs: ``obs`` / ``next_obs`` are rebuilt from the frame table and stay uint8 (the
+    network casts and scales them)."""
+    if frames is not None:
+        obs, nxt = (torch.from_numpy(x) for x in stacks(records, frames, stack))
+    else:
+        obs = torch.from_numpy(np.ascontiguousarray(records["obs"], np.float32))
+        nxt = torch.from_numpy(np.ascontiguousarray(records["next_obs"], np.float32))
+    return (obs,
             torch.from_numpy(np.ascontiguousarray(records["action"], np.int64)),
             torch.from_numpy(np.ascontiguousarray(records["reward"], np.float32)),
-            torch.from_numpy(np.ascontiguousarray(records["next_obs"], np.float32)),
+            nxt,
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
@@ -61,17 +70,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
     links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
-    online = make_torch_q(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+    online = make_learner_q(spec, cfg.hidden, cfg.dueling)
     target = copy.deepcopy(online)
     try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
         opt = torch.optim.Adam(online.parameters(), lr=cfg.lr, fused=True)
     except (RuntimeError, TypeError):
         opt = torch.optim.Adam(online.parameters(), lr=cfg.lr)
     at_learner = cfg.replay_at == "learner"
-    memory = PrioritizedReplay(cfg.replay_capacity, wire.record, alpha=cfg.alpha, beta=cfg.beta,
-                               eps=cfg.priority_eps, seed=cfg.seed) if at_learner else None
-    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000)
-    eval_q = NumpyQ(spec.obs_shape[0], spec.n_actions, cfg.hidden, cfg.dueling)
+    memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
+    image = spec.image
+    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000,
+                          max_steps=cfg.eval_max_steps)
+    eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     if target_return is not None and not np.isfinite(target_return):
         target_return = None  # --target-return none
@@ -89,7 +99,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("kind", "i4", "", "5 = sampled batch (replay_at=buffer), 4 = forwarded experiences "
               "(replay_at=learner)"),
         Field("n", "i8", "transitions", "experiences in the message"),
-        Field("nbytes", "i8", "bytes", "message size"),
+        Field("nbytes", "i8", "bytes", "message size on the link"),
+        Field("raw_nbytes", "i8", "bytes", "message size before compression (= nbytes when it "
+              "was not compressed)"),
         Field("priority_mean", "f4", "", "mean priority the sender held for them: p=(|td|+eps)"
               "^alpha from the buffer's memory, or from the actors' initial |td|"),
         Field("arrival_td_mean", "f4", "", "mean |td| under the learner's current network on "
@@ -128,11 +140,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     def to_numpy(t):
         return t.detach().numpy()
 
-    def train(records, weights) -> np.ndarray:
+    def train(records, weights, frames=None) -> np.ndarray:
         """One DQN update; returns |td| per sample (the new priorities' raw material)."""
         nonlocal updates, busy, loss_sum, loss_n
         t0 = time.monotonic()
-        obs, act, rew, nxt, disc = _batch_tensors(torch, records)
+        obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, spec.stack)
         w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
         loss, td = dqn_loss(online, target, obs, act, rew, nxt, disc, w, cfg.huber_delta)
         opt.zero_grad(set_to_none=True)
@@ -151,9 +163,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         busy += time.monotonic() - t0
         return td_np
 
-    def arrival_td(records) -> np.ndarray:
+    def arrival_td(records, frames=None) -> np.ndarray:
+        if image and len(records) > cfg.batch_size:  # a CNN pass over a whole forwarded chunk
+            records = records[:: -(-len(records) // cfg.batch_size)]  # costs seconds: subsample
         with torch.no_grad():
-            obs, act, rew, nxt, disc = _batch_tensors(torch, records)
+            obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, spec.stack)
             _, td = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.ones(len(act)))
         return to_numpy(td)
 
@@ -268,13 +282,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                     if stop_reason is None:
                         ready[b].append((m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
-                    td = arrival_td(m.arrays["records"])
+                    frames = m.arrays.get("frames")
+                    td = arrival_td(m.arrays["records"], frames)
                     xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.FORWARD), n=m.count,
-                                    nbytes=buf.nbytes,
+                                    nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes,
                                     priority_mean=float(np.mean((m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha)),
                                     arrival_td_mean=float(td.mean()),
                                     arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))
-                    memory.add(m.arrays["records"], m.arrays["td_abs"])
+                    if image:
+                        memory.add(m.arrays["records"], frames, m.arrays["td_abs"])
+                    else:
+                        memory.add(m.arrays["records"], m.arrays["td_abs"])
                     inserted += m.count
                     served[b] += m.count
                     owed[b] += 1
@@ -330,8 +348,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             t_step0 = time.monotonic()
             if at_learner and len(memory) >= max(cfg.learning_starts, 1):
                 memory.beta = beta
-                s = memory.sample(cfg.batch_size)
-                td = train(s.records, s.weights)
+                if image:
+                    s, table = memory.sample(cfg.batch_size)
+                    td = train(s.records, s.weights, table)
+                else:
+                    s = memory.sample(cfg.batch_size)
+                    td = train(s.records, s.weights)
                 memory.update(s.indices, s.generations, td)
                 sampled += cfg.batch_size
                 did = True
@@ -340,14 +362,14 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
                 m, nbytes, arrived = ready[b].popleft()
                 served[b] += 1
-                td = train(m.arrays["records"], m.arrays["weights"])
+                td = train(m.arrays["records"], m.arrays["weights"], m.arrays.get("frames"))
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
                 links[b].send(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                               m.seq, m.a, hold=t_done - arrived, step=step_s),
                               Tag.PRIORITIES)
                 xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
-                                nbytes=nbytes,
+                                nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,
                                 priority_mean=float(m.arrays["priorities"].mean()),
                                 arrival_td_mean=float(td.mean()),
                                 arrival_priority_mean=float(np.mean((td + cfg.priority_eps) ** cfg.alpha)))

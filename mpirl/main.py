@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpirl import envs, topology
     from mpirl.config import ConfigError, parse, resume_dir, to_dict
-    from mpirl.replay import footprint_bytes
+    from mpirl.replay.build import record_dtype, replay_footprint
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -204,16 +204,21 @@ def main(argv: list[str] | None = None) -> int:
             cfg = parse(argv)
         cfg.validate(world.Get_size())
         spec = envs.inspect(cfg.env)
-        from mpirl.wire import transition_dtype
-
-        record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-        need = footprint_bytes(cfg.replay_capacity, record)
+        record = record_dtype(cfg, spec)
+        need = replay_footprint(cfg, spec)
+        per = need / cfg.replay_capacity
         avail = _available_memory()
         if avail is not None and need > avail:
             raise ConfigError(
                 f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
-                f"for {record.itemsize}-byte transitions but only {avail / 2**30:.2f} GiB is "
-                f"available; lower --replay-capacity to at most {int(avail * 0.8 / (need / cfg.replay_capacity)):,}")
+                f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
+                f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
+        if cfg.compress_for(spec.image):
+            import importlib.util
+
+            if importlib.util.find_spec("zstandard") is None:
+                raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
+                                  f"images extra: {envs.IMAGES_EXTRA}")
         if manifest is None:
             run_dir = _prepare_run_dir(world, cfg)
             part = None
@@ -249,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
               f"({profile.describe()}), run folder {run_dir}")
         print(f"mpirl: MPI library: {versions['mpi_library']}")
+        if spec.image:
+            print(f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
+                  f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
+                  f"{replay_footprint(cfg, spec) / 2**30:.2f} GiB for "
+                  f"{cfg.replay_capacity:,} transitions (each frame stored once); link "
+                  f"compression {'on (zstd)' if cfg.compress_for(True) else 'off'}")
         print(topology.format_table(topo.places, hosts))
         for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
             print(f"mpirl: warning: {w}")
@@ -258,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     from mpirl.logs import RunLog
     from mpirl.wire import Wire
 
-    wire = Wire(record, qnet.n_params(spec.obs_shape[0], spec.n_actions, cfg.hidden,
-                                      cfg.dueling))
+    wire = Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
+                                         cfg.dueling),
+                frame_shape=spec.frame_shape, compress=cfg.compress_for(spec.image))
+
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
     from mpirl.placement import slurm_info

@@ -9,16 +9,19 @@ first, so they stay aligned)::
 tag/kind    direction             header fields, then arrays
 ==========  ====================  ============================================================
 EXPERIENCE  actor -> buffer       count=n, seq=msg no, a=env steps since last, b=k returns;
-                                  returns f8[k], td_abs f4[n], records[n]
+                                  [nframes i8[1]], returns f8[k], td_abs f4[n], records[n],
+                                  [frames u8[nframes, *frame]]  ([...]: image runs only)
 CREDIT      buffer -> actor,      count=tokens granted, a=samples drawn by the learner so far
             learner -> buffer
 WEIGHTS     learner -> buffer     seq=version, a=learner updates; params f4[P]
             -> actors
-FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; td_abs f4[n],
-                                  records[n]  (td_abs: the actors' initial priorities)
+FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
+                                  td_abs f4[n], records[n], [frames]  (td_abs: the actors'
+                                  initial priorities); may be compressed (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
-                                  clock); indices i8[B], generations i8[B], weights f4[B],
-                                  priorities f4[B], records[B]
+                                  clock); [nframes i8[1]], indices i8[B], generations i8[B],
+                                  weights f4[B], priorities f4[B], records[B], [frames];
+                                  may be compressed (FLAG_ZSTD)
 PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; timing f8[2]
                                   (hold: arrival -> update sent, step: mean update time, s),
                                   indices i8[B], generations i8[B], td_abs f4[B]
@@ -38,6 +41,21 @@ CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forward
 
 ``records`` use the run's transition dtype (``transition_dtype``): obs, action, reward (the
 n-step return), next_obs (n steps later), discount (gamma^k, 0 if the episode terminated).
+
+**Image runs** (``Wire(..., frame_shape=...)``, see mpirl.frames): records are
+``mpirl.frames.record_dtype(stack)`` (action, reward, discount, frames i8[2S]: indices into the
+message's frame table), and EXPERIENCE, FORWARD and BATCH carry two more arrays: ``nframes i8[1]``
+first (before every other array) and ``frames u8[nframes, *frame_shape]`` last.
+
+**Flags** live in the high byte of ``kind`` (the tag is the low byte, so the header layout is
+unchanged): ``FLAG_ZSTD`` (0x100) = the body after the header is zstd-compressed::
+
+    header (kind = tag | 0x100; count, seq, a, b as uncompressed) | raw_nbytes i8 | zstd frame
+
+``raw_nbytes`` is the size of the uncompressed body; ``unpack`` decompresses and checks it, then
+reads the message as usual (``Message.raw_nbytes`` is the uncompressed message size, header
+included).  Only FORWARD and BATCH (the experience-carrying kinds that cross the long-haul link)
+are compressed, and only when the run compresses (``--compress``: auto = image runs).
 """
 
 from __future__ import annotations
@@ -68,6 +86,10 @@ class Tag(IntEnum):
     CHECKPOINT = 10
 
 
+RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
+COMPRESSED_KINDS = (Tag.FORWARD, Tag.BATCH)
+
+
 class WireError(RuntimeError):
     """A message that does not match its expected layout."""
 
@@ -77,6 +99,13 @@ def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
                      ("next_obs", obs_dtype, obs_shape), ("discount", "<f4")])
 
 
+FLAG_ZSTD = 0x100
+KIND_MASK = 0xFF
+#: zstd level 1: on Atari frames 2-2.5x fewer bytes than lz4 at comparable speed (hundreds of
+#: MB/s, far above any WAN rate); higher levels gained ~15% more for 2x the CPU.  See docs/images.md.
+ZSTD_LEVEL = 1
+
+
 class Message(NamedTuple):
     kind: Tag
     count: int
@@ -84,6 +113,7 @@ class Message(NamedTuple):
     a: float
     b: float
     arrays: dict
+    raw_nbytes: int = 0  # uncompressed size (header included) of a compressed message; else 0
 
 
 def _header(kind: Tag, count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
@@ -100,13 +130,39 @@ def pack(kind: Tag, arrays=(), count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
 
 
 class Wire:
-    """Packs and unpacks every kind for one run (the transition dtype and parameter count)."""
+    """Packs and unpacks every kind for one run (the transition dtype and parameter count; for
+    image runs the frame shape; whether FORWARD and BATCH are compressed)."""
 
-    def __init__(self, record_dtype: np.dtype, n_params: int):
+    def __init__(self, record_dtype: np.dtype, n_params: int, frame_shape=None,
+                 compress: bool = False):
         self.record = np.dtype(record_dtype)
         self.n_params = int(n_params)
+        self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
+        self.frame = np.dtype((np.uint8, self.frame_shape)) if frame_shape is not None else None
+        self.compress = bool(compress)
+        self.last_raw_nbytes = 0  # uncompressed size of the last FORWARD / BATCH packed
+        self._zc = self._zd = None
+        if compress:
+            self._codecs()
 
-    def _spec(self, kind: Tag, count: int, b: float) -> list[tuple[str, np.dtype, int]]:
+    def _codecs(self):
+        if self._zc is None:
+            try:
+                import zstandard
+            except ImportError:
+                raise RuntimeError("compressed messages need zstandard: "
+                                   'pip install -e ".[images]"') from None
+            self._zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+            self._zd = zstandard.ZstdDecompressor()
+        return self._zc, self._zd
+
+    def _spec(self, kind: Tag, count: int, b: float, nframes: int = 0):
+        spec = self._spec_records(kind, count, b)
+        if self.frame is not None and kind in RECORD_KINDS:
+            spec = [("nframes", np.dtype("<i8"), 1)] + spec + [("frames", self.frame, nframes)]
+        return spec
+
+    def _spec_records(self, kind: Tag, count: int, b: float) -> list[tuple[str, np.dtype, int]]:
         f8, f4, i8, rec = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<i8"), self.record
         if kind == Tag.EXPERIENCE:
             return [("returns", f8, int(b)), ("td_abs", f4, count), ("records", rec, count)]
@@ -135,42 +191,107 @@ class Wire:
         if int(h["version"]) != VERSION:
             raise WireError(f"{where}: wire version {int(h['version'])}, this rank speaks "
                             f"{VERSION}; run the same mpirl version on every rank")
+        raw_kind = int(h["kind"])
         try:
-            kind = Tag(int(h["kind"]))
+            kind = Tag(raw_kind & KIND_MASK)
         except ValueError:
-            raise WireError(f"{where}: unknown kind {int(h['kind'])}") from None
+            raise WireError(f"{where}: unknown kind {raw_kind}") from None
+        if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
+            raise WireError(f"{where}: unknown flags {raw_kind & ~KIND_MASK:#x}")
         if kind != tag:
             raise WireError(f"{where}: header says {kind.name}, tag says {tag}")
+        raw_nbytes = 0
+        if raw_kind & FLAG_ZSTD:
+            buf = self._decompress(buf, where)
+            raw_nbytes = buf.nbytes
         count, b = int(h["count"]), float(h["b"])
         if count < 0 or b < 0 or b > 1e9:
             raise WireError(f"{where}: bad counts (count={count}, b={b})")
         arrays, off = {}, HEADER.itemsize
-        spec = self._spec(kind, count, b)
+        nframes = 0
+        if self.frame is not None and kind in RECORD_KINDS:
+            if buf.nbytes < HEADER.itemsize + 8:
+                raise WireError(f"{where}: {kind.name} of an image run has no nframes field")
+            nframes = int(buf[HEADER.itemsize: HEADER.itemsize + 8].view("<i8")[0])
+            if nframes < 0 or nframes > 1e9:
+                raise WireError(f"{where}: bad nframes={nframes}")
+        spec = self._spec(kind, count, b, nframes)
         need = HEADER.itemsize + sum(dt.itemsize * n for _, dt, n in spec)
         if need != buf.nbytes:
             raise WireError(f"{where}: {kind.name} with count={count} must be {need} bytes, "
                             f"got {buf.nbytes} (mismatched observation shape or version?)")
         for name, dt, n in spec:
-            arrays[name] = buf[off: off + dt.itemsize * n].view(dt)
+            part = buf[off: off + dt.itemsize * n]
+            if dt.subdtype is not None:  # frames: uint8 [n, *frame_shape]
+                arrays[name] = part.view(dt.base).reshape((n,) + dt.shape)
+            else:
+                arrays[name] = part.view(dt)
             off += dt.itemsize * n
-        return Message(kind, count, int(h["seq"]), float(h["a"]), b, arrays)
+        return Message(kind, count, int(h["seq"]), float(h["a"]), b, arrays, raw_nbytes)
+
+    # ---- compression (FLAG_ZSTD) ---------------------------------------------------------------
+    def _maybe_compress(self, buf: np.ndarray) -> np.ndarray:
+        """Compress a packed FORWARD / BATCH when this run compresses (else ``buf`` as is)."""
+        self.last_raw_nbytes = buf.nbytes
+        if not self.compress:
+            return buf
+        return compress(buf, self._codecs()[0])
+
+    def _decompress(self, buf: np.ndarray, where: str) -> np.ndarray:
+        hsz = HEADER.itemsize
+        if buf.nbytes < hsz + 8:
+            raise WireError(f"{where}: compressed message of {buf.nbytes} bytes has no "
+                            "raw_nbytes field")
+        raw = int(buf[hsz: hsz + 8].view("<i8")[0])
+        if raw < 0 or raw > 1 << 40:
+            raise WireError(f"{where}: bad raw_nbytes={raw}")
+        try:
+            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8:]), max_output_size=raw)
+        except Exception as e:  # zstandard.ZstdError
+            raise WireError(f"{where}: compressed body does not decompress ({e})") from None
+        if len(body) != raw:
+            raise WireError(f"{where}: decompressed to {len(body)} bytes, header says {raw}")
+        out = np.empty(hsz + raw, np.uint8)
+        out[:hsz] = buf[:hsz]
+        out[:hsz].view(HEADER)["kind"] &= KIND_MASK
+        out[hsz:] = np.frombuffer(body, np.uint8)
+        return out
+
+    def _frames_arrays(self, frames, n_records: int):
+        if self.frame is None:
+            if frames is not None:
+                raise ValueError("frames given to a Wire without frame_shape")
+            return [], []
+        if frames is None:
+            frames = np.zeros((0,) + self.frame_shape, np.uint8)
+        frames = np.ascontiguousarray(frames, np.uint8)
+        if frames.shape[1:] != self.frame_shape:
+            raise ValueError(f"frames of shape {frames.shape[1:]}, this run's frames are "
+                             f"{self.frame_shape}")
+        return [np.array([len(frames)], "<i8")], [frames]
 
     # ---- packers, one per kind (documented in the module docstring) --------------------------
-    def experience(self, records, td_abs, returns, env_steps: int, seq: int) -> np.ndarray:
+    def experience(self, records, td_abs, returns, env_steps: int, seq: int,
+                   frames=None) -> np.ndarray:
         returns = np.asarray(returns, "<f8")
-        return pack(Tag.EXPERIENCE, [returns, np.asarray(td_abs, "<f4"), records],
+        pre, post = self._frames_arrays(frames, len(records))
+        return pack(Tag.EXPERIENCE, pre + [returns, np.asarray(td_abs, "<f4"), records] + post,
                     count=len(records), seq=seq, a=env_steps, b=len(returns))
 
-    def forward(self, records, td_abs, seq: int) -> np.ndarray:
-        return pack(Tag.FORWARD, [np.asarray(td_abs, "<f4"), records], count=len(records),
-                    seq=seq)
+    def forward(self, records, td_abs, seq: int, frames=None) -> np.ndarray:
+        pre, post = self._frames_arrays(frames, len(records))
+        return self._maybe_compress(
+            pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
+                 count=len(records), seq=seq))
 
-    def batch(self, sample, batch_id: int, t_send: float) -> np.ndarray:
-        return pack(Tag.BATCH, [np.asarray(sample.indices, "<i8"),
-                                np.asarray(sample.generations, "<i8"),
-                                np.asarray(sample.weights, "<f4"),
-                                np.asarray(sample.priorities, "<f4"), sample.records],
-                    count=len(sample.indices), seq=batch_id, a=t_send)
+    def batch(self, sample, batch_id: int, t_send: float, frames=None) -> np.ndarray:
+        pre, post = self._frames_arrays(frames, len(sample.indices))
+        return self._maybe_compress(
+            pack(Tag.BATCH, pre + [np.asarray(sample.indices, "<i8"),
+                                   np.asarray(sample.generations, "<i8"),
+                                   np.asarray(sample.weights, "<f4"),
+                                   np.asarray(sample.priorities, "<f4"), sample.records] + post,
+                 count=len(sample.indices), seq=batch_id, a=t_send))
 
     def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
                    hold: float = 0.0, step: float = 0.0):
@@ -201,3 +322,15 @@ class Wire:
     @staticmethod
     def done(env_steps: int, episodes: int) -> np.ndarray:
         return pack(Tag.DONE, a=env_steps, b=episodes)
+
+
+def compress(buf: np.ndarray, compressor) -> np.ndarray:
+    """A packed message -> the same message with its body zstd-compressed (FLAG_ZSTD)."""
+    hsz = HEADER.itemsize
+    body = compressor.compress(memoryview(buf[hsz:]))
+    out = np.empty(hsz + 8 + len(body), np.uint8)
+    out[:hsz] = buf[:hsz]
+    out[:hsz].view(HEADER)["kind"] |= FLAG_ZSTD
+    out[hsz: hsz + 8].view("<i8")[0] = buf.nbytes - hsz
+    out[hsz + 8:] = np.frombuffer(body, np.uint8)
+    return out

@@ -1,0 +1,43 @@
+"""What a run's replay memory is, decided once from the config and the env spec (no MPI)."""
+
+from __future__ import annotations
+
+
+def record_dtype(cfg, spec):
+    """The run's record dtype: whole transitions for vectors, frame indices for images."""
+    if spec.image:
+        from mpirl.frames import record_dtype as frame_record
+
+        return frame_record(spec.stack)
+    from mpirl.wire import transition_dtype
+
+    return transition_dtype(spec.obs_shape, spec.obs_dtype)
+
+
+def frames_per_transition(cfg, spec) -> float:
+    from mpirl.frames import frames_per_transition as fpt
+
+    return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
+
+
+def make_replay(cfg, spec, record, seed: int):
+    """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
+    from mpirl.replay.frames import FrameReplay
+    from mpirl.replay.memory import PrioritizedReplay
+
+    if spec.image:
+        return FrameReplay(cfg.replay_capacity, spec.stack, spec.frame_shape,
+                           frames_per_transition(cfg, spec), alpha=cfg.alpha, beta=cfg.beta,
+                           eps=cfg.priority_eps, seed=seed)
+    return PrioritizedReplay(cfg.replay_capacity, record, alpha=cfg.alpha, beta=cfg.beta,
+                             eps=cfg.priority_eps, seed=seed)
+
+
+def replay_footprint(cfg, spec) -> int:
+    from mpirl.replay.frames import frame_footprint_bytes
+    from mpirl.replay.memory import footprint_bytes
+
+    if spec.image:
+        return frame_footprint_bytes(cfg.replay_capacity, spec.stack, spec.frame_shape,
+                                     frames_per_transition(cfg, spec))
+    return footprint_bytes(cfg.replay_capacity, record_dtype(cfg, spec))
