@@ -79,6 +79,8 @@ ATTR_DOCS: dict[str, dict[str, str]] = {
                "forward_dropped": "set at stop: transitions dropped by --forward-overflow",
                "wall_s": "set at stop: seconds the buffer loop ran",
                "link_bytes_out": "set at stop: bytes sent toward the learner",
+               "link_raw_bytes_out": "set at stop: the same before compression (= "
+                                     "link_bytes_out when --compress is off)",
                "link_bytes_in": "set at stop: bytes received from the learner",
                "link_msgs_out": "set at stop: messages sent toward the learner",
                "link_msgs_in": "set at stop: messages received from the learner"},

@@ -104,7 +104,8 @@ def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
                "--replay-at", replay_at, "--compress", compress, "--link", link,
                "--max-seconds", str(seconds), "--target-return", "none",
                "--learning-starts", "500", "--batch-size", "32", "--replay-capacity", "20000",
-               "--eval-every", "100000000", "--progress-seconds", "0", "--replay-ratio", "0",
+               "--eval-every", "100000000", "--eval-episodes", "1", "--eval-max-steps", "20",
+               "--progress-seconds", "0", "--replay-ratio", "0",
                "--run-dir", str(run_dir), *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300,
                            cwd=Path(__file__).resolve().parents[1])

