@@ -15,7 +15,9 @@ envs) on real Atari data under the emulated link, for each placement of the repl
 * experiences/s through actor -> buffer -> learner: transitions the learner received per second
   (replay_at=learner: forwarded; replay_at=buffer: sampled batches trained on) and env steps/s;
 * bytes over the link toward the learner per learner update, on the wire and before compression;
-* learner updates/s and the link's utilization.
+* bytes per experience that reached the learner, on the wire and raw (replay_at=learner: the
+  frames-per-transition ratio in bytes; replay_at=buffer: a batch's ~7 frames per transition);
+* learner updates/s and the link's peak utilization (busiest ~1 s interval, buffer -> learner).
 
 ``--extra-bandwidth-mbps`` adds replay_at=learner runs on a link of that bandwidth (same latency)
 where the uncompressed stream does not fit: that is where compression changes throughput, not
@@ -115,11 +117,12 @@ def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
         with h5py.File(run_dir / "learner.h5", "r") as f:
             n = f["transfers/n"][()]
             t = f["transfers/t"][()]
+            x_bytes, x_raw = f["transfers/nbytes"][()], f["transfers/raw_nbytes"][()]
             loop0 = float(f.attrs["loop_start_t"])
         with h5py.File(run_dir / "buffer-0.h5", "r") as f:
             out_bytes = int(f.attrs["link_bytes_out"])
             raw_bytes = int(f.attrs["link_raw_bytes_out"])
-            util = f["link/utilization"][()]
+            util = f["link/utilization"][:-1]  # the last row is the short closing interval
     wall = summary["wall_s"]
     # transitions the learner received per second, from its first arrival to the stop
     span = max(1e-9, loop0 + wall - (t[0] if len(t) else loop0))
@@ -130,7 +133,9 @@ def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
             "bytes_per_update": out_bytes / max(1, summary["updates"]),
             "raw_bytes_per_update": raw_bytes / max(1, summary["updates"]),
             "ratio": raw_bytes / max(1, out_bytes),
-            "utilization": float(np.mean(util[1:-1])) if len(util) > 2 else float("nan")}
+            "bytes_per_experience": float(x_bytes.sum() / max(1, n.sum())),
+            "raw_bytes_per_experience": float(x_raw.sum() / max(1, n.sum())),
+            "peak_utilization": float(util.max()) if len(util) else float("nan")}
 
 
 def main() -> int:
@@ -156,16 +161,18 @@ def main() -> int:
             runs += [("learner", c, f"{args.link} at {args.extra_bandwidth_mbps:g} Mb/s", bw)
                      for c in ("off", "on")]
         rows = ["| replay at | link | compress | env steps/s | experiences/s to learner | "
-                "updates/s | link bytes/update (wire) | before compression | ratio | link "
-                "utilization |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                "updates/s | link bytes/update (wire) | before compression | bytes/experience "
+                "(wire / raw) | peak link utilization |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         print("\n".join(rows), flush=True)
         for ra, c, link_name, extra in runs:
             r = run_pipeline(args.env, ra, c, args.link, args.seconds, extra)
             row = (f"| {ra} | {link_name} | {c} | {r['env_steps_per_s']:,.0f} | "
                    f"{r['received_per_s']:,.0f} | {r['updates_per_s']:,.1f} | "
                    f"{r['bytes_per_update'] / 1e3:,.1f} KB | "
-                   f"{r['raw_bytes_per_update'] / 1e3:,.1f} KB | {r['ratio']:,.1f} | "
-                   f"{r['utilization']:.0%} |")
+                   f"{r['raw_bytes_per_update'] / 1e3:,.1f} KB | "
+                   f"{r['bytes_per_experience']:,.0f} / {r['raw_bytes_per_experience']:,.0f} | "
+                   f"{r['peak_utilization']:.0%} |")
             rows.append(row)
             print(row, flush=True)
         lines += ["## Pipeline: mpirun -n 3, 1 actor x 4 envs, batch 32, replay ratio 0", ""]

@@ -177,3 +177,61 @@ class FrameReplay:
 
     def update(self, indices, generations, td_abs) -> int:
         return self.memory.update(indices, generations, td_abs)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.memory.dtype
+
+    # ---- checkpoints (numpy arrays and JSON-able scalars, no pickle) ---------------------------
+    def checkpoint_state(self, prefix: str = "replay_") -> tuple[dict, dict]:
+        """(arrays, meta): the slots and frames in use, the ring cursors and retired tail."""
+        mem = self.memory
+        sd = mem.state_dict()
+        n = min(mem.inserted, mem.capacity)  # the ring fills from slot 0
+        prios = np.array(sd["priorities"][:n])
+        # retired slots hold p = 0, which load_state_dict refuses for held slots: store a
+        # placeholder; restore retires them again from the tail
+        prios[prios <= 0] = mem.eps ** mem.alpha
+        f = min(self.frames_in, self.frame_capacity)
+        arrays = {f"{prefix}storage": np.array(sd["storage"][:n]),
+                  f"{prefix}priorities": prios,
+                  f"{prefix}frames": np.array(self.frames[:f]),
+                  f"{prefix}groups": np.array(self._groups, np.int64).reshape(-1, 2)}
+        if "rng_state" in sd:
+            arrays[f"{prefix}rng_state"] = sd["rng_state"]
+        meta = {k: sd[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}
+        meta.update(frames_in=int(self.frames_in), frame_capacity=int(self.frame_capacity),
+                    tail=int(mem._tail), retired=int(self.retired))
+        return arrays, meta
+
+    def restore_checkpoint(self, arrays: dict, meta: dict, prefix: str = "replay_") -> None:
+        mem = self.memory
+        cap, n_in = int(meta["capacity"]), int(meta["inserted"])
+        if cap != mem.capacity or int(meta["frame_capacity"]) != self.frame_capacity:
+            raise ValueError(f"replay memory of {cap:,} transitions / "
+                             f"{int(meta['frame_capacity']):,} frames in the checkpoint, "
+                             f"{mem.capacity:,} / {self.frame_capacity:,} configured (same "
+                             "--replay-capacity, --actor-chunk, --n-step, --envs-per-actor)")
+        n = min(n_in, cap)
+        stored, prios = arrays[f"{prefix}storage"], arrays[f"{prefix}priorities"]
+        frames = arrays[f"{prefix}frames"]
+        f = min(int(meta["frames_in"]), self.frame_capacity)
+        if stored.shape != (n,) or prios.shape != (n,) or stored.dtype != mem.dtype or \
+                frames.shape != (f,) + self.frame_shape:
+            raise ValueError("replay memory in the checkpoint does not match this run's "
+                             f"({stored.dtype} {stored.shape}, frames {frames.shape})")
+        storage = np.zeros(cap, mem.dtype)
+        storage[:n] = stored
+        p = np.zeros(cap, np.float64)
+        p[:n] = prios
+        d = {"storage": storage, "priorities": p,
+             **{k: meta[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}}
+        if f"{prefix}rng_state" in arrays:
+            d["rng_state"] = arrays[f"{prefix}rng_state"]
+        mem.load_state_dict(d)
+        mem._tail = 0
+        mem.retire(int(meta["tail"]))
+        self.frames[:f] = frames
+        self.frames_in = int(meta["frames_in"])
+        self.retired = int(meta["retired"])
+        self._groups = deque((int(a), int(b)) for a, b in arrays[f"{prefix}groups"])
