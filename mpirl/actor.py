@@ -130,6 +130,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         for n, lst in zip(outs, (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)):
             lst.extend(resume.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
                        else list(resume.arrays[f"out_{n}"]))
+        out_boot.extend([np.nan] for _ in out_obs)  # bootstraps computed when sent
         if flog is not None:  # frame ids again, in this actor's new FrameLog
             first = flog.adopt(resume.arrays["out_frames"])
             out_obs[:] = [tuple(int(first + i) for i in row) for row in out_obs]

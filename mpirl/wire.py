@@ -66,7 +66,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 2  # 2: CHECKPOINT, STOP.seq = final checkpoint id
+VERSION = 3  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])

@@ -73,3 +73,24 @@ and bench/images.py."""
     with h5py.File(run_dir / "buffer-0.h5", "r") as f:
         assert f["link/raw_bytes_out"][()].sum() >= f["link/bytes_out"][()].sum() > 0
         assert f.attrs["link_raw_bytes_out"] >= f.attrs["link_bytes_out"]
+
+
+def test_minatar_checkpoint_and_resume(tmp_path):
+    """An image run checkpoints (frame ring, forward queue with its frame table, the actor's
+    unsent transitions with theirs) and --resume continues it; replay at the learner."""
+    run_dir = tmp_path / "run"
+    common = ["--flush-seconds", "1", "--eval-episodes", "2"]
+    p = run_mpirl(3, "--env", "MinAtar/Breakout-v1", "--replay-at", "learner",
+                  "--max-seconds", "12", "--checkpoint-seconds", "4", "--target-return", "none",
+                  "--learning-starts", "300", "--run-dir", str(run_dir), *common, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["updates"] > 0
+    p = run_mpirl(3, "--resume", str(run_dir), "--max-seconds", "8", *common[:2], timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    with h5py.File(run_dir / "learner.h5", "r") as f:
+        updates = f["updates/update"][()]
+        resumes = json.loads(f.attrs["resumes_json"])
+    assert len(resumes) == 1
+    assert updates.max() > first["updates"]  # the update counter continued
+    assert (np.diff(updates) > 0).all()
