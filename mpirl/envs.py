@@ -67,8 +67,9 @@ def family(env_id: str) -> str:
 def _need_images_extra(env_id: str, missing: str):
     from mpirl.config import ConfigError
 
+    verb = "are" if "," in missing else "is"
     return ConfigError(f"env={env_id!r} is an image environment and needs the images extra "
-                       f"({missing} is not installed): {IMAGES_EXTRA}")
+                       f"({missing} {verb} not installed): {IMAGES_EXTRA}")
 
 
 def _register(env_id: str) -> None:
@@ -78,10 +79,11 @@ def _register(env_id: str) -> None:
         return
     import importlib.util
 
-    for mod in ("zstandard",) + (("ale_py", "cv2") if fam == "atari" else ("minatar",)):
-        if importlib.util.find_spec(mod) is None:
-            raise _need_images_extra(env_id, {"cv2": "opencv-python-headless",
-                                              "ale_py": "ale-py"}.get(mod, mod))
+    names = {"cv2": "opencv-python-headless", "ale_py": "ale-py"}
+    mods = (("ale_py", "cv2") if fam == "atari" else ("minatar",)) + ("zstandard",)
+    missing = [names.get(m, m) for m in mods if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _need_images_extra(env_id, ", ".join(missing))
     import gymnasium as gym
 
     if fam == "atari":

@@ -1,34 +1,13 @@
 """Image observations: preprocessing, frames stored once, CNN agreement, compressed wire layout.
 
-Skipped cleanly without the images extra (``pip install -e ".[images]"``), except the test that
-checks the error a missing extra gives.
+Skipped cleanly without the images extra (``pip install -e ".[images]"``); the error a missing
+extra gives is tested in test_envs.py, which runs either way.
 """
 import numpy as np
 import pytest
 
 from mpirl import envs
-from mpirl.config import ConfigError
 
-
-def test_missing_extra_names_the_pip_command(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "ale_py" else real(name, *a))
-    with pytest.raises(ConfigError, match=r'pip install -e "\.\[images\]"') as e:
-        envs.inspect("ALE/Pong-v5")
-    assert "ale-py" in str(e.value)
-
-
-def test_family_from_id():
-    assert envs.family("ALE/Pong-v5") == "atari"
-    assert envs.family("BreakoutNoFrameskip-v4") == "atari"
-    assert envs.family("MinAtar/Breakout-v1") == "minatar"
-    assert envs.family("CartPole-v1") == "vector"
-
-
-# ---- everything below needs the extra ---------------------------------------------------------
 zstandard = pytest.importorskip("zstandard")
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
