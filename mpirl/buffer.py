@@ -268,7 +268,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if ckpt_id >= 0 and len(ckpt_held) == len(actors):
             # every actor's messages before its snapshot are in: snapshot, ack, release
             save(ckpt_id)
-            link.send(wire.checkpoint(ckpt_id, env_steps), Tag.CHECKPOINT, now)
+            link.post(wire.checkpoint(ckpt_id, env_steps), Tag.CHECKPOINT, now)
             ckpt_id = -1
             ckpt_held.clear()
             did = True
@@ -286,7 +286,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 else:
                     sample = memory.sample(cfg.batch_size)
                 out = wire.batch(sample, batch_id, now, frames=table)
-                wait = link.send(out, Tag.BATCH, now)
+                wait = link.post(out, Tag.BATCH, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
@@ -315,22 +315,22 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 else:
                     rec_all = np.concatenate(recs)
                 out = wire.forward(rec_all, np.concatenate(tds), fwd_seq, frames=table)
-                link.send(out, Tag.FORWARD, now)
+                link.post(out, Tag.FORWARD, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes
                 fwd_seq += 1
                 fwd_tokens -= 1
                 did = True
         if not sent_done and now - t_stats > 0.25:
-            link.send(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
+            link.post(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
             returns.clear()
             t_stats = now
         if stopping and not sent_done and len(done_actors) == len(actors) and not fwd_len:
             # everything this site produced has been handed to the link: say so, last
             if final_ckpt >= 0:
                 save(final_ckpt)
-            link.send(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
-            link.send(wire.done(env_steps, episodes), Tag.DONE, now)
+            link.post(wire.stats(returns, env_steps, episodes), Tag.STATS, now)
+            link.post(wire.done(env_steps, episodes), Tag.DONE, now)
             returns.clear()
             sent_done = True
         if site_sends:

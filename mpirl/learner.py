@@ -176,7 +176,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         weights_version += 1
         buf = wire.weights(online.flat_params(), weights_version, updates)
         for b in buffers:
-            links[b].send(buf, Tag.WEIGHTS)
+            links[b].post(buf, Tag.WEIGHTS)
 
     def beta_now() -> float:
         if cfg.beta_steps == 0:
@@ -260,7 +260,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     send_weights()
     if at_learner:
         for b in buffers:
-            links[b].send(wire.credit(cfg.forward_credits), Tag.CREDIT)
+            links[b].post(wire.credit(cfg.forward_credits), Tag.CREDIT)
 
     while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
         now = time.monotonic()
@@ -302,7 +302,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 elif m.kind == Tag.DONE:
                     site_steps[b] = int(m.a)
                     done.add(b)
-                    lk.send(wire.done(0, 0), Tag.DONE)
+                    lk.post(wire.done(0, 0), Tag.DONE)
                 elif m.kind == Tag.CHECKPOINT and m.seq == ckpt_id:
                     ckpt_acked[b] = site_steps[b] = int(m.a)
                     parked[b].extend(msgs[i + 1:])
@@ -328,7 +328,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
               and now - t_ckpt >= cfg.checkpoint_seconds):
             ckpt_id, ckpt_next, ckpt_t0 = ckpt_next, ckpt_next + 1, now
             for lk in links.values():
-                lk.send(wire.checkpoint(ckpt_id), Tag.CHECKPOINT, now)
+                lk.post(wire.checkpoint(ckpt_id), Tag.CHECKPOINT, now)
         # [link] tokens for forwarded experiences: the learner-side rate limiter
         if at_learner:
             # the site furthest behind its share gets its tokens first
@@ -336,7 +336,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
                             or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
                 if owed[b] and limit_ok:
-                    links[b].send(wire.credit(owed[b]), Tag.CREDIT, now)
+                    links[b].post(wire.credit(owed[b]), Tag.CREDIT, now)
                     owed[b] = 0
         # [algorithm] one update
         if change is not None and now - t_start >= change[0]:
@@ -365,7 +365,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 td = train(m.arrays["records"], m.arrays["weights"], m.arrays.get("frames"))
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
-                links[b].send(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
+                links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                               m.seq, m.a, hold=t_done - arrived, step=step_s),
                               Tag.PRIORITIES)
                 xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
@@ -401,7 +401,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
                 f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")
             for lk in links.values():
-                lk.send(wire.stop(final_ckpt), Tag.STOP, now)
+                lk.post(wire.stop(final_ckpt), Tag.STOP, now)
             stop_sent = True
         # progress line and link accounting
         if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:

@@ -124,7 +124,7 @@ class LinkStats:
 class LinkEnd:
     """One end of a long-haul link to ``peer`` on ``comm``: paced sends, delayed receives.
 
-    ``send(buf, tag)`` hands a uint8 buffer to the link (it must not be reused by the caller);
+    ``post(buf, tag)`` hands a uint8 buffer to the link (it must not be reused by the caller);
     ``poll()`` starts the sends whose departure time has come and completes finished ones;
     ``receive()`` returns the ``(tag, buf)`` messages whose delivery time has come.
     """
@@ -143,7 +143,7 @@ class LinkEnd:
         self._status = MPI.Status()
 
     # ---- sending -----------------------------------------------------------------------------
-    def send(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
+    def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
         """Hand ``buf`` to the link; returns the time it waits behind earlier messages."""
         now = time.monotonic() if now is None else now
         if self.profile.emulated:

@@ -21,7 +21,7 @@ def stream(sender: int) -> dict:
         t0 = time.monotonic()
         for i in range(int(count)):
             buf = np.full(int(size), i % 251, np.uint8)
-            link.send(buf, tag=1)
+            link.post(buf, tag=1)
         link.flush_blocking(60)
         comm.Send([np.array([t0]), MPI.DOUBLE], dest=1 - rank, tag=9)
         return {}
