@@ -121,7 +121,7 @@ def make_torch_q(obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool
     if isinstance(obs_dim, (tuple, list)):
         obs_dim = int(np.prod(obs_dim))
 
-    class TorchQ(nn.Module):
+    class TorchQ(_torch_q_base()):
         def __init__(self):
             super().__init__()
             shapes = layer_shapes(obs_dim, n_actions, hidden, dueling)
@@ -135,6 +135,20 @@ def make_torch_q(obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool
             h = x.reshape(x.shape[0], -1)
             for layer in self.hidden:
                 h = torch.relu(layer(h))
+            return self.q_from_features(h)
+
+    return TorchQ()
+
+
+def _torch_q_base():
+    """What the MLP and the CNN Q-networks share: the (dueling) head over the last features and
+    the flat parameter vector that travels as WEIGHTS (defined lazily: only the learner and image
+    actors import torch)."""
+    import torch
+    from torch import nn
+
+    class TorchQBase(nn.Module):
+        def q_from_features(self, h):
             if self.dueling:
                 v, a = self.heads[0](h), self.heads[1](h)
                 return v + a - a.mean(dim=1, keepdim=True)
@@ -144,7 +158,7 @@ def make_torch_q(obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool
             with torch.no_grad():
                 return torch.cat([p.reshape(-1) for p in self.parameters()]).numpy().copy()
 
-    return TorchQ()
+    return TorchQBase
 
 
 def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
@@ -154,7 +168,7 @@ def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
     convs, fc = conv_layers(obs_shape)
     flat_in = _conv_out(obs_shape)
 
-    class TorchCNNQ(nn.Module):
+    class TorchCNNQ(_torch_q_base()):
         def __init__(self):
             super().__init__()
             self.convs = nn.ModuleList(nn.Conv2d(i, o, k, stride=s) for o, i, k, s in convs)
@@ -171,14 +185,7 @@ def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
             for conv in self.convs:
                 h = torch.relu(conv(h))
             h = torch.relu(self.fc(h.flatten(1)))
-            if self.dueling:
-                v, a = self.heads[0](h), self.heads[1](h)
-                return v + a - a.mean(dim=1, keepdim=True)
-            return self.heads[0](h)
-
-        def flat_params(self) -> np.ndarray:
-            with torch.no_grad():
-                return torch.cat([p.reshape(-1) for p in self.parameters()]).numpy().copy()
+            return self.q_from_features(h)
 
     return TorchCNNQ()
 
