@@ -87,7 +87,10 @@ ATTR_DOCS: dict[str, dict[str, str]] = {
     "actor": {**_COMMON,
               "epsilons": "exploration rate of each of this actor's envs (Ape-X schedule)",
               "env_steps": "set at stop: env steps of this actor",
-              "episodes": "set at stop: episodes finished by this actor"},
+              "episodes": "set at stop: episodes finished by this actor",
+              "first_step_unix": "wall-clock time (s since the Unix epoch) right after this "
+                                 "actor's first env steps (one per env) of the latest launch: "
+                                 "where start-up ends"},
 }
 
 

@@ -218,6 +218,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             ids[j] = flog.reset(o)
     ep_ret = np.zeros(m)
     ep_len = np.zeros(m, np.int64)
+    first_step = True
+    next_row = time.monotonic() + cfg.flush_seconds
     while not stop:
         fault.check()
         # [comm] tokens, weights, stop: never blocks
@@ -233,11 +235,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         backoff.work()
         # [algorithm] act: one batched forward, epsilon-greedy per env
         qv = q(obs)
+        best = qv.max(axis=1).tolist()  # one reduction for every env's waiting boxes
         for j in range(m):
             if waiting[j]:
-                best = float(qv[j].max())
                 for box in waiting[j]:
-                    box[0] = best
+                    box[0] = best[j]
                 waiting[j].clear()
         actions = qv.argmax(axis=1)
         explore = rng.random(m) < eps
@@ -281,12 +283,20 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 if flog is not None:
                     ids[j] = flog.reset(nxt)
             obs[j] = nxt
+        if first_step:  # where start-up ends, on the wall clock (bench/overheads.py reads it)
+            log.set_attrs(first_step_unix=time.time())
+            first_step = False
         # [comm] ship full chunks while tokens last
         while len(out_obs) >= cfg.actor_chunk and tokens > 0:
             send_chunk()
-        if log.maybe_flush():
+        # [log] one /actor row per flush interval, on its own clock: an episode row that
+        # triggered the flush must not make this row skip a turn
+        now = time.monotonic()
+        if now >= next_row:
+            next_row = now + cfg.flush_seconds
             progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
                             throttled_s=throttled, weights_version=weights_version)
+        log.maybe_flush(now)
 
     # [comm] clean stop: ship what is left, say DONE, drain until the buffer's DONE comes back
     send_chunk(final=True)

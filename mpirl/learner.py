@@ -56,6 +56,45 @@ def _batch_tensors(torch, records, frames=None, stack: int = 1):
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
+class TrainStep:
+    """The learner's train step, callable on its own (no MPI, no logging; bench/overheads.py
+    times it standalone): the online and target networks, Adam, and one update on a batch.
+
+    ``step(records, weights, frames)`` is one double-DQN update (Huber loss weighted by the
+    importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; the caller
+    counts updates and calls ``sync_target`` every ``target_update`` of them."""
+
+    def __init__(self, cfg, spec):
+        import torch
+
+        from mpirl.dqn import dqn_loss
+
+        self.torch, self.loss_fn = torch, dqn_loss
+        self.spec, self.huber_delta, self.grad_clip = spec, cfg.huber_delta, cfg.grad_clip
+        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling)
+        self.target = copy.deepcopy(self.online)
+        try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
+            self.opt = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, fused=True)
+        except (RuntimeError, TypeError):
+            self.opt = torch.optim.Adam(self.online.parameters(), lr=cfg.lr)
+
+    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+        torch = self.torch
+        obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, self.spec.stack)
+        w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
+        loss, td = self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
+                                self.huber_delta)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+        self.opt.step()
+        return float(loss.detach()), td.detach().numpy()
+
+    def sync_target(self) -> None:
+        self.target.load_state_dict(self.online.state_dict())
+
+
 CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
 
 
@@ -70,12 +109,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
     links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
-    online = make_learner_q(spec, cfg.hidden, cfg.dueling)
-    target = copy.deepcopy(online)
-    try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
-        opt = torch.optim.Adam(online.parameters(), lr=cfg.lr, fused=True)
-    except (RuntimeError, TypeError):
-        opt = torch.optim.Adam(online.parameters(), lr=cfg.lr)
+    trainer = TrainStep(cfg, spec)
+    online, target, opt = trainer.online, trainer.target, trainer.opt
     at_learner = cfg.replay_at == "learner"
     memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
     image = spec.image
@@ -144,19 +179,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         """One DQN update; returns |td| per sample (the new priorities' raw material)."""
         nonlocal updates, busy, loss_sum, loss_n
         t0 = time.monotonic()
-        obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, spec.stack)
-        w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
-        loss, td = dqn_loss(online, target, obs, act, rew, nxt, disc, w, cfg.huber_delta)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(online.parameters(), cfg.grad_clip)
-        opt.step()
+        lv, td_np = trainer.step(records, weights, frames)
         updates += 1
         if updates % cfg.target_update == 0:
-            target.load_state_dict(online.state_dict())
-        lv = float(loss.detach())
-        td_np = to_numpy(td)
+            trainer.sync_target()
         upd_log.append(update=updates, loss=lv, td_abs_mean=float(td_np.mean()), beta=beta)
         loss_sum += lv
         loss_n += 1

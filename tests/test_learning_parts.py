@@ -56,3 +56,32 @@ def test_terminal_discount_zero_ignores_bootstrap():
                      torch.randn(3, 2) * 100, torch.zeros(3), torch.ones(3))
     q = online(obs)[:, 0]
     np.testing.assert_allclose(td.numpy(), (q - 1).abs().detach().numpy(), rtol=1e-6)
+
+
+def test_train_step_runs_standalone():
+    """The learner's train step without MPI (bench/overheads.py times it so): it learns from a
+    batch of structured transition records, and sync_target copies the online network."""
+    from mpirl.config import Config
+    from mpirl.envs import inspect
+    from mpirl.learner import TrainStep
+    from mpirl.wire import transition_dtype
+
+    cfg = Config(hidden=(16,), lr=1e-2)
+    spec = inspect(cfg.env)
+    rng = np.random.default_rng(0)
+    rec = np.zeros(32, transition_dtype(spec.obs_shape, spec.obs_dtype))
+    rec["obs"] = rng.normal(size=rec["obs"].shape)
+    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, 32)
+    rec["reward"] = 1.0
+    torch.manual_seed(0)
+    step = TrainStep(cfg, spec)
+    before = step.online.flat_params()
+    losses = [step.step(rec, np.ones(32, np.float32))[0] for _ in range(30)]
+    loss, td = step.step(rec, np.ones(32, np.float32))
+    assert td.shape == (32,) and np.isfinite(td).all() and (td >= 0).all()
+    assert loss < losses[0]  # discount 0: it regresses Q(s, a) onto the reward
+    assert not np.array_equal(step.online.flat_params(), before)
+    assert not np.array_equal(step.target.flat_params(), step.online.flat_params())
+    step.sync_target()
+    np.testing.assert_array_equal(step.target.flat_params(), step.online.flat_params())

@@ -64,6 +64,8 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         act, aattrs = read(f)
         assert act["actor/weights_version"].max() >= 1  # weights were refreshed, not only the first
         assert act["actor/msgs_sent"].max() > 0
+        # start-up ends at the first env step: after the file was opened, before its last row
+        assert aattrs["t0_unix"] < aattrs["first_step_unix"] < aattrs["t0_unix"] + act["actor/t"][-1]
         steps += aattrs["env_steps"]
     # everything the actors produced was counted by the buffers and reached the learner's stats
     assert steps == summary["env_steps"]
