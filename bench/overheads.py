@@ -1,0 +1,671 @@
+"""Component overheads: each part of mpirl against its raw reference, measured in one invocation.
+
+    python bench/overheads.py [--seconds 15] [--out FILE.md] [--only actor learner transport startup]
+                              [--keep DIR]
+
+Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
+(targets from issue 9):
+
+1. **actor** -- env steps/s of the one actor rank of ``mpirun -n 3 python -m mpirl.main`` (learner,
+   buffer, actor; ``--replay-ratio 0`` so the actor is never throttled by the rate limiter) against
+   a bare loop in one process: the same gymnasium env (CartPole-v1), ``envs_per_actor`` envs
+   stepped in lockstep after one batched forward of mpirl's ``NumpyQ`` (random weights), the same
+   Ape-X epsilon-greedy choice.  No n-step returns, priorities, messages or logs: those are the
+   overhead being measured.  Target >= 0.85.
+2. **learner** -- updates/s of the learner rank of the same job, learner the bottleneck (actors
+   unthrottled, ``--replay-ratio 0``, as bench/link.py), against a loop of
+   ``mpirl.learner.TrainStep`` -- the learner's own train step, not a copy (same network,
+   batch size, Adam, gradient clip, target copy every ``target_update``) -- on batches of the same
+   form the learner gets (structured records viewed out of a BATCH message).  Target >= 0.9.
+3. **transport** -- actor -> buffer payload bytes/s over mpirl's transport path against a raw
+   uppercase mpi4py stream of messages of the same size, both under ``mpirun -n 2`` (this file's
+   ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
+   ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
+   every message, as fast as tokens allow, with the calls the actor and the buffer make (mirrored
+   from ``mpirl/actor.py`` ``receive_all``/``send_chunk`` and the site part of ``mpirl/buffer.py``'s
+   loop: ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until
+   ``Test``, ``actor_credits`` tokens, one CREDIT per buffer turn of at most 8 messages, the
+   ``Backoff`` naps when a turn did nothing).  The raw stream: ``Isend`` of one preallocated
+   uint8 buffer in windows of 64 (``Waitall`` per window), blocking ``Recv`` into one
+   preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
+   each); rates are bytes received after the first message / time from first to last.  Two
+   variants of the mpirl path, for the notes only: no-nap (``Backoff(0, 0)``: idle turns only
+   yield the CPU), which separates the cost of the calls from the latency of the naps, and
+   credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
+   Target >= 0.8.
+4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` to the first env
+   step of any actor (the actors' HDF5 attribute ``first_step_unix`` minus the launch time),
+   against the wall time of ``mpirun -n 9 python -c "import torch, gymnasium, mpi4py"``.
+   Target <= 1.5x.  Not pinned: both oversubscribe the 2 cores in the same way.
+
+Fairness on a small machine (designed for 2 cores; 3 ranks oversubscribe it): for 1 and 2 the
+measured rank gets a core to itself.  The job is launched MPMD, each rank through this file's
+``_rank`` mode, which pins the rank (``os.sched_setaffinity``, as ``taskset -c``) and runs
+``mpirl.main.main`` in-process::
+
+    actor run:   mpirun -n 2 python bench/overheads.py _rank B ... : -n 1 python bench/overheads.py _rank A ...
+                 (ranks 0 learner and 1 buffer on core B, rank 2 the actor alone on core A)
+    learner run: mpirun -n 1 ... _rank A ... : -n 2 ... _rank B ...
+                 (rank 0 the learner alone on core A, buffer and actor on core B)
+
+(rank order: learner, buffer, then its actors; ``mpirl/topology.py``).  Each reference runs in a
+subprocess pinned to the same core A, with one BLAS/torch thread as mpirl's ranks, while a
+spinning "ballast" process is pinned to core B: on a shared machine the scheduler moves other
+processes to the less busy core, so without the ballast core A would be crowded during the
+pipeline run (its core B busy with two ranks) and not during the reference.  The reference runs
+half its time just before the pipeline run and half just after; its rates are the mean of the two.
+``_rank`` also samples its process's CPU time every 0.2 s, so the table reports per-CPU-second
+figures too (env steps per CPU second of the actor process, updates per CPU second of the learner
+process): they do not depend on how much of core A the measured process got (they do on cache
+and frequency effects of sharing it).  Rates of the pipeline runs come from their HDF5 logs over
+the steady part of the run (rows after the first third): the actor's ``/actor`` rows (one per
+flush; the actor run passes ``--flush-seconds 0.25`` to get 4 a second, and its final row, written
+after the stop, is left out) and the learner's ``/progress`` rows (1 s).  The transport ranks are
+pinned to cores A and B.  With ``MPIRL_PROFILE=1`` in the environment every pipeline rank and
+(with ``--keep``) both transport ranks dump a cProfile, kept with ``--keep DIR``; profiling slows
+them, so do not quote those figures.
+
+Time: about 3 x ``--seconds`` for the references and transport, 2 x (``--seconds`` + start-up)
+for the pipeline runs, plus the two start-up launches: 2.5-3 minutes at ``--seconds 15`` on a
+loaded 2-core machine.  Every mpirun runs alone (one after the other).
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # as mpirl.main does; children inherit it
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+COMPONENTS = ("actor", "learner", "transport", "startup")
+RAW_WINDOW = 64
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def mpirun() -> str:
+    here = Path(sys.executable).parent / "mpirun"
+    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
+
+
+def cores() -> tuple[int | None, int | None]:
+    """(A, B): the measured rank's core and the other ranks' core; None, None = no pinning."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
+
+
+def pin(cpu) -> None:
+    if cpu is not None and str(cpu) != "-":
+        os.sched_setaffinity(0, {int(cpu)})
+
+
+def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       check=False)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
+                           f"{p.stderr[-3000:]}")
+    return p
+
+
+def last_json(text: str) -> dict:
+    return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
+
+
+def default_cfg():
+    from mpirl.config import Config
+
+    return Config()
+
+
+# ---- _rank: one pinned mpirl rank that records its CPU time -------------------------------------
+
+def rank_mode(argv: list[str]) -> int:
+    """``_rank CPU CPU_PREFIX -- <mpirl.main args>``."""
+    cpu, prefix = argv[0], argv[1]
+    args = argv[argv.index("--") + 1:]
+    pin(cpu)
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", str(os.getpid())))
+
+    def sample() -> None:  # (unix time, process CPU seconds), 5 per second
+        with open(f"{prefix}-{rank}.txt", "w") as f:
+            while True:
+                f.write(f"{time.time():.6f} {time.process_time():.6f}\n")
+                f.flush()
+                time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    import mpirl.main
+
+    return mpirl.main.main(args)
+
+
+def cpu_at(prefix: Path, rank: int, unix):
+    import numpy as np
+
+    rows = []
+    for line in Path(f"{prefix}-{rank}.txt").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:  # the last line may be cut short by the process's exit
+            rows.append((float(parts[0]), float(parts[1])))
+    data = np.array(rows)
+    return np.interp(unix, data[:, 0], data[:, 1])
+
+
+def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | None) -> dict:
+    """mpirun -n 3, the measured rank (learner or actor) alone on core A."""
+    import h5py
+    import numpy as np
+
+    a, b = cores()
+    a, b = ("-" if a is None else a), ("-" if b is None else b)
+    run_dir, prefix = tmp / name, tmp / f"{name}-cpu"
+    args = ["--run-dir", str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
+            "--replay-ratio", "0", "--progress-seconds", "1", "--checkpoint-seconds", "0",
+            "--seed", "3"]
+    if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
+        args += ["--flush-seconds", "0.25"]
+
+    def block(n: int, cpu) -> list[str]:
+        return ["-n", str(n), sys.executable, str(HERE), "_rank", str(cpu), str(prefix), "--", *args]
+
+    if measured == "actor":  # ranks 0, 1 (learner, buffer) on B; rank 2 (the actor) on A
+        cmd = [mpirun(), *block(2, b), ":", *block(1, a)]
+    else:  # rank 0 (the learner) on A; ranks 1, 2 on B
+        cmd = [mpirun(), *block(1, a), ":", *block(2, b)]
+    run(cmd, timeout=seconds + 180)
+    if keep is not None:
+        shutil.copytree(run_dir, keep / name, dirs_exist_ok=True)
+    out: dict = {"cmd": " ".join(cmd[:1] + [c if c != str(HERE) else "bench/overheads.py"
+                                          for c in cmd[1:]])}
+    if measured == "actor":
+        with h5py.File(run_dir / "actor-2.h5", "r") as f:
+            t0 = float(f.attrs["t0_unix"])
+            t = f["actor/t"][()][:-1]  # the last row is written after the stop
+            steps = f["actor/env_steps"][()][:-1]
+            thr = f["actor/throttled_s"][()][:-1]
+        i = int(np.argmax(t >= t[0] + (t[-1] - t[0]) / 3))
+        wall = t[-1] - t[i]
+        cpu = cpu_at(prefix, 2, t[[i, -1]] + t0)
+        n = steps[-1] - steps[i]
+        out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
+                   throttled=(thr[-1] - thr[i]) / wall, window_s=wall)
+    else:
+        with h5py.File(run_dir / "learner.h5", "r") as f:
+            t0 = float(f.attrs["t0_unix"])
+            t = f["progress/t"][()]
+            upd = f["progress/updates"][()]
+            busy = f["progress/busy_fraction"][()]
+        while len(upd) > 3 and upd[-1] == upd[-2]:  # rows written while stopping: no updates
+            t, upd, busy = t[:-1], upd[:-1], busy[:-1]
+        i = int(np.argmax(t >= t[0] + (t[-1] - t[0]) / 3))
+        wall = t[-1] - t[i]
+        cpu = cpu_at(prefix, 0, t[[i, -1]] + t0)
+        n = upd[-1] - upd[i]
+        out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
+                   busy=float(np.mean(busy[i + 1:])), window_s=wall)
+    return out
+
+
+# ---- references -----------------------------------------------------------------------------------
+
+def ref_actor_mode(argv: list[str]) -> int:
+    """``_ref_actor CPU SECONDS``: the bare env + policy loop, one process."""
+    pin(argv[0])
+    seconds = float(argv[1])
+    import numpy as np
+
+    from mpirl import envs as envs_mod
+    from mpirl.actor import epsilon
+    from mpirl.qnet import make_q
+
+    cfg = default_cfg()
+    spec = envs_mod.inspect(cfg.env)
+    m = cfg.envs_per_actor
+    rng = np.random.default_rng(cfg.seed + 2000)
+    envs = [envs_mod.make(cfg.env, seed=j) for j in range(m)]
+    eps = np.array([epsilon(j, m, cfg.eps_base, cfg.eps_alpha) for j in range(m)])  # 1 actor
+    q = make_q(spec, cfg.hidden, cfg.dueling)
+    q.load(rng.normal(0, 0.3, q.size).astype(np.float32))
+    obs = np.stack([e.reset(seed=j)[0] for j, e in enumerate(envs)])
+    steps = 0
+    t_warm = time.monotonic() + min(1.0, seconds / 5)
+    t0 = c0 = None
+    while True:
+        now = time.monotonic()
+        if t0 is None and now >= t_warm:
+            t0, c0, steps = now, time.process_time(), 0
+        elif t0 is not None and now - t0 >= seconds:
+            break
+        qv = q(obs)
+        actions = qv.argmax(axis=1)
+        explore = rng.random(m) < eps
+        actions[explore] = rng.integers(0, spec.n_actions, explore.sum())
+        for j, env in enumerate(envs):
+            nxt, _, term, trunc, _ = env.step(int(actions[j]))
+            steps += 1
+            if term or trunc:
+                nxt, _ = env.reset()
+            obs[j] = nxt
+    wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    print(json.dumps({"rate": steps / wall, "per_cpu": steps / cpu, "cpu_share": cpu / wall}))
+    return 0
+
+
+def ref_learner_mode(argv: list[str]) -> int:
+    """``_ref_learner CPU SECONDS``: mpirl.learner.TrainStep in a loop, one process."""
+    pin(argv[0])
+    seconds = float(argv[1])
+    import numpy as np
+    import torch
+
+    from mpirl import envs as envs_mod
+    from mpirl.learner import TrainStep
+    from mpirl.qnet import param_count
+    from mpirl.replay.build import make_replay, record_dtype
+    from mpirl.wire import Tag, Wire
+
+    cfg = default_cfg()
+    spec = envs_mod.inspect(cfg.env)
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
+                                                     cfg.dueling))
+    # batches as the learner receives them: sampled from a prioritized memory, sent as BATCH,
+    # viewed out of the message by Wire.unpack
+    rng = np.random.default_rng(0)
+    n = 4096
+    rec = np.zeros(n, wire.record)
+    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
+    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, n)
+    rec["reward"] = 1.0
+    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma ** cfg.n_step)
+    memory = make_replay(cfg, spec, wire.record, seed=0)
+    memory.add(rec, rng.random(n).astype(np.float32))
+    batches = []
+    for i in range(64):
+        buf = wire.batch(memory.sample(cfg.batch_size), i, 0.0)
+        batches.append(wire.unpack(buf, Tag.BATCH, "bench").arrays)
+    step = TrainStep(cfg, spec)
+    updates = 0
+    t_warm = time.monotonic() + min(1.0, seconds / 5)
+    t0 = c0 = None
+    while True:
+        now = time.monotonic()
+        if t0 is None and now >= t_warm:
+            t0, c0, counted = now, time.process_time(), updates
+        elif t0 is not None and now - t0 >= seconds:
+            break
+        arr = batches[updates % len(batches)]
+        step.step(arr["records"], arr["weights"])
+        updates += 1
+        if updates % cfg.target_update == 0:
+            step.sync_target()
+    wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    n = updates - counted
+    print(json.dumps({"rate": n / wall, "per_cpu": n / cpu, "cpu_share": cpu / wall}))
+    return 0
+
+
+BALLAST = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + " \
+          "float(sys.argv[2])\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def reference(kind: str, seconds: float) -> dict:
+    """One reference run on core A, with core B kept busy by a spinning process (ballast) as the
+    pipeline's other ranks keep it busy, so that other processes on the machine crowd core A
+    as much during the reference as during the pipeline run."""
+    a, b = cores()
+    cmd = [sys.executable, str(HERE), f"_ref_{kind}", "-" if a is None else str(a), str(seconds)]
+    ballast = None
+    if b is not None:
+        ballast = subprocess.Popen([sys.executable, "-c", BALLAST, str(b), str(seconds + 60)])
+    try:
+        return last_json(run(cmd, timeout=seconds + 120).stdout)
+    finally:
+        if ballast is not None:
+            ballast.kill()
+            ballast.wait()
+
+
+def references(kind: str, seconds: float, between) -> tuple[dict, dict]:
+    """Half the reference before ``between()`` (the pipeline run), half after; rates averaged."""
+    before = reference(kind, seconds / 2)
+    got = between()
+    after = reference(kind, seconds / 2)
+    ref = {k: (before[k] + after[k]) / 2 for k in before}
+    ref["before"], ref["after"] = before["rate"], after["rate"]
+    return got, ref
+
+
+# ---- transport: mpirun -n 2 ------------------------------------------------------------------------
+
+def transport_mode(argv: list[str]) -> int:
+    """``_transport SECONDS PROFILE_DIR|-``, under mpirun -n 2: alternating raw / mpirl phases."""
+    seconds, prof_dir = float(argv[0]), argv[1]
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpirl import envs as envs_mod
+    from mpirl.buffer import MAX_ACTOR_MSGS_PER_TURN
+    from mpirl.qnet import param_count
+    from mpirl.replay.build import record_dtype
+    from mpirl.waiting import Backoff
+    from mpirl.wire import Tag, Wire
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    a, b = cores()
+    pin(a if rank == 0 else b)
+    cfg = default_cfg()
+    spec = envs_mod.inspect(cfg.env)
+    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
+                                                     cfg.dueling))
+    rng = np.random.default_rng(0)
+    k = cfg.actor_chunk
+    rec = np.zeros(k, wire.record)
+    rec["obs"] = rng.normal(size=rec["obs"].shape)
+    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, k)
+    rec["reward"] = 1.0
+    rec["discount"] = cfg.gamma ** cfg.n_step
+    td_abs = rng.random(k)
+    size = wire.experience(rec, td_abs, [], k, 0).nbytes
+    RAW, END = 101, 102
+    profiler = None
+    if prof_dir != "-":
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+    def raw_phase(secs: float):
+        buf = np.zeros(size, np.uint8)
+        comm.Barrier()
+        if rank == 0:
+            t_end = time.monotonic() + secs
+            while time.monotonic() < t_end:
+                reqs = [comm.Isend([buf, MPI.BYTE], dest=1, tag=RAW) for _ in range(RAW_WINDOW)]
+                MPI.Request.Waitall(reqs)
+            comm.Send([buf[:0], MPI.BYTE], dest=1, tag=END)
+            return None
+        st = MPI.Status()
+        n, t_first, t_last = 0, None, None
+        while True:
+            comm.Recv([buf, MPI.BYTE], source=0, tag=MPI.ANY_TAG, status=st)
+            if st.Get_tag() == END:
+                break
+            t_last = time.monotonic()
+            if t_first is None:
+                t_first = t_last
+            n += 1
+        return {"bytes": (n - 1) * size, "s": t_last - t_first, "msgs": n - 1}
+
+    def mpirl_phase(secs: float, nap: bool = True, credits: int = cfg.actor_credits):
+        """The actor's (rank 0) and the buffer's (rank 1) calls, as in mpirl/actor.py and
+        mpirl/buffer.py; ``nap=False``: Backoff(0, 0), idle turns only yield the CPU."""
+        status = MPI.Status()
+        backoff = Backoff() if nap else Backoff(0.0, 0.0)
+        comm.Barrier()
+        if profiler is not None:
+            profiler.enable()
+        if rank == 0:  # the actor
+            tokens, sends, seq, idle = credits, [], 0, 0.0
+            t_end = time.monotonic() + secs
+            while time.monotonic() < t_end:
+                while True:  # receive_all
+                    msg = comm.Improbe(source=1, tag=MPI.ANY_TAG, status=status)
+                    if msg is None:
+                        break
+                    tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
+                    buf = np.empty(n, np.uint8)
+                    msg.Recv([buf, MPI.BYTE])
+                    m_ = wire.unpack(buf, tag, "buffer")
+                    if m_.kind == Tag.CREDIT:
+                        tokens += m_.count
+                if sends:
+                    sends[:] = [(r, b) for r, b in sends if not r.Test()]
+                if tokens <= 0:  # no token: the actor's wait (throttled time)
+                    t0 = time.monotonic()
+                    backoff.idle()
+                    idle += time.monotonic() - t0
+                    continue
+                backoff.work()
+                while tokens > 0:  # send_chunk while tokens last
+                    buf = wire.experience(rec, td_abs, [], k, seq)
+                    sends.append((comm.Isend([buf, MPI.BYTE], dest=1, tag=Tag.EXPERIENCE), buf))
+                    seq += 1
+                    tokens -= 1
+            MPI.Request.Waitall([r for r, _ in sends])
+            comm.Send([wire.done(0, 0), MPI.BYTE], dest=1, tag=Tag.DONE)
+            while True:  # drain until the buffer's DONE
+                st = MPI.Status()
+                buf = np.empty(1 << 16, np.uint8)
+                comm.Recv([buf, MPI.BYTE], source=1, tag=MPI.ANY_TAG, status=st)
+                if st.Get_tag() == Tag.DONE:
+                    break
+            out = {"token_wait_s": idle, "msgs_sent": seq}
+        else:  # the buffer's site part
+            owed, site_sends, env_steps, returns = 0, [], 0, []
+            n = nbytes = 0
+            t_first = t_last = None
+            done = False
+            while not done:
+                did = False
+                for _ in range(MAX_ACTOR_MSGS_PER_TURN):
+                    msg = comm.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                    if msg is None:
+                        break
+                    did = True
+                    src, tag = status.Get_source(), status.Get_tag()
+                    buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                    msg.Recv([buf, MPI.BYTE])
+                    m = wire.unpack(buf, tag, f"actor (site rank {src})")
+                    if m.kind == Tag.EXPERIENCE:
+                        env_steps += int(m.a)
+                        returns.extend(m.arrays["returns"].tolist())
+                        t_last = time.monotonic()
+                        if t_first is None:
+                            t_first = t_last
+                        else:
+                            n += 1
+                            nbytes += buf.nbytes
+                        owed += 1
+                    elif m.kind == Tag.DONE:
+                        done = True
+                if owed:  # grant_actor_tokens (replay_ratio 0: never held back)
+                    c = wire.credit(owed)
+                    site_sends.append((comm.Isend([c, MPI.BYTE], dest=0, tag=Tag.CREDIT), c))
+                    owed = 0
+                if site_sends:
+                    site_sends[:] = [(r, b) for r, b in site_sends if not r.Test()]
+                if did:
+                    backoff.work()
+                else:
+                    backoff.idle()
+            MPI.Request.Waitall([r for r, _ in site_sends])
+            comm.Send([wire.done(0, 0), MPI.BYTE], dest=0, tag=Tag.DONE)
+            out = {"bytes": nbytes, "s": t_last - t_first, "msgs": n}
+        if profiler is not None:
+            profiler.disable()
+        return out
+
+    phase = seconds / 8
+    got = {"raw": [], "mpirl": [], "nonap": [], "credits": []}
+    for kind in ("raw", "mpirl", "nonap", "credits") * 2:
+        if kind == "raw":
+            r = raw_phase(phase)
+        else:
+            r = mpirl_phase(phase, nap=kind != "nonap",
+                            credits=RAW_WINDOW if kind == "credits" else cfg.actor_credits)
+        r = comm.gather(r, root=1)  # small dicts, once per phase
+        if rank == 1:
+            got[kind].append({**r[1], **({} if r[0] is None else r[0])})
+    comm.Barrier()
+    if profiler is not None:
+        profiler.dump_stats(Path(prof_dir) / f"transport-rank{rank}.pstats")
+    if rank == 1:
+        res = {"size": size}
+        for kind, rows in got.items():
+            res[kind] = {"rate": sum(x["bytes"] for x in rows) / sum(x["s"] for x in rows),
+                         "msgs_per_s": sum(x["msgs"] for x in rows) / sum(x["s"] for x in rows)}
+        for kind in ("mpirl", "nonap", "credits"):
+            res[kind]["token_wait_s"] = sum(x["token_wait_s"] for x in got[kind])
+            res[kind]["s"] = sum(x["s"] for x in got[kind])
+        print(json.dumps(res), flush=True)
+    return 0
+
+
+def transport(seconds: float, keep: Path | None) -> dict:
+    prof = "-"
+    if os.environ.get("MPIRL_PROFILE") and keep is not None:
+        prof = str(keep)
+    cmd = [mpirun(), "-n", "2", sys.executable, str(HERE), "_transport", str(seconds), prof]
+    return last_json(run(cmd, timeout=seconds + 120).stdout)
+
+
+# ---- start-up ---------------------------------------------------------------------------------------
+
+def startup(tmp: Path) -> dict:
+    import h5py
+
+    ref_cmd = [mpirun(), "-n", "9", sys.executable, "-c", "import torch, gymnasium, mpi4py"]
+    t = time.time()
+    run(ref_cmd, timeout=300)
+    ref = time.time() - t
+    run_dir = tmp / "startup"
+    cmd = [mpirun(), "-n", "9", sys.executable, "-m", "mpirl.main", "--run-dir", str(run_dir),
+           "--max-seconds", "1", "--target-return", "none", "--progress-seconds", "0"]
+    t = time.time()
+    run(cmd, timeout=300)
+    total = time.time() - t
+    firsts = []
+    for p in sorted(run_dir.glob("actor-*.h5")):
+        with h5py.File(p, "r") as f:
+            firsts.append(float(f.attrs["first_step_unix"]) - t)
+    return {"rate": min(firsts), "last_actor": max(firsts), "total": total, "ref": ref}
+
+
+# ---- the table ----------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=15,
+                    help="length of each measurement (pipeline runs, references, transport)")
+    ap.add_argument("--only", nargs="+", choices=COMPONENTS, default=list(COMPONENTS))
+    ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    ap.add_argument("--keep", default=None,
+                    help="keep the run folders (and MPIRL_PROFILE=1 profiles) in this folder")
+    a = ap.parse_args()
+    keep = Path(a.keep) if a.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    cfg = default_cfg()
+    ca, cb = cores()
+    load0 = os.getloadavg()
+    res: dict = {}
+    with tempfile.TemporaryDirectory() as tmpname:
+        tmp = Path(tmpname)
+        for kind in ("actor", "learner"):
+            if kind in a.only:
+                got, ref = references(kind, a.seconds, lambda kind=kind: pipeline(
+                    tmp, f"{kind}-run", a.seconds, kind, keep))
+                res[kind] = (got, ref)
+                print(json.dumps({kind: got, "reference": ref}), flush=True)
+        if "transport" in a.only:
+            t = transport(a.seconds, keep)
+            res["transport"] = (t["mpirl"], t["raw"], t["size"])
+            res["transport_nonap"], res["transport_credits"] = t["nonap"], t["credits"]
+            print(json.dumps({"transport": t}), flush=True)
+        if "startup" in a.only:
+            s = startup(tmp)
+            res["startup"] = s
+            print(json.dumps({"startup": s}), flush=True)
+    load1 = os.getloadavg()
+
+    def yes(ok: bool) -> str:
+        return "**yes**" if ok else "**no**"
+
+    rows = ["| component | mpirl | reference | ratio | target | met? |", "|---|---|---|---|---|---|"]
+    cpu_rows = ["| component | mpirl per CPU second | reference per CPU second | ratio |",
+                "|---|---|---|---|"]
+    notes = []
+    if "actor" in res:
+        got, ref = res["actor"]
+        r = got["rate"] / ref["rate"]
+        rows.append(f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
+                    f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
+                    f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |")
+        cpu_rows.append(f"| actor: env steps | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+                        f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
+        notes.append(f"actor: steady window {got['window_s']:.1f} s; the actor process used "
+                     f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+                     f"waited for tokens {got['throttled']:.1%} of the time; reference "
+                     f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
+    if "learner" in res:
+        got, ref = res["learner"]
+        r = got["rate"] / ref["rate"]
+        rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck) | "
+                    f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
+                    f">= 0.9 | {yes(r >= 0.9)} |")
+        cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+                        f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
+        notes.append(f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
+                     f"train steps) {got['busy']:.2f}; the learner process used "
+                     f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+                     f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
+    if "transport" in res:
+        got, ref, size = res["transport"]
+        r = got["rate"] / ref["rate"]
+        rows.append(f"| transport: actor -> buffer MB/s ({size:,}-byte EXPERIENCE messages) | "
+                    f"{got['rate'] / 1e6:,.1f} | {ref['rate'] / 1e6:,.1f} (raw Isend/Recv) | "
+                    f"{r:.3f} | >= 0.8 | {yes(r >= 0.8)} |")
+        nonap, cred = res["transport_nonap"], res["transport_credits"]
+        notes.append(f"transport: {got['msgs_per_s']:,.0f} messages/s against "
+                     f"{ref['msgs_per_s']:,.0f} raw; the sender waited for tokens "
+                     f"{got['token_wait_s'] / got['s']:.0%} of the time.  The same path with "
+                     f"the idle naps off (Backoff(0, 0): idle turns only yield): "
+                     f"{nonap['rate'] / 1e6:,.1f} MB/s, {nonap['rate'] / ref['rate']:.2f}x raw, "
+                     f"{nonap['msgs_per_s']:,.0f} messages/s.  With {RAW_WINDOW} tokens (the raw "
+                     f"stream's window; `--actor-credits {RAW_WINDOW}`) and the naps on: "
+                     f"{cred['rate'] / 1e6:,.1f} MB/s, {cred['rate'] / ref['rate']:.2f}x raw")
+    if "startup" in res:
+        s = res["startup"]
+        r = s["rate"] / s["ref"]
+        rows.append(f"| start-up: s from launch to the first env step, `mpirun -n 9` | "
+                    f"{s['rate']:.1f} s | {s['ref']:.1f} s (`import torch, gymnasium, mpi4py`) | "
+                    f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |")
+        notes.append(f"start-up: the last actor's first step at {s['last_actor']:.1f} s; the "
+                     f"whole 1-s run took {s['total']:.1f} s")
+    pinned = (f"actor, learner: the measured rank and the reference on core {ca}, the other "
+              f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
+              f"and {cb}") if ca is not None else "no pinning (fewer than 2 cores)"
+    notes.append(f"{pinned}; load average {load0[0]:.2f} at start, {load1[0]:.2f} at the end; "
+                 f"--seconds {a.seconds:g}")
+    text = "\n".join(rows)
+    if len(cpu_rows) > 2:
+        text += "\n\n" + "\n".join(cpu_rows)
+    text += "\n\n" + "\n".join(f"* {n}" for n in notes)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    modes = {"_rank": rank_mode, "_ref_actor": ref_actor_mode, "_ref_learner": ref_learner_mode,
+             "_transport": transport_mode}
+    if len(sys.argv) > 1 and sys.argv[1] in modes:
+        sys.path.insert(0, str(ROOT))
+        sys.exit(modes[sys.argv[1]](sys.argv[2:]) or 0)
+    main()
