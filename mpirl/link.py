@@ -199,7 +199,9 @@ class LinkEnd:
                 self._held.append((self.in_model.delivery(t), tag, buf))
             else:
                 self._held.append((t, tag, buf))
-        now = time.monotonic() if now is None else now
+        # the caller's `now` predates what this call received: a message that arrived just now
+        # over a real link is due now, not one loop turn later
+        now = time.monotonic() if now is None or self._held else now
         out = []
         while self._held and self._held[0][0] <= now:
             _, tag, buf = self._held.popleft()
