@@ -27,3 +27,74 @@ def dqn_loss(online, target, obs, action, reward, next_obs, discount, weights,
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
     loss = (weights * per_sample).mean()
     return loss, td.detach().abs()
+
+
+class Adam:
+    """Adam through torch's own update kernel (``torch.optim.adam.adam``, fused on CPU where this
+    torch has it) without the ``torch.optim.Optimizer`` wrapper around it: constructing or
+    stepping that wrapper imports ``torch._dynamo``, 2.4-3.4 s of CPU on the learner's path to its
+    first weights on a 2-core machine (docs/design.md, "Start-up").  Same update, same defaults
+    (betas 0.9/0.999, eps 1e-8, no weight decay), and ``state_dict`` in ``torch.optim.Adam``'s
+    format, so a checkpoint loads into either."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        from torch.optim.adam import adam
+
+        self._adam = adam
+        self.params = list(params)
+        self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
+        self.fused = True
+        try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
+            self._update(dry=True)
+        except (RuntimeError, TypeError):
+            self.fused = False
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def _update(self, dry: bool = False) -> None:
+        if dry:  # probe the kernel on throwaway copies (zero gradients)
+            params = [p.detach().clone() for p in self.params]
+            grads = [torch.zeros_like(p) for p in params]
+            m, v = [x.clone() for x in self.exp_avg], [x.clone() for x in self.exp_avg_sq]
+            steps = [s.clone() for s in self.steps]
+        else:
+            params = [p for p in self.params if p.grad is not None]
+            grads = [p.grad for p in params]
+            keep = [i for i, p in enumerate(self.params) if p.grad is not None]
+            m = [self.exp_avg[i] for i in keep]
+            v = [self.exp_avg_sq[i] for i in keep]
+            steps = [self.steps[i] for i in keep]
+        self._adam(params, grads, m, v, [], steps, foreach=False if not self.fused else None,
+                   fused=self.fused or None, amsgrad=False, beta1=self.betas[0],
+                   beta2=self.betas[1], lr=self.lr, weight_decay=0.0, eps=self.eps,
+                   maximize=False)
+
+    def step(self) -> None:
+        self._update()
+
+    def state_dict(self) -> dict:
+        return {"state": {i: {"step": s, "exp_avg": m, "exp_avg_sq": v}
+                          for i, (s, m, v) in enumerate(zip(self.steps, self.exp_avg,
+                                                            self.exp_avg_sq))},
+                "param_groups": [{"lr": self.lr, "betas": self.betas, "eps": self.eps,
+                                  "weight_decay": 0.0, "amsgrad": False, "maximize": False,
+                                  "fused": self.fused, "params": list(range(len(self.params)))}]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        state = sd["state"]
+        for i in range(len(self.params)):
+            s = state.get(i, state.get(str(i)))
+            if s is None:  # never stepped: zero moments
+                continue
+            self.steps[i].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
+            self.exp_avg[i].copy_(s["exp_avg"])
+            self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
+        group = sd["param_groups"][0]
+        self.lr, self.betas, self.eps = float(group["lr"]), tuple(group["betas"]), float(group["eps"])

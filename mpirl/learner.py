@@ -67,16 +67,13 @@ class TrainStep:
     def __init__(self, cfg, spec):
         import torch
 
-        from mpirl.dqn import dqn_loss
+        from mpirl.dqn import Adam, dqn_loss
 
         self.torch, self.loss_fn = torch, dqn_loss
         self.spec, self.huber_delta, self.grad_clip = spec, cfg.huber_delta, cfg.grad_clip
         self.online = make_learner_q(spec, cfg.hidden, cfg.dueling)
         self.target = copy.deepcopy(self.online)
-        try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
-            self.opt = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, fused=True)
-        except (RuntimeError, TypeError):
-            self.opt = torch.optim.Adam(self.online.parameters(), lr=cfg.lr)
+        self.opt = Adam(self.online.parameters(), lr=cfg.lr)  # torch's kernel, no dynamo import
 
     def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
         torch = self.torch
@@ -84,7 +81,7 @@ class TrainStep:
         w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
         loss, td = self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
                                 self.huber_delta)
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()
         loss.backward()
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)

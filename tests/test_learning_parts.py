@@ -85,3 +85,48 @@ def test_train_step_runs_standalone():
     assert not np.array_equal(step.target.flat_params(), step.online.flat_params())
     step.sync_target()
     np.testing.assert_array_equal(step.target.flat_params(), step.online.flat_params())
+
+
+def test_adam_matches_torch_and_checkpoints_either_way():
+    """mpirl.dqn.Adam is torch.optim.Adam's update (same kernel) with its state_dict format."""
+    import copy
+
+    from mpirl.dqn import Adam
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    ref_net = copy.deepcopy(net)
+    ours, ref = Adam(net.parameters(), lr=1e-2), torch.optim.Adam(ref_net.parameters(), lr=1e-2)
+    x = torch.randn(32, 4)
+    for _ in range(20):
+        for n, o in ((net, ours), (ref_net, ref)):
+            o.zero_grad()
+            n(x).pow(2).mean().backward()
+            o.step()
+    for p, q in zip(net.parameters(), ref_net.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    back = Adam(copy.deepcopy(ref_net).parameters(), lr=1e-2)
+    back.load_state_dict(ref.state_dict())  # a checkpoint written by torch's Adam
+    assert float(back.steps[0]) == 20
+    torch.testing.assert_close(back.exp_avg_sq[2], ref.state_dict()["state"][2]["exp_avg_sq"])
+    fresh = torch.optim.Adam(copy.deepcopy(net).parameters(), lr=1e-2)
+    fresh.load_state_dict(ours.state_dict())  # and the other way
+    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], ours.exp_avg[0])
+
+
+def test_learner_train_step_does_not_import_dynamo():
+    """Start-up: torch.optim.Optimizer imports torch._dynamo (seconds on a loaded 2-core box);
+    the learner's train step must not pull it in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from mpirl.config import Config\nfrom mpirl.envs import inspect\n"
+            "from mpirl.learner import TrainStep\nfrom mpirl.wire import transition_dtype\n"
+            "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
+            "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
+            "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
