@@ -66,7 +66,7 @@ class Config:
     dueling: bool = _f(False, "use a dueling head")
     lr: float = _f(1e-3, "Adam learning rate")
     gamma: float = _f(0.99, "discount factor")
-    n_step: int = _f(3, "n-step return length (computed at the actors)")
+    n_step: int = _f(5, "n-step return length (computed at the actors)")
     batch_size: int = _f(64, "learner batch size")
     target_update: int = _f(200, "learner updates between target-network copies")
     grad_clip: float = _f(10.0, "gradient norm clip (0 = off)")
@@ -125,7 +125,7 @@ class Config:
 
     # --- evaluation ----------------------------------------------------------------------------
     eval_episodes: int = _f(10, "greedy evaluation episodes (run in lockstep at the learner)")
-    eval_every: int = _f(1_000, "learner updates between greedy evaluations")
+    eval_every: int = _f(500, "learner updates between greedy evaluations")
     eval_max_steps: int = _f(27_000, "cut a greedy evaluation episode after this many agent "
                              "steps (27,000 = Atari's 30-minute cap; 0 = the env's own limit)")
 
