@@ -259,7 +259,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             a = actions[j]
             nxt, r, term, trunc, info = env.step(a)
             env_steps += 1
-            ep_ret[j] += r
+            ep_ret[j] += float(r)  # float64 sums whatever the env's reward type
             ep_len[j] += 1
             if spec.clip_rewards:
                 r = float(np.clip(r, -1.0, 1.0))

@@ -88,6 +88,15 @@ class Adam:
                                   "fused": self.fused, "params": list(range(len(self.params)))}]}
 
     def load_state_dict(self, sd: dict) -> None:
+        group = sd["param_groups"][0]
+        if len(sd["param_groups"]) != 1 or len(group["params"]) != len(self.params):
+            raise ValueError(f"optimizer state for {len(group['params'])} parameters in "
+                             f"{len(sd['param_groups'])} group(s); this network has "
+                             f"{len(self.params)} in 1: a checkpoint of another network?")
+        for key, plain in (("weight_decay", 0.0), ("amsgrad", False), ("maximize", False)):
+            if group.get(key, plain) != plain:
+                raise ValueError(f"optimizer state has {key}={group[key]!r}; mpirl's Adam "
+                                 f"runs with {key}={plain!r}")
         state = sd["state"]
         for i in range(len(self.params)):
             s = state.get(i, state.get(str(i)))
@@ -96,5 +105,4 @@ class Adam:
             self.steps[i].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
             self.exp_avg[i].copy_(s["exp_avg"])
             self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
-        group = sd["param_groups"][0]
         self.lr, self.betas, self.eps = float(group["lr"]), tuple(group["betas"]), float(group["eps"])

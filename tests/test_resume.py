@@ -68,14 +68,16 @@ def test_memory_round_trip_same_items_priorities_generations(tmp_path, n):
 
 
 def test_learner_tensors_round_trip_without_pickle(tmp_path):
-    """Networks, fused Adam state and the torch RNG load with torch.load(weights_only=True)."""
+    """Networks, the learner's Adam state (mpirl.dqn.Adam, fused kernel) and the torch RNG load
+    with torch.load(weights_only=True)."""
     import torch
 
+    from mpirl.dqn import Adam
     from mpirl.qnet import make_torch_q
 
     torch.manual_seed(0)
     q, tq = make_torch_q(4, 2, (32, 32), False), make_torch_q(4, 2, (32, 32), False)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    opt = Adam(q.parameters(), lr=1e-3)
     for _ in range(3):
         opt.zero_grad()
         q(torch.randn(8, 4)).sum().backward()
@@ -86,7 +88,7 @@ def test_learner_tensors_round_trip_without_pickle(tmp_path):
     ck.write_manifest(tmp_path, 4, ["learner"], {"config": {}, "world_size": 3, "layout": []})
     part = ck.load_part(tmp_path, ck.select(tmp_path)[0], "learner")
     q2 = make_torch_q(4, 2, (32, 32), False)
-    opt2 = torch.optim.Adam(q2.parameters(), lr=1e-3)
+    opt2 = Adam(q2.parameters(), lr=1e-3)
     q2.load_state_dict(part.torch["online"])
     opt2.load_state_dict(part.torch["optimizer"])
     torch.set_rng_state(part.torch["torch_rng"])
