@@ -87,6 +87,7 @@ class Tag(IntEnum):
 
 
 RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
+_TAGS = {int(t): t for t in Tag}
 COMPRESSED_KINDS = (Tag.FORWARD, Tag.BATCH)
 
 
@@ -142,6 +143,7 @@ class Wire:
         self.compress = bool(compress)
         self.last_raw_nbytes = 0  # uncompressed size of the last FORWARD / BATCH packed
         self._zc = self._zd = None
+        self._layouts: dict = {}  # (kind, count, b, nframes) -> (need, [(name, view, lo, hi)])
         if compress:
             self._codecs()
 
@@ -180,54 +182,68 @@ class Wire:
             return [("returns", f8, count)]
         return []
 
+    def _layout(self, kind: Tag, count: int, b: float, nframes: int):
+        """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
+        building them per message was a third of `unpack`."""
+        key = (kind, count, b, nframes)
+        lay = self._layouts.get(key)
+        if lay is None:
+            parts, off = [], HEADER.itemsize
+            for name, dt, n in self._spec(kind, count, b, nframes):
+                size = dt.itemsize * n
+                view = (dt.base, (n,) + dt.shape) if dt.subdtype is not None else (dt, None)
+                parts.append((name, view, off, off + size))
+                off += size
+            lay = (off, parts)
+            if len(self._layouts) < 4096:
+                self._layouts[key] = lay
+        return lay
+
     def unpack(self, buf: np.ndarray, tag: int, source: str = "?") -> Message:
         """Check and view a received buffer (no copy). WireError names the sender and the kind."""
-        where = f"message with tag {tag} from {source}"
         if buf.nbytes < HEADER.itemsize:
-            raise WireError(f"{where}: {buf.nbytes} bytes is shorter than the 40-byte header")
-        h = buf[: HEADER.itemsize].view(HEADER)[0]
-        if int(h["magic"]) != MAGIC:
-            raise WireError(f"{where}: bad magic {int(h['magic']):#x} (not an mpirl message)")
-        if int(h["version"]) != VERSION:
-            raise WireError(f"{where}: wire version {int(h['version'])}, this rank speaks "
-                            f"{VERSION}; run the same mpirl version on every rank")
-        raw_kind = int(h["kind"])
-        try:
-            kind = Tag(raw_kind & KIND_MASK)
-        except ValueError:
-            raise WireError(f"{where}: unknown kind {raw_kind}") from None
-        if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
-            raise WireError(f"{where}: unknown flags {raw_kind & ~KIND_MASK:#x}")
-        if kind != tag:
+            raise WireError(f"message with tag {tag} from {source}: {buf.nbytes} bytes is "
+                            "shorter than the 40-byte header")
+        magic, raw_kind, version, count, seq, a, b = buf[: HEADER.itemsize].view(HEADER)[0].item()
+        kind = _TAGS.get(raw_kind & KIND_MASK)
+        if (magic != MAGIC or version != VERSION or kind is None or kind != tag
+                or raw_kind & ~(KIND_MASK | FLAG_ZSTD)):
+            where = f"message with tag {tag} from {source}"
+            if magic != MAGIC:
+                raise WireError(f"{where}: bad magic {magic:#x} (not an mpirl message)")
+            if version != VERSION:
+                raise WireError(f"{where}: wire version {version}, this rank speaks "
+                                f"{VERSION}; run the same mpirl version on every rank")
+            if kind is None:
+                raise WireError(f"{where}: unknown kind {raw_kind}")
+            if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
+                raise WireError(f"{where}: unknown flags {raw_kind & ~KIND_MASK:#x}")
             raise WireError(f"{where}: header says {kind.name}, tag says {tag}")
         raw_nbytes = 0
         if raw_kind & FLAG_ZSTD:
-            buf = self._decompress(buf, where)
+            buf = self._decompress(buf, f"message with tag {tag} from {source}")
             raw_nbytes = buf.nbytes
-        count, b = int(h["count"]), float(h["b"])
         if count < 0 or b < 0 or b > 1e9:
-            raise WireError(f"{where}: bad counts (count={count}, b={b})")
-        arrays, off = {}, HEADER.itemsize
+            raise WireError(f"message with tag {tag} from {source}: bad counts (count={count}, "
+                            f"b={b})")
         nframes = 0
         if self.frame is not None and kind in RECORD_KINDS:
             if buf.nbytes < HEADER.itemsize + 8:
-                raise WireError(f"{where}: {kind.name} of an image run has no nframes field")
+                raise WireError(f"message with tag {tag} from {source}: {kind.name} of an image "
+                                "run has no nframes field")
             nframes = int(buf[HEADER.itemsize: HEADER.itemsize + 8].view("<i8")[0])
             if nframes < 0 or nframes > 1e9:
-                raise WireError(f"{where}: bad nframes={nframes}")
-        spec = self._spec(kind, count, b, nframes)
-        need = HEADER.itemsize + sum(dt.itemsize * n for _, dt, n in spec)
+                raise WireError(f"message with tag {tag} from {source}: bad nframes={nframes}")
+        need, parts = self._layout(kind, count, b, nframes)
         if need != buf.nbytes:
-            raise WireError(f"{where}: {kind.name} with count={count} must be {need} bytes, "
-                            f"got {buf.nbytes} (mismatched observation shape or version?)")
-        for name, dt, n in spec:
-            part = buf[off: off + dt.itemsize * n]
-            if dt.subdtype is not None:  # frames: uint8 [n, *frame_shape]
-                arrays[name] = part.view(dt.base).reshape((n,) + dt.shape)
-            else:
-                arrays[name] = part.view(dt)
-            off += dt.itemsize * n
-        return Message(kind, count, int(h["seq"]), float(h["a"]), b, arrays, raw_nbytes)
+            raise WireError(f"message with tag {tag} from {source}: {kind.name} with "
+                            f"count={count} must be {need} bytes, got {buf.nbytes} (mismatched "
+                            "observation shape or version?)")
+        arrays = {}
+        for name, (dt, shape), lo, hi in parts:
+            part = buf[lo:hi].view(dt)
+            arrays[name] = part if shape is None else part.reshape(shape)
+        return Message(kind, count, seq, a, b, arrays, raw_nbytes)
 
     # ---- compression (FLAG_ZSTD) ---------------------------------------------------------------
     def _maybe_compress(self, buf: np.ndarray) -> np.ndarray:
