@@ -93,14 +93,20 @@ def test_frames_stored_once_rebuild_the_stacks():
     np.testing.assert_array_equal(n3, nxt)
 
 
-def test_frame_replay_samples_true_stacks_and_retires_before_overwriting():
+def _wrapped_frame_replay():
+    """300 Atari-shaped transitions added in chunks of 30 to a FrameReplay whose frame ring is
+    too small for them (frames_per_transition 1.05, +6 frames per chunk from one stream): the ring
+    wraps first and must retire the oldest transitions, never serve bad frames."""
     rec, table, obs, nxt = _atari_transitions(steps=300)
-    # frames_per_transition 1.05 is too small for chunks of 30 from one stream (+6 frames each):
-    # the frame ring wraps first and must retire the oldest transitions, never serve bad frames
     mem = FrameReplay(120, 4, (1, 84, 84), 1.05, seed=0)
     for k in range(0, len(rec), 30):
         r, f = compact(rec[k:k + 30], table)
         mem.add(r, f, np.arange(len(r)) + 1.0)
+    return mem, rec, table, obs, nxt
+
+
+def test_frame_replay_samples_true_stacks_and_retires_before_overwriting():
+    mem, rec, table, obs, nxt = _wrapped_frame_replay()
     assert mem.retired > 0 and 0 < len(mem) < 120
     for _ in range(5):
         s, frames = mem.sample(64)
@@ -240,11 +246,7 @@ def test_vector_wire_can_compress_too():
 
 
 def test_frame_replay_checkpoint_round_trip():
-    rec, table, obs, nxt = _atari_transitions(steps=300)
-    mem = FrameReplay(120, 4, (1, 84, 84), 1.05, seed=0)
-    for k in range(0, len(rec), 30):
-        r, f = compact(rec[k:k + 30], table)
-        mem.add(r, f, np.arange(len(r)) + 1.0)
+    mem, rec, table, obs, nxt = _wrapped_frame_replay()
     arrays, meta = mem.checkpoint_state()
     import json
 
