@@ -163,8 +163,8 @@ def ratio_ci(proposed: Mapping | Sequence, existing: Mapping | Sequence, *,
     from scipy import stats
 
     used, p, e, unpaired = _pairs(proposed, existing, seeds)
-    base = dict(label=label, confidence=confidence, seeds=tuple(used), proposed=tuple(p),
-                existing=tuple(e), unpaired=tuple(unpaired))
+    base = {"label": label, "confidence": confidence, "seeds": tuple(used),
+            "proposed": tuple(p), "existing": tuple(e), "unpaired": tuple(unpaired)}
     if not used:
         return Ratio(estimate=math.nan, low=math.nan, high=math.nan, method="no seeds", **base)
     lp, le = np.log(p), np.log(e)
@@ -339,7 +339,7 @@ def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = N
         ax.annotate(r.text(), (1.0, n - 1 - i), xycoords=("axes fraction", "data"),
                     xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
     ax.set_xlabel("proposed / existing (ratio of geometric means; "
-                  f"{int(round((ratios[0].confidence if ratios else 0.95) * 100))}% paired "
+                  f"{round((ratios[0].confidence if ratios else 0.95) * 100)}% paired "
                   "bootstrap interval; dots: seeds)")
     if refs:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 if n > 3 else -0.45),

@@ -436,6 +436,8 @@ def execute(spec: Spec, run: Run, stop: _Stop, say=print) -> int:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # signals reach it through _Stop only
         stop.proc = proc
+        if stop.signal is not None:  # it came between the check and the start
+            proc.send_signal(stop.signal)
         while True:
             try:
                 rc = proc.wait(timeout=LOAD_SAMPLE_S)
@@ -492,8 +494,8 @@ def slurm_script(spec: Spec, n_runs: int) -> str:
         "# which some SLURM versions bind to one CPU (docs/cluster.md); other launchers ignore it",
         "export HYDRA_LAUNCHER=fork",
         "# exec: SLURM's TERM reaches the sweep, which passes it to the launcher and every rank",
-        f"exec python -m mpirl.sweep {shlex.quote(str(spec.path))} "
-        '--index "$SLURM_ARRAY_TASK_ID"',
+        f'exec python -m mpirl.sweep {shlex.quote(str(spec.path))} --index '
+        '"$SLURM_ARRAY_TASK_ID"',
         "",
     ]
     return "\n".join(lines)

@@ -85,7 +85,7 @@ def test_collection_is_deterministic_and_n_step_consistent(tmp_path):
     np.testing.assert_allclose(a.reward[full], 1 + 0.9 + 0.81, rtol=1e-6)
     np.testing.assert_allclose(a.discount[full], 0.9 ** 3, rtol=1e-6)
     # epsilon-greedy with a Q-function: greedy steps follow it
-    always_left = lambda x: np.tile([1.0, 0.0], (len(x), 1))  # noqa: E731
+    always_left = lambda x: np.tile([1.0, 0.0], (len(x), 1))
     g = R.collect("CartPole-v1", seed=5, size=50, n_step=1, gamma=0.9, q=always_left,
                   epsilon=0.0)
     assert (g.action == 0).all() and g.meta["policy"] == "epsilon-greedy"

@@ -188,7 +188,7 @@ def test_slurm_array_script(tmp_path, capsys):
     out = tmp_path / "array.sbatch"
     assert S.main([str(p), "--slurm", "--write", str(out)]) == 0
     assert out.read_text() == text
-    r = subprocess.run(["bash", "-n", str(out)], capture_output=True, text=True)
+    r = subprocess.run(["bash", "-n", str(out)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert S.main([str(p), "--index", "8"]) == 2
     assert "has runs 0-7" in capsys.readouterr().err
@@ -266,7 +266,7 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         replay_at = ["learner", "buffer"]
     """)
     cmd = [sys.executable, "-m", "mpirl.sweep", str(p)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     runs = S.expand(S.load_spec(p))
     logs = "\n".join(x.run_dir.with_name("seed0.log").read_text() for x in runs
                      if x.run_dir.with_name("seed0.log").exists())
@@ -276,7 +276,8 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         assert summary["stop_reason"] == "max_seconds" and summary["updates"] > 0
         assert json.loads((run.run_dir / "sweep.json").read_text())["returncode"] == 0
         assert (run.run_dir / "learner.h5").exists()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       check=False)
     assert r.returncode == 0 and r.stdout.count("complete, skipped") == 2, r.stdout + r.stderr
     shutil.rmtree(tmp_path / "out")
 
