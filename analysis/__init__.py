@@ -9,5 +9,8 @@ Reads only the run's HDF5 files and ``summary.json`` (h5py + numpy; matplotlib f
   per placement, seeds as a min..max band (matplotlib, imported only when drawing).
 - `analysis.compare`: group runs by link profile and placement, tables, plots, ``report.md``
   (``python -m analysis.compare EXPERIMENT_DIR``).
+- `analysis.stats`: proposed/existing as a ratio of geometric means with a paired bootstrap
+  interval (scipy), the decision rule against the paper's 0.26 and 3.92, censored time to target,
+  the forest plot.
 - `analysis.schema`: the HDF5 layout of a run as markdown (``python -m analysis.schema RUN_DIR``).
 """

@@ -375,8 +375,8 @@ def test_hydra_fills_generated_hostfile(tmp_path):
 
 def test_job_scripts_exist():
     names = {j.name for j in JOBS}
-    assert {"single-node.sbatch", "edge-cloud.sbatch", "edge-cloud-hetjob.sbatch",
-            "matrix-array.sbatch"} <= names
+    assert {"single-node.sbatch", "edge-cloud.sbatch", "edge-cloud-hetjob.sbatch"} <= names
+    # sweeps (the former matrix-array.sbatch): python -m mpirl.sweep SPEC --slurm, tests/test_sweep.py
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.name)
@@ -442,26 +442,3 @@ def test_single_node_dry_run(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "+ mpirun -launcher fork -n 9 python -m mpirl.main" in r.stdout
     assert r.stdout.rstrip().endswith("--env Acrobot-v1")
-
-
-def test_matrix_array_maps_every_task_once(tmp_path):
-    r = _dry("matrix-array.sbatch", tmp_path, {}, "--list")
-    assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines()[1:]]
-    cells = {tuple(row[1:]) for row in rows}
-    assert len(rows) == len(cells) == 24                           # --array=0-23 in the script
-    assert "#SBATCH --array=0-23" in (ROOT / "jobs/matrix-array.sbatch").read_text()
-    exp = tmp_path / "exp"
-    r = _dry("matrix-array.sbatch", tmp_path, {"SLURM_ARRAY_TASK_ID": "5",
-                                               "SLURM_ARRAY_JOB_ID": "9",
-                                               "EXPERIMENT_DIR": str(exp)})
-    assert r.returncode == 0, r.stderr
-    replay_at, link, seed = rows[5][1:]
-    assert f"--replay-at {replay_at} --link {link} --seed {seed}" in r.stdout
-    assert f"--run-dir {exp}/{replay_at}-{link}-seed{seed}\n" in r.stdout
-    r = _dry("matrix-array.sbatch", tmp_path, {"SLURM_ARRAY_TASK_ID": "5",
-                                               "SLURM_RESTART_COUNT": "1",
-                                               "EXPERIMENT_DIR": str(exp)})
-    assert f"{replay_at}-{link}-seed{seed}-restart1\n" in r.stdout
-    r = _dry("matrix-array.sbatch", tmp_path, {"SLURM_ARRAY_TASK_ID": "24"})
-    assert r.returncode == 2 and "sbatch --array=0-23" in r.stderr

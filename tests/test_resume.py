@@ -313,8 +313,6 @@ def test_corrupt_checkpoint_is_one_clear_error(trained, tmp_path):
 
 @pytest.mark.parametrize("job, first, tries", [
     ("single-node.sbatch", "j-7-r2", ["j-7-r1", "j-7-r0"]),  # same code in edge-cloud*.sbatch
-    ("matrix-array.sbatch", "buffer-none-seed0-restart2",
-     ["buffer-none-seed0-restart1", "buffer-none-seed0"]),
 ])
 def test_requeued_job_resumes_the_try_with_a_checkpoint(tmp_path, job, first, tries):
     import os

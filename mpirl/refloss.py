@@ -1,0 +1,203 @@
+"""The reference loss: the TD loss of a Q-network on a fixed held-out set of transitions.
+
+The training loss of the two placements is not comparable: each is the importance-weighted loss
+of batches sampled differently (from the learner's memory or from a buffer's) at different
+stages of training. The reference loss is defined the same way for both (issue 14, item 3): the
+*unweighted* loss of `mpirl.dqn.dqn_loss` (double-DQN n-step target, Huber) of the current
+online and target networks on a set of transitions that no replay memory ever held, collected
+once per environment and seed and stored as ``.npz``.
+
+    python -m mpirl.refloss --env CartPole-v1 --seed 999 --size 10000 --n-step 5 --gamma 0.99 \\
+        --out refsets/CartPole-v1-seed999-n5.npz          # prints its sha256
+
+    rs = refloss.load(path, sha256=expected)               # refuses a changed file
+    refloss.reference_loss(online, target, rs, huber_delta=cfg.huber_delta)
+    # -> {"loss": mean Huber, "td_abs_mean": mean |td|, "n": transitions}
+
+Collection: one environment made as the actors make it (`mpirl.envs.make`, image rewards clipped
+to [-1, 1]), reset with ``seed``, and a policy that is uniform random (default) or
+epsilon-greedy with a given Q-function; actions come from ``numpy.random.default_rng(seed)``,
+so a set depends only on (env, seed, size, n_step, gamma, policy) and the library versions. The
+n-step transitions are built by the actors' `mpirl.nstep.NStep`, so ``n_step`` and ``gamma``
+must be the run's. Pick a seed no actor uses (actors use ``seed + 1000 * rank + env index``).
+
+The hash: ``sha256`` is over the arrays' contents (name, dtype, shape and bytes of each array,
+in name order, the metadata included), not over the file's bytes: ``numpy.savez`` stamps the
+zip entries with the time of writing, so two writes of the same set differ as files but not in
+this hash. `load` recomputes it and compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RefSet", "collect", "content_sha256", "load", "reference_loss", "save"]
+
+FORMAT = 1
+ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
+
+
+@dataclass(frozen=True)
+class RefSet:
+    """n-step transitions ``(obs, action, reward = R, next_obs, discount)`` and how they were
+    collected (``meta``: env, seed, size, n_step, gamma, policy, epsilon, format)."""
+
+    obs: np.ndarray
+    action: np.ndarray  # int64
+    reward: np.ndarray  # float32, the n-step return
+    next_obs: np.ndarray
+    discount: np.ndarray  # float32, gamma^k, 0 when the episode terminated
+    meta: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {k: getattr(self, k) for k in ARRAYS}
+        out["meta_json"] = np.array(json.dumps(self.meta, sort_keys=True))
+        return out
+
+    @property
+    def sha256(self) -> str:
+        return content_sha256(self.arrays())
+
+
+def content_sha256(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over each array's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
+            q: Callable[[np.ndarray], np.ndarray] | None = None, epsilon: float = 1.0) -> RefSet:
+    """``size`` n-step transitions from one env (see the module docstring). Without ``q`` the
+    policy is uniform random; with it, epsilon-greedy on ``q(obs_batch) -> Q values``."""
+    from mpirl import envs
+    from mpirl.nstep import NStep
+
+    if size < 1:
+        raise ValueError(f"size={size} must be >= 1")
+    if not 0 <= epsilon <= 1:
+        raise ValueError(f"epsilon={epsilon} must be in [0, 1]")
+    env = envs.make(env_id, seed=seed)
+    clip = envs.family(env_id) in ("atari", "minatar")  # as EnvSpec.clip_rewards
+    n_actions = int(env.action_space.n)
+    rng = np.random.default_rng(seed)
+    nstep = NStep(n_step, gamma)
+    obs, _ = env.reset(seed=seed)
+    out: list[tuple] = []
+    try:
+        while len(out) < size:
+            explore = q is None or rng.random() < epsilon
+            a = int(rng.integers(n_actions)) if explore else \
+                int(np.argmax(q(np.asarray(obs)[None])[0]))
+            nxt, r, term, trunc, _ = env.step(a)
+            if clip:
+                r = float(np.clip(r, -1.0, 1.0))
+            out += nstep.push(obs, a, r, nxt, bool(term), bool(trunc))
+            obs = nxt
+            if term or trunc:
+                obs, _ = env.reset()
+    finally:
+        env.close()
+    out = out[:size]
+    meta = {"format": FORMAT, "env": env_id, "seed": int(seed), "size": int(size),
+            "n_step": int(n_step), "gamma": float(gamma),
+            "policy": "random" if q is None else "epsilon-greedy",
+            "epsilon": 1.0 if q is None else float(epsilon), "clip_rewards": clip}
+    return RefSet(
+        obs=np.stack([np.asarray(t[0]) for t in out]),
+        action=np.array([t[1] for t in out], np.int64),
+        reward=np.array([t[2] for t in out], np.float32),
+        next_obs=np.stack([np.asarray(t[3]) for t in out]),
+        discount=np.array([t[4] for t in out], np.float32),
+        meta=meta,
+    )
+
+
+def save(refset: RefSet, path: str | Path) -> str:
+    """Write ``refset`` as a compressed ``.npz``; return its sha256 (`content_sha256`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = refset.arrays()
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return content_sha256(arrays)
+
+
+def load(path: str | Path, sha256: str | None = None) -> RefSet:
+    """Read a set written by `save` (no pickle); with ``sha256``, refuse one whose contents
+    differ."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    missing = [k for k in (*ARRAYS, "meta_json") if k not in arrays]
+    if missing:
+        raise ValueError(f"{path}: not a reference set (no {', '.join(missing)})")
+    got = content_sha256(arrays)
+    if sha256 is not None and got != sha256:
+        raise ValueError(f"{path}: sha256 {got} but {sha256} was expected: the reference set "
+                         "changed; collect it again or point to the original")
+    meta = json.loads(str(arrays.pop("meta_json")))
+    return RefSet(meta=meta, **{k: arrays[k] for k in ARRAYS})
+
+
+def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
+                   chunk: int = 4096) -> dict[str, float]:
+    """The unweighted `mpirl.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
+    every transition of ``refset``, in chunks; no gradients, the networks are left as they are.
+    Returns the mean Huber loss, the mean |td| and the number of transitions."""
+    import torch
+
+    from mpirl.dqn import dqn_loss
+
+    n = len(refset)
+    loss_sum = td_sum = 0.0
+    with torch.no_grad():
+        for i in range(0, n, chunk):
+            j = min(n, i + chunk)
+            obs = torch.from_numpy(np.ascontiguousarray(refset.obs[i:j]))
+            nxt = torch.from_numpy(np.ascontiguousarray(refset.next_obs[i:j]))
+            act = torch.from_numpy(refset.action[i:j].astype(np.int64))
+            rew = torch.from_numpy(refset.reward[i:j].astype(np.float32))
+            disc = torch.from_numpy(refset.discount[i:j].astype(np.float32))
+            loss, td = dqn_loss(online, target, obs, act, rew, nxt, disc,
+                                torch.ones(j - i), huber_delta=huber_delta)
+            loss_sum += float(loss) * (j - i)
+            td_sum += float(td.sum())
+    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mpirl.refloss",
+                                 description="Collect a held-out reference set (random policy) "
+                                 "and print its sha256.")
+    ap.add_argument("--env", required=True, help="gymnasium id, as --env of mpirl.main")
+    ap.add_argument("--seed", type=int, required=True,
+                    help="env and policy seed (pick one no actor uses)")
+    ap.add_argument("--size", type=int, default=10_000, help="transitions")
+    ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")
+    ap.add_argument("--gamma", type=float, required=True, help="the run's --gamma")
+    ap.add_argument("--out", required=True, help="the .npz to write")
+    a = ap.parse_args(argv)
+    rs = collect(a.env, a.seed, a.size, a.n_step, a.gamma)
+    digest = save(rs, a.out)
+    print(f"wrote {a.out}: {len(rs)} transitions of {a.env} (seed {a.seed}, n-step {a.n_step}, "
+          f"gamma {a.gamma:g}, random policy), sha256 {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

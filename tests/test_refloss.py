@@ -1,0 +1,112 @@
+"""mpirl.refloss: the held-out reference set (deterministic, n-step as the run's, hash stable)
+and the reference loss against a hand computation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpirl import refloss as R
+
+
+def tiny() -> R.RefSet:
+    return R.RefSet(
+        obs=np.array([[1, 1], [3, 0], [0, -1]], np.float32),
+        action=np.array([1, 0, 1], np.int64),
+        reward=np.array([0.5, 0.0, 1.0], np.float32),
+        next_obs=np.array([[2, 0.5], [0, 1], [1, 1]], np.float32),
+        discount=np.array([0.9, 0.5, 0.0], np.float32),
+        meta={"format": 1, "env": "hand-made"},
+    )
+
+
+PINNED = "93f693c7f28525cd61cb544eb81b72118f8ed139b6983d329be9ecae880c66fe"
+
+
+def linear(w) -> torch.nn.Module:
+    net = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor(w, dtype=torch.float32))
+    return net
+
+
+def test_reference_loss_equals_a_hand_computation():
+    online = linear([[1, 0], [0, 2]])  # Q(s) = [s0, 2 s1]
+    target = linear([[0.5, 0], [0, 1]])  # Q'(s) = [0.5 s0, s1]
+    # 1: q = Q([1,1])[1] = 2; argmax Q([2,.5]) = 0; Q'([2,.5])[0] = 1; y = .5 + .9 = 1.4;
+    #    td = .6, huber = .5 * .36 = .18
+    # 2: q = 3; argmax Q([0,1]) = 1; Q'([0,1])[1] = 1; y = 0 + .5 = .5; td = 2.5, huber = 2.0
+    # 3: q = -2; terminal: y = 1; td = -3, huber = 2.5
+    want_loss, want_td = (0.18 + 2.0 + 2.5) / 3, (0.6 + 2.5 + 3.0) / 3
+    for chunk in (4096, 2, 1):
+        got = R.reference_loss(online, target, tiny(), huber_delta=1.0, chunk=chunk)
+        assert got["n"] == 3
+        assert got["loss"] == pytest.approx(want_loss, rel=1e-6)
+        assert got["td_abs_mean"] == pytest.approx(want_td, rel=1e-6)
+    assert online.weight.grad is None  # no gradients, nothing changed
+    # delta 10: every |td| < delta, so the loss is half the mean squared td
+    got = R.reference_loss(online, target, tiny(), huber_delta=10.0)
+    assert got["loss"] == pytest.approx((0.36 + 6.25 + 9.0) / 2 / 3, rel=1e-6)
+
+
+def test_hash_is_over_contents_and_pinned(tmp_path):
+    rs = tiny()
+    # pinned: a change of the hashing scheme would orphan every stored set's recorded hash
+    assert rs.sha256 == PINNED
+    a, b = tmp_path / "a.npz", tmp_path / "sub" / "b.npz"
+    assert R.save(rs, a) == R.save(rs, b) == PINNED
+    back = R.load(b, sha256=PINNED)
+    for k in R.ARRAYS:
+        np.testing.assert_array_equal(getattr(back, k), getattr(rs, k))
+        assert getattr(back, k).dtype == getattr(rs, k).dtype
+    assert back.meta == rs.meta
+    changed = R.RefSet(**{**rs.__dict__, "reward": rs.reward + np.float32(1e-3)})
+    R.save(changed, a)
+    with pytest.raises(ValueError, match="sha256 .* but .* was expected"):
+        R.load(a, sha256=PINNED)
+    np.savez(tmp_path / "other.npz", x=np.zeros(2))
+    with pytest.raises(ValueError, match="not a reference set"):
+        R.load(tmp_path / "other.npz")
+
+
+def test_collection_is_deterministic_and_n_step_consistent(tmp_path):
+    a = R.collect("CartPole-v1", seed=5, size=300, n_step=3, gamma=0.9)
+    b = R.collect("CartPole-v1", seed=5, size=300, n_step=3, gamma=0.9)
+    c = R.collect("CartPole-v1", seed=6, size=300, n_step=3, gamma=0.9)
+    assert len(a) == 300 and a.obs.shape == (300, 4) and a.obs.dtype == np.float32
+    assert a.sha256 == b.sha256 and a.sha256 != c.sha256
+    assert a.meta["policy"] == "random" and a.meta["n_step"] == 3 and a.meta["seed"] == 5
+    # CartPole pays 1 per step: R = sum_{i<k} 0.9^i, discount 0.9^k or 0 (terminated)
+    k = np.arange(1, 4)
+    sums = {round(float(x), 5) for x in np.cumsum(0.9 ** (k - 1))}
+    assert {round(float(x), 5) for x in a.reward} <= sums
+    full = a.discount > 0
+    assert full.any() and (~full).any()  # random play ends episodes
+    np.testing.assert_allclose(a.reward[full], 1 + 0.9 + 0.81, rtol=1e-6)
+    np.testing.assert_allclose(a.discount[full], 0.9 ** 3, rtol=1e-6)
+    # epsilon-greedy with a Q-function: greedy steps follow it
+    always_left = lambda x: np.tile([1.0, 0.0], (len(x), 1))
+    g = R.collect("CartPole-v1", seed=5, size=50, n_step=1, gamma=0.9, q=always_left,
+                  epsilon=0.0)
+    assert (g.action == 0).all() and g.meta["policy"] == "epsilon-greedy"
+    p = tmp_path / "ref.npz"
+    assert R.main(["--env", "CartPole-v1", "--seed", "5", "--size", "300", "--n-step", "3",
+                   "--gamma", "0.9", "--out", str(p)]) == 0
+    assert R.load(p, sha256=a.sha256).meta == a.meta
+
+
+@pytest.mark.parametrize("env_id, extra", [("CartPole-v1", None), ("MinAtar/Breakout-v1",
+                                                                   "minatar")])
+def test_reference_loss_of_the_learners_network(env_id, extra):
+    if extra:
+        pytest.importorskip(extra)
+    from mpirl import envs, qnet
+
+    spec = envs.inspect(env_id)
+    rs = R.collect(env_id, seed=1, size=64, n_step=5, gamma=0.99)
+    assert rs.obs.dtype == spec.obs_dtype and rs.obs.shape[1:] == spec.obs_shape
+    assert rs.meta["clip_rewards"] == spec.clip_rewards
+    online = qnet.make_learner_q(spec, (16,), dueling=True)
+    target = qnet.make_learner_q(spec, (16,), dueling=True)
+    got = R.reference_loss(online, target, rs, chunk=20)
+    assert got["n"] == 64 and np.isfinite(got["loss"]) and got["td_abs_mean"] > 0
