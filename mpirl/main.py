@@ -67,15 +67,15 @@ def _default_run_dir(cfg) -> Path:
 
 
 def _prepare_run_dir(world, cfg) -> Path:
-    """Rank 0 creates the run folder; every rank learns the outcome (no silent overwrite)."""
-    import numpy as np
-    from mpi4py import MPI
-
+    """Rank 0 decides and creates the run folder; every rank gets its path or its error (no
+    silent overwrite).  The default folder's time stamp is rank 0's clock: ranks start seconds
+    apart (more so under Open MPI, on several hosts), and each rank's own stamp would split the
+    run over several folders."""
     from mpirl.config import ConfigError
 
-    path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
-    err = ""
+    err, path = "", None
     if world.Get_rank() == 0:
+        path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
         try:
             if path.exists() and (not path.is_dir() or any(path.iterdir())):
                 err = (f"run_dir={str(path)!r} exists and is not an empty folder; pass a new "
@@ -88,11 +88,10 @@ def _prepare_run_dir(world, cfg) -> Path:
         except OSError as e:
             err = f"run_dir={str(path)!r} cannot be created or written ({e.strerror}); pass a " \
                   "writable --run-dir"
-    flag = np.array([len(err)], np.int64)
-    world.Bcast([flag, MPI.INT64_T], root=0)
-    if flag[0]:
-        raise ConfigError(err or "the run folder could not be prepared (see rank 0)")
-    return path
+    got = _bcast_text(world, None if path is None else ("E" + err if err else "P" + str(path)))
+    if got[:1] != "P":
+        raise ConfigError(got[1:] or "the run folder could not be prepared (see rank 0)")
+    return Path(got[1:])
 
 
 def _bcast_text(world, text: str | None) -> str:
