@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpirl import envs, topology
     from mpirl.config import ConfigError, parse, resume_dir, to_dict
-    from mpirl.replay.build import record_dtype, replay_footprint
+    from mpirl.replay.build import (FRAME_HEADROOM, max_learning_starts, record_dtype,
+                                    replay_footprint)
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -212,6 +213,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
                 f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
                 f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
+        # (not on --resume: the restored memory holds what it had reached)
+        if manifest is None and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
+            raise ConfigError(
+                f"learning_starts={cfg.learning_starts} is too close to replay_capacity="
+                f"{cfg.replay_capacity} for image observations: the frame ring can keep the "
+                f"memory ~{FRAME_HEADROOM:.0%} below its capacity (more frames per transition "
+                "than planned, e.g. short episodes), and sampling would never start while the "
+                f"actors wait for it; use --learning-starts at most {most} (or raise "
+                "--replay-capacity)")
         if cfg.compress_for(spec.image):
             import importlib.util
 
