@@ -119,4 +119,5 @@ def test_learning_starts_at_the_limit_trains(tmp_path):
     assert summary["updates"] > 50, p.stdout[-2000:]
     with h5py.File(run_dir / "buffer-0.h5", "r") as f:
         size = f["site/replay_size"][()]
-    assert 2636 <= size.max() < 3000  # the frame ring kept it below capacity: the case in point
+    # the case in point: sampling started while the frame ring held the memory below capacity
+    assert ((size >= 2636) & (size < 3000)).any(), size
