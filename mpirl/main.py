@@ -248,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
                                          else ")")
     failure.install(world, who)
     failure.install_fault(topo.role, rank)  # test-only MPIRL_FAULT; inert otherwise
-    stop_signal = failure.StopSignal(world, who)
+    from mpirl.checkpoint import write_allowance_s
+
+    # a clean stop writes a final checkpoint: its watchdog allows for the replay memory's size
+    stop_signal = failure.StopSignal(
+        world, who, grace_s=failure.STOP_GRACE_S + write_allowance_s(replay_footprint(cfg, spec)))
     hosts = _hostnames(world)
     from mpirl.link import resolve_profile
 
