@@ -95,6 +95,84 @@ def _write_tmp(path: Path, write) -> Path:
     return tmp
 
 
+class _HashingWriter:
+    """Write-only stream into a file that takes the SHA-256 of what passes through it, so a
+    part's checksum costs no second pass over a file of the replay memory's size.  It has no
+    ``seek``: zipfile then streams each member (sizes in a data descriptor after the data)
+    instead of seeking back to patch the member's header, so the hash is the file's."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.nbytes += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def tell(self) -> int:
+        return self.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_tmp_hashed(path: Path, write) -> tuple[Path, dict]:
+    """`_write_tmp` through a `_HashingWriter`: (temp path, {"bytes", "sha256"})."""
+    out = {}
+
+    def hashed(f):
+        w = _HashingWriter(f)
+        write(w)
+        out.update(bytes=w.nbytes, sha256=w.sha.hexdigest())
+
+    return _write_tmp(path, hashed), out
+
+
+#: Bytes of an array a checkpoint holds in memory at a time while writing it: the replay memory
+#: is written from views of the ring, in chunks (a copy of a chunk only where a view is strided).
+CHUNK_BYTES = 1 << 22
+
+
+def _write_npy(out, a: np.ndarray) -> None:
+    """One array in .npy format (C order), from a view, ``CHUNK_BYTES`` at a time."""
+    from numpy.lib import format as npf
+
+    if a.dtype.hasobject:
+        raise ValueError(f"checkpoint arrays hold numbers only (no pickle), not {a.dtype}")
+    header = {"descr": npf.dtype_to_descr(a.dtype), "fortran_order": False, "shape": a.shape}
+    try:
+        npf.write_array_header_1_0(out, header)
+    except ValueError:  # a header over 64 KiB
+        npf.write_array_header_2_0(out, header)
+    if a.ndim == 0 or a.size == 0:
+        out.write(np.ascontiguousarray(a).tobytes())
+        return
+    rows = max(1, CHUNK_BYTES // max(1, a[:1].nbytes))
+    for i in range(0, a.shape[0], rows):
+        out.write(np.ascontiguousarray(a[i:i + rows]).reshape(-1).view(np.uint8))
+
+
+def _write_npz(f, arrays: dict) -> None:
+    """What ``np.savez(f, **arrays)`` writes (a zip of .npy members, read with ``np.load``),
+    without copying the arrays first: ``arrays`` may be views of a ring of gigabytes."""
+    import zipfile
+
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(f"{name}.npy", "w", force_zip64=True) as out:
+                _write_npy(out, np.asanyarray(a))
+
+
+#: Slowest rate (bytes/s) at which a healthy rank writes and hashes its checkpoint part: the
+#: time limits on a checkpoint grow by ``nbytes / MIN_WRITE_BYTES_PER_S`` for a part of nbytes.
+MIN_WRITE_BYTES_PER_S = 25e6
+
+
+def write_allowance_s(nbytes: int) -> float:
+    """Seconds a checkpoint part of ``nbytes`` may take on top of a fixed time limit."""
+    return nbytes / MIN_WRITE_BYTES_PER_S
+
+
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
@@ -129,20 +207,20 @@ def write_part(run_dir: str | Path, ckpt_id: int, name: str, meta: dict,
     """
     d = root(run_dir) / f"{ckpt_id:06d}"
     d.mkdir(parents=True, exist_ok=True)
-    tmps: list[tuple[Path, Path]] = []
+    tmps: list[tuple[Path, Path, dict]] = []
     if arrays:
         final = d / f"{name}.npz"
-        tmps.append((_write_tmp(final, lambda f: np.savez(f, **arrays)), final))
+        tmps.append((*_write_tmp_hashed(final, lambda f: _write_npz(f, arrays)), final))
     if torch_state is not None:
         import torch
 
         final = d / f"{name}.pt"
-        tmps.append((_write_tmp(final, lambda f: torch.save(torch_state, f)), final))
+        tmps.append((*_write_tmp_hashed(final, lambda f: torch.save(torch_state, f)), final))
     if before_rename is not None:
         before_rename()
     files = {}
-    for tmp, final in tmps:
-        files[final.name] = {"bytes": tmp.stat().st_size, "sha256": _sha256(tmp)}
+    for tmp, desc, final in tmps:
+        files[final.name] = desc
         os.replace(tmp, final)
     part = {"format": FORMAT, "id": ckpt_id, "name": name, "files": files, "meta": meta,
             "written_unix": time.time()}
@@ -297,8 +375,9 @@ def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
         return memory.checkpoint_state(prefix)
     sd = memory.state_dict()
     n = len(memory)
-    arrays = {f"{prefix}storage": np.array(sd["storage"][:n]),
-              f"{prefix}priorities": np.array(sd["priorities"][:n])}
+    # views of the ring (write them before the memory changes): a copy would double its memory
+    arrays = {f"{prefix}storage": sd["storage"][:n],
+              f"{prefix}priorities": sd["priorities"][:n]}
     if "rng_state" in sd:
         arrays[f"{prefix}rng_state"] = sd["rng_state"]
     meta = {k: sd[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}

@@ -10,6 +10,8 @@ priorities' raw material, |td| per sample, beside the loss (as Acme's losses do)
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -29,29 +31,83 @@ def dqn_loss(online, target, obs, action, reward, next_obs, discount, weights,
     return loss, td.detach().abs()
 
 
+# torch.optim.adam.adam is semi-private: mpirl calls it only with the signature it was written
+# for (checked once, at import) and otherwise uses torch.optim.Adam (same update and state).
+_KERNEL_POSITIONAL = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
+                      "state_steps")
+_KERNEL_KEYWORDS = ("foreach", "fused", "amsgrad", "beta1", "beta2", "lr", "weight_decay", "eps",
+                    "maximize")
+
+
+def _adam_kernel():
+    """``torch.optim.adam.adam`` when this torch has it with the parameters mpirl passes (and no
+    other required one), else None."""
+    try:
+        from torch.optim.adam import adam
+
+        params = inspect.signature(adam).parameters
+    except (ImportError, TypeError, ValueError):
+        return None
+    items = list(params.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if tuple(p.name for p in items[:6]) != _KERNEL_POSITIONAL or \
+            any(p.kind not in positional for p in items[:6]):
+        return None
+    for name in _KERNEL_KEYWORDS:
+        if name not in params or params[name].kind == inspect.Parameter.POSITIONAL_ONLY:
+            return None
+    known = set(_KERNEL_POSITIONAL + _KERNEL_KEYWORDS)
+    if any(p.name not in known and p.default is p.empty
+           and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+           for p in items):
+        return None
+    return adam
+
+
+_ADAM_KERNEL = _adam_kernel()
+
+
 class Adam:
     """Adam through torch's own update kernel (``torch.optim.adam.adam``, fused on CPU where this
     torch has it) without the ``torch.optim.Optimizer`` wrapper around it: constructing or
     stepping that wrapper imports ``torch._dynamo``, 2.4-3.4 s of CPU on the learner's path to its
     first weights on a 2-core machine (docs/design.md, "Start-up").  Same update, same defaults
     (betas 0.9/0.999, eps 1e-8, no weight decay), and ``state_dict`` in ``torch.optim.Adam``'s
-    format, so a checkpoint loads into either."""
+    format, so a checkpoint loads into either.
+
+    When this torch lacks that kernel or its signature changed (it is semi-private), the update
+    runs through ``torch.optim.Adam`` on the same moment and step tensors (``kernel`` is False):
+    same result and state_dict, at the cost of the dynamo import at start-up."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8):
-        from torch.optim.adam import adam
-
-        self._adam = adam
+        self._adam = _ADAM_KERNEL
         self.params = list(params)
         self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
         self.fused = True
-        try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
-            self._update(dry=True)
-        except (RuntimeError, TypeError):
+        self._opt = None
+        if self._adam is not None:
+            try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
+                self._update(dry=True)
+            except (RuntimeError, TypeError):
+                self.fused = False
+                try:
+                    self._update(dry=True)
+                except (RuntimeError, TypeError):
+                    self._adam = None
+        if self._adam is None:  # torch.optim.Adam updating our tensors in place
             self.fused = False
+            self._opt = torch.optim.Adam(self.params, lr=self.lr, betas=self.betas, eps=self.eps)
+            for p, s, m, v in zip(self.params, self.steps, self.exp_avg, self.exp_avg_sq):
+                self._opt.state[p] = {"step": s, "exp_avg": m, "exp_avg_sq": v}
+
+    @property
+    def kernel(self) -> bool:
+        """True when the update calls torch's kernel directly (no torch.optim.Optimizer)."""
+        return self._opt is None
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -77,6 +133,10 @@ class Adam:
                    maximize=False)
 
     def step(self) -> None:
+        if self._opt is not None:
+            self._opt.param_groups[0].update(lr=self.lr, betas=self.betas, eps=self.eps)
+            self._opt.step()
+            return
         self._update()
 
     def state_dict(self) -> dict:

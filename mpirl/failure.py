@@ -66,6 +66,9 @@ class Watchdog:
             self._timer = None
 
 
+STOP_GRACE_S = 60.0  # a clean stop after SIGTERM/SIGINT, before the checkpoint's allowance
+
+
 class StopSignal:
     """SIGTERM/SIGINT (SLURM preemption, Ctrl-C) -> a clean, coordinated stop.
 
@@ -75,7 +78,7 @@ class StopSignal:
     signal on any rank ends the job at once.
     """
 
-    def __init__(self, world, who: str, grace_s: float = 60.0):
+    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S):
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
         self._grace = grace_s

@@ -101,6 +101,17 @@ def _mean(x: np.ndarray) -> float:
 CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
 
 
+def checkpoint_timeout_s(cfg, spec) -> float:
+    """CKPT_TIMEOUT_S plus the time a healthy buffer may take to write its replay memory
+    (``checkpoint.write_allowance_s``): a large memory must not abort a healthy checkpoint."""
+    from mpirl.checkpoint import write_allowance_s
+    from mpirl.replay.build import replay_footprint
+
+    if cfg.replay_at != "buffer":
+        return CKPT_TIMEOUT_S
+    return CKPT_TIMEOUT_S + write_allowance_s(replay_footprint(cfg, spec))
+
+
 def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, ckpt=None,
         resume=None) -> dict:
     import torch
@@ -242,6 +253,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
     ckpt_next = ckpt.next_id() if ckpt is not None else 1
     ckpt_id, ckpt_t0, t_ckpt = -1, 0.0, t_start  # checkpoint in progress, its start, last end
+    ckpt_timeout = checkpoint_timeout_s(cfg, spec)
     ckpt_acked: dict[int, int] = {}  # buffer -> its env steps at its snapshot
     parked = {b: deque() for b in buffers}  # a buffer's messages received after its ack
     stop_sent = False
@@ -349,10 +361,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             ckpt_id, t_ckpt = -1, time.monotonic()
             ckpt_acked.clear()
             did = True
-        elif ckpt_id >= 0 and now - ckpt_t0 > CKPT_TIMEOUT_S:
+        elif ckpt_id >= 0 and now - ckpt_t0 > ckpt_timeout:
             raise RuntimeError(f"checkpoint {ckpt_id}: no acknowledgement from buffer(s) "
                                f"{sorted(b - 1 for b in set(buffers) - set(ckpt_acked))} after "
-                               f"{CKPT_TIMEOUT_S:g} s")
+                               f"{ckpt_timeout:.0f} s")
         elif (ckpt is not None and cfg.checkpoint_seconds and ckpt_id < 0 and stop_reason is None
               and now - t_ckpt >= cfg.checkpoint_seconds):
             ckpt_id, ckpt_next, ckpt_t0 = ckpt_next, ckpt_next + 1, now

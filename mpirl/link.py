@@ -152,11 +152,17 @@ class LinkEnd:
             self._queue.append((dep, now, tag, buf))
             self.poll(now)
             return start - now
+        if self._queue:  # queued under an emulated profile (--link-change): leave after them
+            dep = max(now, self._queue[-1][0])
+            self._queue.append((dep, now, tag, buf))
+            self.poll(now)
+            return dep - now
         self._isend(buf, tag, 0.0)
         return 0.0
 
     def set_profile(self, profile: LinkProfile) -> None:
-        """Change the emulated link from now on (messages already queued keep their times)."""
+        """Change the emulated link from now on (messages already queued keep their times, and
+        later ones leave after them: FIFO across the change)."""
         self.profile = profile
         self.out_model.profile = profile
         self.in_model.profile = profile

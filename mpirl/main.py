@@ -67,15 +67,15 @@ def _default_run_dir(cfg) -> Path:
 
 
 def _prepare_run_dir(world, cfg) -> Path:
-    """Rank 0 creates the run folder; every rank learns the outcome (no silent overwrite)."""
-    import numpy as np
-    from mpi4py import MPI
-
+    """Rank 0 decides and creates the run folder; every rank gets its path or its error (no
+    silent overwrite).  The default folder's time stamp is rank 0's clock: ranks start seconds
+    apart (more so under Open MPI, on several hosts), and each rank's own stamp would split the
+    run over several folders."""
     from mpirl.config import ConfigError
 
-    path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
-    err = ""
+    err, path = "", None
     if world.Get_rank() == 0:
+        path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
         try:
             if path.exists() and (not path.is_dir() or any(path.iterdir())):
                 err = (f"run_dir={str(path)!r} exists and is not an empty folder; pass a new "
@@ -88,11 +88,10 @@ def _prepare_run_dir(world, cfg) -> Path:
         except OSError as e:
             err = f"run_dir={str(path)!r} cannot be created or written ({e.strerror}); pass a " \
                   "writable --run-dir"
-    flag = np.array([len(err)], np.int64)
-    world.Bcast([flag, MPI.INT64_T], root=0)
-    if flag[0]:
-        raise ConfigError(err or "the run folder could not be prepared (see rank 0)")
-    return path
+    got = _bcast_text(world, None if path is None else ("E" + err if err else "P" + str(path)))
+    if got[:1] != "P":
+        raise ConfigError(got[1:] or "the run folder could not be prepared (see rank 0)")
+    return Path(got[1:])
 
 
 def _bcast_text(world, text: str | None) -> str:
@@ -173,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpirl import envs, topology
     from mpirl.config import ConfigError, parse, resume_dir, to_dict
-    from mpirl.replay.build import record_dtype, replay_footprint
+    from mpirl.replay.build import (FRAME_HEADROOM, max_learning_starts, record_dtype,
+                                    replay_footprint)
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -213,6 +213,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
                 f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
                 f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
+        # (not on --resume: the restored memory holds what it had reached)
+        if manifest is None and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
+            raise ConfigError(
+                f"learning_starts={cfg.learning_starts} is too close to replay_capacity="
+                f"{cfg.replay_capacity} for image observations: the frame ring can keep the "
+                f"memory ~{FRAME_HEADROOM:.0%} below its capacity (more frames per transition "
+                "than planned, e.g. short episodes), and sampling would never start while the "
+                f"actors wait for it; use --learning-starts at most {most} (or raise "
+                "--replay-capacity)")
         if cfg.compress_for(spec.image):
             import importlib.util
 
@@ -239,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
                                          else ")")
     failure.install(world, who)
     failure.install_fault(topo.role, rank)  # test-only MPIRL_FAULT; inert otherwise
-    stop_signal = failure.StopSignal(world, who)
+    from mpirl.checkpoint import write_allowance_s
+
+    # a clean stop writes a final checkpoint: its watchdog allows for the replay memory's size
+    stop_signal = failure.StopSignal(
+        world, who, grace_s=failure.STOP_GRACE_S + write_allowance_s(replay_footprint(cfg, spec)))
     hosts = _hostnames(world)
     from mpirl.link import resolve_profile
 

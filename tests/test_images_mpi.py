@@ -91,3 +91,33 @@ and bench/images.py."""
         assert f["link/raw_bytes_out"][()].sum() >= f["link/bytes_out"][()].sum() > 0
         assert f.attrs["link_raw_bytes_out"] >= f.attrs["link_bytes_out"]
 
+
+
+# --n-step 1 and the untrained policy's 6-step Breakout episodes carry ~9% more frames per
+# transition than the frame ring is sized for: the memory then holds ~2,750 of 3,000
+# transitions for good.  With --learning-starts 3000 it used to stall (actors throttled once
+# inserted > learning_starts, sampling waiting for len >= learning_starts): 0 updates.
+NEAR_FULL = ["--env", "MinAtar/Breakout-v1", "--replay-capacity", "3000", "--n-step", "1",
+             "--target-return", "none", "--eval-every", "1000000", "--flush-seconds", "1"]
+
+
+def test_learning_starts_near_capacity_is_one_clear_error(tmp_path):
+    p = run_mpirl(3, *NEAR_FULL, "--learning-starts", "3000", "--max-seconds", "20",
+                  "--run-dir", str(tmp_path / "run"), timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
+    assert p.returncode == 2 and len(lines) == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "learning_starts=3000" in lines[0] and "at most 2636" in lines[0], lines[0]
+    assert "Traceback" not in p.stderr and not (tmp_path / "run").exists()
+
+
+def test_learning_starts_at_the_limit_trains(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_mpirl(3, *NEAR_FULL, "--learning-starts", "2636", "--max-seconds", "15",
+                  "--run-dir", str(run_dir), timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] > 50, p.stdout[-2000:]
+    with h5py.File(run_dir / "buffer-0.h5", "r") as f:
+        size = f["site/replay_size"][()]
+    # the case in point: sampling started while the frame ring held the memory below capacity
+    assert ((size >= 2636) & (size < 3000)).any(), size

@@ -134,3 +134,62 @@ def test_learner_train_step_does_not_import_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+_ADAM_FALLBACK = """
+import copy, sys, torch, torch.optim.adam as A
+real = A.adam  # torch.optim.Adam's step needs it: hidden while mpirl imports and builds its Adam
+if sys.argv[1] == "missing":
+    del A.adam  # a torch without the semi-private kernel
+else:
+    def adam(params, grads, *, renamed_option):  # a torch whose kernel's signature changed
+        raise AssertionError("mpirl called a kernel whose signature it does not know")
+    A.adam = adam
+from mpirl.dqn import Adam
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+ref_net = copy.deepcopy(net)
+ours = Adam(net.parameters(), lr=1e-2)
+A.adam = real
+ref = torch.optim.Adam(ref_net.parameters(), lr=1e-2)
+x = torch.randn(32, 4)
+def train(n, o, k):
+    for _ in range(k):
+        o.zero_grad()
+        n(x).pow(2).mean().backward()
+        o.step()
+for n, o in ((net, ours), (ref_net, ref)):
+    train(n, o, 10)
+for p, q in zip(net.parameters(), ref_net.parameters()):
+    assert torch.equal(p, q), (p - q).abs().max()
+assert not ours.kernel, "the fallback is torch.optim.Adam, not the kernel"
+# state_dict round trip through a checkpoint's torch.save / torch.load: ours -> torch's and
+# torch's -> ours continue identically
+import io
+def saved(sd):
+    f = io.BytesIO(); torch.save(sd, f); f.seek(0)
+    return torch.load(f, weights_only=True)
+back, ref_back = copy.deepcopy(net), copy.deepcopy(ref_net)
+o2 = Adam(back.parameters(), lr=1e-2); o2.load_state_dict(saved(ref.state_dict()))
+r2 = torch.optim.Adam(ref_back.parameters(), lr=1e-2); r2.load_state_dict(saved(ours.state_dict()))
+assert float(o2.steps[0]) == 10
+train(back, o2, 5); train(ref_back, r2, 5); train(net, ours, 5); train(ref_net, ref, 5)
+for a, b, c, d in zip(back.parameters(), ref_back.parameters(), net.parameters(),
+                      ref_net.parameters()):
+    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+torch.testing.assert_close(ours.state_dict()["state"][2]["exp_avg_sq"],
+                           ref.state_dict()["state"][2]["exp_avg_sq"], rtol=0, atol=0)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["missing", "signature"])
+def test_adam_falls_back_to_torch_optim_adam(how):
+    """Without torch.optim.adam.adam (semi-private), or with a signature mpirl does not know,
+    mpirl.dqn.Adam is torch.optim.Adam: identical parameters, state_dict both ways."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ADAM_FALLBACK, how], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -55,3 +55,41 @@ def test_real_link_delivers_in_the_same_call():
         if not end.backlog:
             break
     assert end.backlog == 0
+
+
+class _FakeComm:
+    """Records every Isend (tag, bytes) in the order LinkEnd starts it."""
+
+    def __init__(self):
+        self.sent = []
+
+    def Isend(self, spec, dest, tag):
+        self.sent.append((tag, len(spec[0])))
+
+        class _Done:
+            def Test(self):
+                return True
+
+        return _Done()
+
+
+def test_profile_change_to_unemulated_keeps_fifo_order():
+    """--link-change to `none` while messages wait in the emulated queue: a later message must
+    not overtake them (a DONE or checkpoint ack ahead of data breaks the protocol)."""
+    import numpy as np
+
+    from mpirl.wire import Tag
+
+    comm = _FakeComm()
+    end = LinkEnd(comm, 1, PROFILES["wan-100m-30ms"])
+    t = 100.0
+    end.post(np.zeros(1 << 20, np.uint8), Tag.FORWARD, t)  # 1 MB: leaves after ~84 ms
+    assert comm.sent == []
+    end.set_profile(PROFILES["none"])
+    end.post(np.zeros(64, np.uint8), Tag.DONE, t + 0.001)
+    end.post(np.zeros(32, np.uint8), Tag.CHECKPOINT, t + 0.002)
+    end.poll(t + 1.0)
+    assert [tag for tag, _ in comm.sent] == [Tag.FORWARD, Tag.DONE, Tag.CHECKPOINT]
+    assert comm.sent[0][1] == 1 << 20 and end.backlog == 0
+    end.post(np.zeros(8, np.uint8), Tag.DONE, t + 2.0)  # queue empty: unemulated sends at once
+    assert comm.sent[-1] == (Tag.DONE, 8)

@@ -41,3 +41,22 @@ def replay_footprint(cfg, spec) -> int:
         return frame_footprint_bytes(cfg.replay_capacity, spec.stack, spec.frame_shape,
                                      frames_per_transition(cfg, spec))
     return footprint_bytes(cfg.replay_capacity, record_dtype(cfg, spec))
+
+
+#: Image runs: the frame ring is sized for the expected frames per transition, and short
+#: episodes or uneven env streams carry more (9% more with 6-step MinAtar episodes at --n-step 1),
+#: which keeps ``len(memory)`` below the capacity for good (retirement).  --learning-starts must
+#: leave this much room, or sampling never starts while the actors wait for it.
+FRAME_HEADROOM = 0.10
+
+
+def max_learning_starts(cfg, spec) -> int:
+    """The largest --learning-starts the replay memory is sure to reach.
+
+    Vectors: the capacity.  Images: 90% of it (FRAME_HEADROOM) less one message (retirement
+    frees whole messages: an actor's ``actor_chunk``, or a FORWARD of ``forward_chunk`` at the
+    learner)."""
+    if not spec.image:
+        return cfg.replay_capacity
+    group = cfg.actor_chunk if cfg.replay_at == "buffer" else cfg.forward_chunk
+    return max(0, int(cfg.replay_capacity * (1 - FRAME_HEADROOM)) - group)

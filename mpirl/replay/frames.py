@@ -188,14 +188,12 @@ class FrameReplay:
         mem = self.memory
         sd = mem.state_dict()
         n = min(mem.inserted, mem.capacity)  # the ring fills from slot 0
-        prios = np.array(sd["priorities"][:n])
-        # retired slots hold p = 0, which load_state_dict refuses for held slots: store a
-        # placeholder; restore retires them again from the tail
-        prios[prios <= 0] = mem.eps ** mem.alpha
         f = min(self.frames_in, self.frame_capacity)
-        arrays = {f"{prefix}storage": np.array(sd["storage"][:n]),
-                  f"{prefix}priorities": prios,
-                  f"{prefix}frames": np.array(self.frames[:f]),
+        # views, no copy (a checkpoint must not double the memory); retired slots hold p = 0
+        # here, restore_checkpoint retires them again from the tail
+        arrays = {f"{prefix}storage": sd["storage"][:n],
+                  f"{prefix}priorities": sd["priorities"][:n],
+                  f"{prefix}frames": self.frames[:f],
                   f"{prefix}groups": np.array(self._groups, np.int64).reshape(-1, 2)}
         if "rng_state" in sd:
             arrays[f"{prefix}rng_state"] = sd["rng_state"]
@@ -224,6 +222,10 @@ class FrameReplay:
         storage[:n] = stored
         p = np.zeros(cap, np.float64)
         p[:n] = prios
+        # retired slots (p = 0; older checkpoints stored a placeholder): load_state_dict wants
+        # p > 0 for every held slot, and retire() below zeroes them again
+        held = p[:n]
+        held[held <= 0] = float(meta["eps"]) ** float(meta["alpha"])
         d = {"storage": storage, "priorities": p,
              **{k: meta[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}}
         if f"{prefix}rng_state" in arrays:

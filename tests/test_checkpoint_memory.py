@@ -1,0 +1,121 @@
+"""A checkpoint writes the replay memory without copying it (issue 13): the documented
+1M-transition Pong memory (8.45 GB) used to need as much again at its first checkpoint.
+tracemalloc counts numpy's buffers, so its peak is the extra memory a checkpoint takes."""
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from mpirl import checkpoint as ck
+from mpirl.replay import FrameReplay, PrioritizedReplay
+from mpirl.wire import transition_dtype
+
+
+def _vector_memory():
+    """1M CartPole transitions: a 48 MB ring, full and wrapped."""
+    rec = transition_dtype((4,), np.float32)
+    cap, k = 1_000_000, 1 << 16
+    m = PrioritizedReplay(cap, rec, seed=0)
+    rng = np.random.default_rng(0)
+    chunk = np.zeros(k, rec)
+    chunk["obs"] = rng.normal(size=(k, 4))
+    chunk["action"] = rng.integers(0, 2, k)
+    for _ in range(cap // k + 2):
+        m.add(chunk, rng.random(k))
+    s = m.sample(256)
+    m.update(s.indices, s.generations, rng.random(256) * 3)
+    return m, m._storage.nbytes
+
+
+def _frame_memory():
+    """Atari-shaped frames: a 51 MB frame ring, wrapped, some transitions retired."""
+    m = FrameReplay(6000, 4, (1, 84, 84), 1.2, seed=0)
+    rng = np.random.default_rng(0)
+    rec = np.zeros(64, m.dtype)
+    rec["frames"] = np.arange(64)[:, None] + np.array([0, 1, 2, 3, 5, 6, 7, 8])
+    table = rng.integers(0, 255, (72, 1, 84, 84), dtype=np.uint8)  # 1.125 frames/transition
+    for _ in range(140):
+        m.add(rec, table, rng.random(64))
+    rec2 = np.zeros(8, m.dtype)  # a few groups with many frames each: the ring retires
+    rec2["frames"] = np.arange(8)[:, None] * 8 + np.arange(8)
+    for _ in range(12):
+        m.add(rec2, rng.integers(0, 255, (64, 1, 84, 84), dtype=np.uint8), rng.random(8))
+    assert m.retired > 0 and m.frames_in > m.frame_capacity
+    return m, m.frames.nbytes + m.memory._storage.nbytes
+
+
+@pytest.mark.parametrize("make", [_vector_memory, _frame_memory], ids=["vector", "frames"])
+def test_checkpoint_peak_memory_is_a_fraction_of_the_ring(tmp_path, make):
+    memory, ring = make()
+    tracemalloc.start()
+    try:
+        arrays, meta = ck.memory_state(memory)
+        part = ck.write_part(tmp_path, 1, "buffer-0", {"replay": meta}, arrays)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"{make.__name__}: ring {ring / 2**20:.1f} MiB, peak extra while saving "
+          f"{peak / 2**20:.1f} MiB")
+    assert peak < ring / 8, f"a checkpoint took {peak / 2**20:.1f} MiB beside a " \
+                            f"{ring / 2**20:.1f} MiB ring"
+    # what was written is what the manifest says, and restores the same memory
+    path = tmp_path / ck.DIRNAME / "000001" / "buffer-0.npz"
+    want = part["files"]["buffer-0.npz"]
+    assert want["bytes"] == path.stat().st_size and want["sha256"] == ck._sha256(path)
+    meta = json.loads(json.dumps(part["meta"]))["replay"]
+    with np.load(path, allow_pickle=False) as z:
+        loaded = {k: z[k] for k in z.files}
+    back, _ = make()
+    ck.restore_memory(back, loaded, meta)
+    assert len(back) == len(memory) and back.inserted == memory.inserted
+    inner = getattr(memory, "memory", memory)
+    binner = getattr(back, "memory", back)
+    np.testing.assert_array_equal(binner.priorities(), inner.priorities())
+    np.testing.assert_array_equal(binner._storage, inner._storage)
+    if hasattr(memory, "frames"):
+        f = min(memory.frames_in, memory.frame_capacity)
+        np.testing.assert_array_equal(back.frames[:f], memory.frames[:f])
+
+
+def test_part_checksum_is_taken_while_writing(tmp_path, monkeypatch):
+    """No second pass over a part's files (a read of the replay memory's size) for its SHA-256;
+    the manifest's figures are still the files' own."""
+    import hashlib
+
+    import torch
+
+    def read_back(path):
+        raise AssertionError(f"write_part read {path} back to hash it")
+
+    monkeypatch.setattr(ck, "_sha256", read_back)
+    arrays = {"a": np.arange(10_000, dtype=np.float64)[::3], "b": np.zeros((0, 4), np.uint8),
+              "c": np.array(7, np.int64)}
+    part = ck.write_part(tmp_path, 3, "learner", {}, arrays, {"w": torch.arange(5.0)})
+    d = tmp_path / ck.DIRNAME / "000003"
+    for fname, want in part["files"].items():
+        data = (d / fname).read_bytes()
+        assert want == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with np.load(d / "learner.npz", allow_pickle=False) as z:
+        np.testing.assert_array_equal(z["a"], arrays["a"])
+        assert z["b"].shape == (0, 4) and z["c"] == 7
+    assert torch.equal(torch.load(d / "learner.pt", weights_only=True)["w"], torch.arange(5.0))
+
+
+def test_checkpoint_time_limits_grow_with_the_memory():
+    """The learner's wait for every buffer's acknowledgement covers writing the buffer's replay
+    memory at ck.MIN_WRITE_BYTES_PER_S: the documented 1M-transition Pong memory (8.45 GB) needs
+    ~340 s at that rate, which the fixed 120 s limit turned into an abort."""
+    pytest.importorskip("ale_py")
+    from mpirl import envs
+    from mpirl.config import Config
+    from mpirl.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
+    from mpirl.replay.build import replay_footprint
+
+    cfg = Config(env="ALE/Pong-v5", replay_capacity=1_000_000)
+    spec = envs.inspect(cfg.env)
+    need = replay_footprint(cfg, spec)
+    assert need > 8e9
+    assert checkpoint_timeout_s(cfg, spec) >= CKPT_TIMEOUT_S + need / ck.MIN_WRITE_BYTES_PER_S
+    small = Config()
+    assert checkpoint_timeout_s(small, envs.inspect(small.env)) < CKPT_TIMEOUT_S + 5
