@@ -89,6 +89,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         Field("batch", "i8", "", "batch id"),
         Field("priority_mean", "f4", "", "mean priority p the memory held for the batch"),
         Field("size", "i8", "transitions", "replay memory size when sampled"),
+        Field("beta", "f4", "", "importance-weight exponent the batch was sampled with"),
     ], doc="replay_at=buffer: every batch sampled and sent over the link")
 
     status = MPI.Status()
@@ -290,7 +291,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
-                                 size=len(memory))
+                                 size=len(memory), beta=beta)
                 inflight[batch_id] = (now, wait)
                 batch_id += 1
                 sampled += cfg.batch_size

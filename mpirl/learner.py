@@ -162,6 +162,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("loss", "f8", "", "mean loss over the interval"),
         Field("busy_fraction", "f4", "", "time training / wall time over the interval"),
         Field("link_bytes_per_s", "f8", "bytes/s", "both directions, all buffers"),
+        Field("interval_s", "f8", "s", "length of the interval the rates are over"),
     ], doc="one row per progress interval")
     link_log = log.stream("link", [
         Field("buffer", "i4", "", "site"),
@@ -441,7 +442,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                        updates_per_s=(updates - prog_updates) / dt,
                        recent_return=float(np.mean(recent)) if recent else np.nan,
                        loss=loss_sum / loss_n if loss_n else np.nan,
-                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt)
+                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt,
+                       interval_s=dt)
             prog_log.append(**row)
             say(f"[{now - t_start:7.1f}s] env steps {env_steps:>10,} ({row['env_steps_per_s']:,.0f}/s)"
                 f" | updates {updates:>8,} ({row['updates_per_s']:,.0f}/s, busy "
