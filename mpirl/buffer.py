@@ -38,7 +38,7 @@ from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.frames import compact, concat
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.replay.build import make_replay
+from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.window import InflightWindow
 from mpirl.wire import Tag, Wire
@@ -110,6 +110,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     returns: list[float] = []
     rtts: list[float] = []
     weights_version = -1
+    learner_updates = 0  # as the last WEIGHTS / PRIORITIES said: decides beta
     stopping = False
     done_actors: set[int] = set()
     raw_out = raw_total = 0  # bytes compression saved toward the learner (interval, total)
@@ -191,10 +192,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             m = wire.unpack(buf, tag, "the learner")
             if m.kind == Tag.WEIGHTS:
                 weights_version = m.seq
+                learner_updates = max(learner_updates, int(m.a))
                 if not stopping:
                     for a in actors:  # relay the same buffer to every actor
                         to_site(buf, a, Tag.WEIGHTS)
             elif m.kind == Tag.PRIORITIES:
+                learner_updates = max(learner_updates, int(m.b))
                 sent = inflight.pop(m.seq, None)
                 hold, step = m.arrays["timing"]
                 if sent is not None:
@@ -275,9 +278,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             did = True
         grant_actor_tokens()
         # [link] toward the learner
-        if memory is not None and not stopping:
-            beta = cfg.beta if cfg.beta_steps == 0 else min(
-                1.0, cfg.beta + (1 - cfg.beta) * sampled / cfg.batch_size / cfg.beta_steps)
+        # (not before the first weights: they say how many updates the learner has made)
+        if memory is not None and not stopping and weights_version >= 0:
+            beta = beta_at(cfg, learner_updates)  # the learner's, never this site's own count
             memory.beta = beta
             while len(inflight) < window.size and len(memory) >= cfg.learning_starts \
                     and len(memory) > 0:

@@ -34,7 +34,7 @@ from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
 from mpirl.qnet import make_learner_q, make_q
-from mpirl.replay.build import make_replay
+from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
@@ -209,9 +209,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             links[b].post(buf, Tag.WEIGHTS)
 
     def beta_now() -> float:
-        if cfg.beta_steps == 0:
-            return cfg.beta
-        return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
+        return beta_at(cfg, updates)
 
     backoff = Backoff()
     updates = weights_version = -1
@@ -396,7 +394,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
                 links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                              m.seq, m.a, hold=t_done - arrived, step=step_s),
+                                              m.seq, m.a, hold=t_done - arrived, step=step_s,
+                                              updates=updates),
                               Tag.PRIORITIES)
                 xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
                                 nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,

@@ -47,8 +47,9 @@ def test_batch_and_priorities_round_trip(wire):
     assert m.seq == 9 and m.a == 1.5
     np.testing.assert_array_equal(m.arrays["indices"], s.indices)
     np.testing.assert_array_equal(m.arrays["records"], rec)
-    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5),
-                    Tag.PRIORITIES)
+    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5,
+                                    updates=1234), Tag.PRIORITIES)
+    assert p.seq == 9 and p.a == 1.5 and p.b == 1234  # the learner's updates: buffers' beta
     np.testing.assert_array_equal(p.arrays["generations"], s.generations)
     np.testing.assert_array_equal(p.arrays["td_abs"], [1, 2, 3, 4])
 
