@@ -374,6 +374,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         if stop_reason is None:
             beta = beta_now()
             t_step0 = time.monotonic()
+            trained = False
             if at_learner and len(memory) >= max(cfg.learning_starts, 1):
                 memory.beta = beta
                 if image:
@@ -384,7 +385,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                     td = train(s.records, s.weights)
                 memory.update(s.indices, s.generations, td)
                 sampled += cfg.batch_size
-                did = True
+                did = trained = True
             elif any(ready.values()):
                 # the site furthest behind its share goes next (weighted fair queueing)
                 b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
@@ -403,8 +404,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                 arrival_td_mean=_mean(td),
                                 arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
                 sampled += m.count
-                did = True
-            if did and updates and updates % cfg.weights_every == 0:
+                did = trained = True
+            if trained and updates % cfg.weights_every == 0:  # not again on a turn without one
                 send_weights()
             # greedy evaluation and the stop decision
             if updates and updates - last_eval >= cfg.eval_every:

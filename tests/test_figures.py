@@ -62,3 +62,13 @@ def test_buffers_sample_with_the_learners_beta(two_sites):
         assert np.all(gap > -1e-6) and np.all(gap <= lag * slope + 1e-6), (
             f"buffer {s}: sampled batch {worst} with beta {used[worst]:.3f}, the learner trained "
             f"it at update {trained_at[worst]} with beta {at_learner[worst]:.3f}")
+
+
+def test_weights_are_broadcast_only_after_an_update(two_sites):
+    """The actors' newest weights version is updates // weights_every (version 0 is the initial
+    broadcast): no version was sent on a turn without an update."""
+    run_dir, _ = two_sites
+    summary = json.loads((run_dir / "summary.json").read_text())
+    newest = max(read(f)[0]["actor/weights_version"].max() for f in run_dir.glob("actor-*.h5"))
+    assert summary["updates"] > 10 * WEIGHTS_EVERY
+    assert newest == summary["updates"] // WEIGHTS_EVERY, (newest, summary["updates"])
