@@ -233,6 +233,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
     prog_steps = prog_updates = 0
     prog_busy = 0.0
+    prog_link = 0  # link bytes (both directions, all buffers) at the last progress row
     to_target: dict = {}
     step_s = None
     change = cfg.link_change_at()
@@ -436,7 +437,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         # progress line and link accounting
         if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
             dt = now - t_prog
-            link_bytes = sum(lk.sent.bytes + lk.received.bytes for lk in links.values())
+            # from the totals: the /link rows reset the interval counters (take()) every
+            # flush_seconds / 2, so those held only the bytes since the last /link row
+            link_total = sum(lk.sent.total_bytes + lk.received.total_bytes
+                             for lk in links.values())
+            link_bytes, prog_link = link_total - prog_link, link_total
             row = dict(env_steps=env_steps, updates=updates,
                        env_steps_per_s=(env_steps - prog_steps) / dt,
                        updates_per_s=(updates - prog_updates) / dt,

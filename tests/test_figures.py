@@ -72,3 +72,23 @@ def test_weights_are_broadcast_only_after_an_update(two_sites):
     newest = max(read(f)[0]["actor/weights_version"].max() for f in run_dir.glob("actor-*.h5"))
     assert summary["updates"] > 10 * WEIGHTS_EVERY
     assert newest == summary["updates"] // WEIGHTS_EVERY, (newest, summary["updates"])
+
+
+def test_progress_link_rate_matches_the_link_rows(two_sites):
+    """Bytes the progress rows report (rate x interval) add up to the /link rows' bytes: at
+    every progress row, the running sum lies between the /link totals just before and just
+    after it (both read the same counters)."""
+    run_dir, _ = two_sites
+    learner, _ = read(run_dir / "learner.h5")
+    prog = np.cumsum(learner["progress/link_bytes_per_s"] * learner["progress/interval_s"])
+    sites = len(set(learner["link/buffer"].tolist()))  # one row per site per interval
+    t_link = learner["link/t"].reshape(-1, sites)[:, 0]
+    link = np.cumsum((learner["link/bytes_in"] + learner["link/bytes_out"]).reshape(-1, sites)
+                     .sum(axis=1))
+    assert len(prog) >= 3 and link[-1] > 0
+    for t, got in zip(learner["progress/t"], prog):
+        before = link[t_link <= t][-1] if (t_link <= t).any() else 0
+        after = link[t_link >= t][0]
+        assert before * 0.99 <= got <= after * 1.01, (
+            f"progress row at t={t:.2f}: {got:,.0f} bytes so far, /link rows {before:,} "
+            f"(before) .. {after:,} (after)")
