@@ -364,7 +364,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             for b in sorted(buffers, key=lambda x: served[x] / weight[x]):
                 limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
                             or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
-                if owed[b] and limit_ok:
+                if owed[b] and limit_ok and b not in done:  # after its DONE it has left
                     links[b].post(wire.credit(owed[b]), Tag.CREDIT, now)
                     owed[b] = 0
         # [algorithm] one update
