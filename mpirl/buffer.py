@@ -282,8 +282,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if memory is not None and not stopping and weights_version >= 0:
             beta = beta_at(cfg, learner_updates)  # the learner's, never this site's own count
             memory.beta = beta
+            # the replay ratio holds this side too: no sampling ahead of the inserts (actors
+            # are throttled in the other direction, so one side can always move)
             while len(inflight) < window.size and len(memory) >= cfg.learning_starts \
-                    and len(memory) > 0:
+                    and len(memory) > 0 and (cfg.replay_ratio == 0 or sampled <= cfg.replay_ratio
+                                             * (inserted - cfg.learning_starts)):
                 table = None
                 if image:
                     sample, table = memory.sample(cfg.batch_size)

@@ -376,7 +376,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             beta = beta_now()
             t_step0 = time.monotonic()
             trained = False
-            if at_learner and len(memory) >= max(cfg.learning_starts, 1):
+            if at_learner and len(memory) >= max(cfg.learning_starts, 1) and (
+                    cfg.replay_ratio == 0  # the ratio holds sampling too (credits hold inserts)
+                    or sampled <= cfg.replay_ratio * (inserted - cfg.learning_starts)):
                 memory.beta = beta
                 if image:
                     s, table = memory.sample(cfg.batch_size)

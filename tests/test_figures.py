@@ -92,3 +92,33 @@ def test_progress_link_rate_matches_the_link_rows(two_sites):
         assert before * 0.99 <= got <= after * 1.01, (
             f"progress row at t={t:.2f}: {got:,.0f} bytes so far, /link rows {before:,} "
             f"(before) .. {after:,} (after)")
+
+
+@pytest.mark.parametrize("replay_at", ["buffer", "learner"])
+def test_sampling_holds_the_replay_ratio(tmp_path, replay_at):
+    """One actor with one env and a learner faster than it: the replay ratio also holds the
+    sampling side, so samples stay within one batch of replay_ratio x (inserted -
+    learning_starts) at every moment (actors were the only side throttled)."""
+    ratio, starts, batch = 0.5, 200, 64
+    run_dir = tmp_path / "run"
+    p = run_mpirl(3, "--replay-at", replay_at, "--run-dir", str(run_dir), "--max-seconds", "10",
+                  "--flush-seconds", "1", "--target-return", "none", "--hidden", "32", "32",
+                  "--envs-per-actor", "1", "--replay-ratio", str(ratio),
+                  "--learning-starts", str(starts), "--batch-size", str(batch), timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    if replay_at == "buffer":  # the buffer samples: its counters, row by row
+        site, _ = read(run_dir / "buffer-0.h5")
+        sampled, inserted = site["site/sampled"], site["site/inserted"]
+    else:  # the learner samples: before its k-th update, what had arrived by then
+        learner, _ = read(run_dir / "learner.h5")
+        arrived = np.cumsum(learner["transfers/n"])
+        k = np.arange(1, len(learner["updates/update"]) + 1)
+        seen = np.searchsorted(learner["transfers/update"], k - 1, side="right")
+        inserted = np.where(seen > 0, arrived[np.maximum(seen - 1, 0)], 0)
+        sampled = (k - 1) * batch
+    assert sampled[-1] > 20 * batch
+    over = sampled - (np.maximum(ratio * (inserted - starts), 0) + batch)
+    worst = int(np.argmax(over))
+    assert over[worst] <= 0, (f"{sampled[worst]:,} sampled after {inserted[worst]:,} inserted: "
+                              f"ratio {sampled[worst] / max(inserted[worst] - starts, 1):.2f} "
+                              f"> {ratio}")
