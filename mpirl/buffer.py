@@ -90,6 +90,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         Field("priority_mean", "f4", "", "mean priority p the memory held for the batch"),
         Field("size", "i8", "transitions", "replay memory size when sampled"),
         Field("beta", "f4", "", "importance-weight exponent the batch was sampled with"),
+        Field("max_weight", "f4", "", "the memory's largest importance weight relative to "
+              "uniform sampling, (mean p / min p)^beta: the batch's weights are divided by it; "
+              "the learner rescales to the largest of all sites'"),
     ], doc="replay_at=buffer: every batch sampled and sent over the link")
 
     status = MPI.Status()
@@ -292,12 +295,13 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                     sample, table = memory.sample(cfg.batch_size)
                 else:
                     sample = memory.sample(cfg.batch_size)
-                out = wire.batch(sample, batch_id, now, frames=table)
+                max_w = memory.max_weight()
+                out = wire.batch(sample, batch_id, now, frames=table, max_weight=max_w)
                 wait = link.post(out, Tag.BATCH, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
-                                 size=len(memory), beta=beta)
+                                 size=len(memory), beta=beta, max_weight=max_w)
                 inflight[batch_id] = (now, wait)
                 batch_id += 1
                 sampled += cfg.batch_size

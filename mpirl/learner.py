@@ -220,6 +220,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     site_steps = {b: 0 for b in buffers}
     recent = deque(maxlen=100)
     ready = {b: deque() for b in buffers}  # per site: sampled batches waiting to be trained on
+    max_w = {b: 0.0 for b in buffers}  # per site: its memory's max weight, as last reported
     weight = {b: (cfg.site_weights[b - 1] if cfg.site_weights else 1.0) for b in buffers}
     served = {b: 0 for b in buffers}  # batches trained (replay_at=buffer) / inserted (learner)
     owed = {b: 0 for b in buffers}  # forward tokens to give back (replay_at=learner)
@@ -308,6 +309,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 did = True
                 m = wire.unpack(buf, tag, f"buffer {b - 1}")
                 if m.kind == Tag.BATCH:
+                    max_w[b] = m.b
                     if stop_reason is None:
                         ready[b].append((m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
@@ -394,7 +396,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
                 m, nbytes, arrived = ready[b].popleft()
                 served[b] += 1
-                td = train(m.arrays["records"], m.arrays["weights"], m.arrays.get("frames"))
+                w = m.arrays["weights"]
+                if m.b < max(max_w.values()):  # one scale for every site: the global largest
+                    w = w * np.float32(m.b / max(max_w.values()))  # weight is 1 (docs/design.md)
+                td = train(m.arrays["records"], w, m.arrays.get("frames"))
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
                 links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,

@@ -19,7 +19,9 @@ FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nfra
                                   td_abs f4[n], records[n], [frames]  (td_abs: the actors'
                                   initial priorities); may be compressed (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
-                                  clock); [nframes i8[1]], indices i8[B], generations i8[B],
+                                  clock), b=the memory's max weight (weights' normaliser, see
+                                  PrioritizedReplay.max_weight; at most 1e9);
+                                  [nframes i8[1]], indices i8[B], generations i8[B],
                                   weights f4[B], priorities f4[B], records[B], [frames];
                                   may be compressed (FLAG_ZSTD)
 PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=learner
@@ -68,11 +70,14 @@ import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
 VERSION = 4  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
-# 4: PRIORITIES.b = learner updates
+# 4: PRIORITIES.b = learner updates, BATCH.b = max weight
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
 assert HEADER.itemsize == 40
+
+
+MAX_WEIGHT = 1e9  # BATCH.b is clipped here (header b must stay within what unpack accepts)
 
 
 class Tag(IntEnum):
@@ -303,14 +308,16 @@ class Wire:
             pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
                  count=len(records), seq=seq))
 
-    def batch(self, sample, batch_id: int, t_send: float, frames=None) -> np.ndarray:
+    def batch(self, sample, batch_id: int, t_send: float, frames=None,
+              max_weight: float = 1.0) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(sample.indices))
         return self._maybe_compress(
             pack(Tag.BATCH, pre + [np.asarray(sample.indices, "<i8"),
                                    np.asarray(sample.generations, "<i8"),
                                    np.asarray(sample.weights, "<f4"),
                                    np.asarray(sample.priorities, "<f4"), sample.records] + post,
-                 count=len(sample.indices), seq=batch_id, a=t_send))
+                 count=len(sample.indices), seq=batch_id, a=t_send,
+                 b=min(float(max_weight), MAX_WEIGHT)))
 
     def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
                    hold: float = 0.0, step: float = 0.0, updates: int = 0):
