@@ -38,7 +38,7 @@ from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.frames import compact, concat
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.replay.build import make_replay
+from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.window import InflightWindow
 from mpirl.wire import Tag, Wire
@@ -89,6 +89,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         Field("batch", "i8", "", "batch id"),
         Field("priority_mean", "f4", "", "mean priority p the memory held for the batch"),
         Field("size", "i8", "transitions", "replay memory size when sampled"),
+        Field("beta", "f4", "", "importance-weight exponent the batch was sampled with"),
+        Field("max_weight", "f4", "", "the memory's largest importance weight relative to "
+              "uniform sampling, (mean p / min p)^beta: the batch's weights are divided by it; "
+              "the learner rescales to the largest of all sites'"),
     ], doc="replay_at=buffer: every batch sampled and sent over the link")
 
     status = MPI.Status()
@@ -109,6 +113,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     returns: list[float] = []
     rtts: list[float] = []
     weights_version = -1
+    learner_updates = 0  # as the last WEIGHTS / PRIORITIES said: decides beta
     stopping = False
     done_actors: set[int] = set()
     raw_out = raw_total = 0  # bytes compression saved toward the learner (interval, total)
@@ -190,10 +195,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             m = wire.unpack(buf, tag, "the learner")
             if m.kind == Tag.WEIGHTS:
                 weights_version = m.seq
+                learner_updates = max(learner_updates, int(m.a))
                 if not stopping:
                     for a in actors:  # relay the same buffer to every actor
                         to_site(buf, a, Tag.WEIGHTS)
             elif m.kind == Tag.PRIORITIES:
+                learner_updates = max(learner_updates, int(m.b))
                 sent = inflight.pop(m.seq, None)
                 hold, step = m.arrays["timing"]
                 if sent is not None:
@@ -274,23 +281,27 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             did = True
         grant_actor_tokens()
         # [link] toward the learner
-        if memory is not None and not stopping:
-            beta = cfg.beta if cfg.beta_steps == 0 else min(
-                1.0, cfg.beta + (1 - cfg.beta) * sampled / cfg.batch_size / cfg.beta_steps)
+        # (not before the first weights: they say how many updates the learner has made)
+        if memory is not None and not stopping and weights_version >= 0:
+            beta = beta_at(cfg, learner_updates)  # the learner's, never this site's own count
             memory.beta = beta
+            # the replay ratio holds this side too: no sampling ahead of the inserts (actors
+            # are throttled in the other direction, so one side can always move)
             while len(inflight) < window.size and len(memory) >= cfg.learning_starts \
-                    and len(memory) > 0:
+                    and len(memory) > 0 and (cfg.replay_ratio == 0 or sampled <= cfg.replay_ratio
+                                             * (inserted - cfg.learning_starts)):
                 table = None
                 if image:
                     sample, table = memory.sample(cfg.batch_size)
                 else:
                     sample = memory.sample(cfg.batch_size)
-                out = wire.batch(sample, batch_id, now, frames=table)
+                max_w = memory.max_weight()
+                out = wire.batch(sample, batch_id, now, frames=table, max_weight=max_w)
                 wait = link.post(out, Tag.BATCH, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes
                 batch_log.append(batch=batch_id, priority_mean=float(sample.priorities.mean()),
-                                 size=len(memory))
+                                 size=len(memory), beta=beta, max_weight=max_w)
                 inflight[batch_id] = (now, wait)
                 batch_id += 1
                 sampled += cfg.batch_size

@@ -81,8 +81,9 @@ class Config:
     learning_starts: int = _f(1_000, "transitions in the replay memory before sampling starts")
     replay_ratio: float = _f(
         4.0,
-        "samples per inserted transition the pipeline aims at; actors are throttled (token "
-        "control) when the learner falls behind (0 = never throttle)",
+        "samples per inserted transition the pipeline holds: actors are throttled (token "
+        "control) when the learner falls behind, sampling waits when the actors do "
+        "(0 = never throttle)",
     )
 
     # --- actors --------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
 from mpirl.qnet import make_learner_q, make_q
-from mpirl.replay.build import make_replay
+from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
@@ -173,6 +173,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("loss", "f8", "", "mean loss over the interval"),
         Field("busy_fraction", "f4", "", "time training / wall time over the interval"),
         Field("link_bytes_per_s", "f8", "bytes/s", "both directions, all buffers"),
+        Field("interval_s", "f8", "s", "length of the interval the rates are over"),
     ], doc="one row per progress interval")
     link_log = log.stream("link", [
         Field("buffer", "i4", "", "site"),
@@ -219,9 +220,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             links[b].post(buf, Tag.WEIGHTS)
 
     def beta_now() -> float:
-        if cfg.beta_steps == 0:
-            return cfg.beta
-        return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
+        return beta_at(cfg, updates)
 
     backoff = Backoff()
     updates = weights_version = -1
@@ -232,6 +231,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     site_steps = {b: 0 for b in buffers}
     recent = deque(maxlen=100)
     ready = {b: deque() for b in buffers}  # per site: sampled batches waiting to be trained on
+    max_w = {b: 0.0 for b in buffers}  # per site: its memory's max weight, as last reported
     weight = {b: (cfg.site_weights[b - 1] if cfg.site_weights else 1.0) for b in buffers}
     served = {b: 0 for b in buffers}  # batches trained (replay_at=buffer) / inserted (learner)
     owed = {b: 0 for b in buffers}  # forward tokens to give back (replay_at=learner)
@@ -245,6 +245,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
     prog_steps = prog_updates = 0
     prog_busy = 0.0
+    prog_link = 0  # link bytes (both directions, all buffers) at the last progress row
     to_target: dict = {}
     step_s = None
     change = cfg.link_change_at()
@@ -320,6 +321,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 did = True
                 m = wire.unpack(buf, tag, f"buffer {b - 1}")
                 if m.kind == Tag.BATCH:
+                    max_w[b] = m.b
                     if stop_reason is None:
                         ready[b].append((m, buf.nbytes, now))
                 elif m.kind == Tag.FORWARD:
@@ -376,7 +378,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             for b in sorted(buffers, key=lambda x: served[x] / weight[x]):
                 limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
                             or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
-                if owed[b] and limit_ok:
+                if owed[b] and limit_ok and b not in done:  # after its DONE it has left
                     links[b].post(wire.credit(owed[b]), Tag.CREDIT, now)
                     owed[b] = 0
         # [algorithm] one update
@@ -387,7 +389,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         if stop_reason is None:
             beta = beta_now()
             t_step0 = time.monotonic()
-            if at_learner and len(memory) >= max(cfg.learning_starts, 1):
+            trained = False
+            if at_learner and len(memory) >= max(cfg.learning_starts, 1) and (
+                    cfg.replay_ratio == 0  # the ratio holds sampling too (credits hold inserts)
+                    or sampled <= cfg.replay_ratio * (inserted - cfg.learning_starts)):
                 memory.beta = beta
                 if image:
                     s, table = memory.sample(cfg.batch_size)
@@ -397,17 +402,21 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                     td = train(s.records, s.weights)
                 memory.update(s.indices, s.generations, td)
                 sampled += cfg.batch_size
-                did = True
+                did = trained = True
             elif any(ready.values()):
                 # the site furthest behind its share goes next (weighted fair queueing)
                 b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
                 m, nbytes, arrived = ready[b].popleft()
                 served[b] += 1
-                td = train(m.arrays["records"], m.arrays["weights"], m.arrays.get("frames"))
+                w = m.arrays["weights"]
+                if m.b < max(max_w.values()):  # one scale for every site: the global largest
+                    w = w * np.float32(m.b / max(max_w.values()))  # weight is 1 (docs/design.md)
+                td = train(m.arrays["records"], w, m.arrays.get("frames"))
                 t_done = time.monotonic()
                 step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
                 links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                              m.seq, m.a, hold=t_done - arrived, step=step_s),
+                                              m.seq, m.a, hold=t_done - arrived, step=step_s,
+                                              updates=updates),
                               Tag.PRIORITIES)
                 xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
                                 nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,
@@ -415,8 +424,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                 arrival_td_mean=_mean(td),
                                 arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
                 sampled += m.count
-                did = True
-            if did and updates and updates % cfg.weights_every == 0:
+                did = trained = True
+            if trained and updates % cfg.weights_every == 0:  # not again on a turn without one
                 send_weights()
             # greedy evaluation and the stop decision
             if updates and updates - last_eval >= cfg.eval_every:
@@ -447,13 +456,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         # progress line and link accounting
         if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
             dt = now - t_prog
-            link_bytes = sum(lk.sent.bytes + lk.received.bytes for lk in links.values())
+            # from the totals: the /link rows reset the interval counters (take()) every
+            # flush_seconds / 2, so those held only the bytes since the last /link row
+            link_total = sum(lk.sent.total_bytes + lk.received.total_bytes
+                             for lk in links.values())
+            link_bytes, prog_link = link_total - prog_link, link_total
             row = dict(env_steps=env_steps, updates=updates,
                        env_steps_per_s=(env_steps - prog_steps) / dt,
                        updates_per_s=(updates - prog_updates) / dt,
                        recent_return=float(np.mean(recent)) if recent else np.nan,
                        loss=loss_sum / loss_n if loss_n else np.nan,
-                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt)
+                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt,
+                       interval_s=dt)
             prog_log.append(**row)
             say(f"[{now - t_start:7.1f}s] env steps {env_steps:>10,} ({row['env_steps_per_s']:,.0f}/s)"
                 f" | updates {updates:>8,} ({row['updates_per_s']:,.0f}/s, busy "

@@ -19,10 +19,13 @@ FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nfra
                                   td_abs f4[n], records[n], [frames]  (td_abs: the actors'
                                   initial priorities); may be compressed (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
-                                  clock); [nframes i8[1]], indices i8[B], generations i8[B],
+                                  clock), b=the memory's max weight (weights' normaliser, see
+                                  PrioritizedReplay.max_weight; at most 1e9);
+                                  [nframes i8[1]], indices i8[B], generations i8[B],
                                   weights f4[B], priorities f4[B], records[B], [frames];
                                   may be compressed (FLAG_ZSTD)
-PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; timing f8[2]
+PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=learner
+                                  updates so far (the buffers' beta follows it); timing f8[2]
                                   (hold: arrival -> update sent, step: mean update time, s),
                                   indices i8[B], generations i8[B], td_abs f4[B]
 STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes;
@@ -66,11 +69,15 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 3  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables
+VERSION = 4  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
+# 4: PRIORITIES.b = learner updates, BATCH.b = max weight
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
 assert HEADER.itemsize == 40
+
+
+MAX_WEIGHT = 1e9  # BATCH.b is clipped here (header b must stay within what unpack accepts)
 
 
 class Tag(IntEnum):
@@ -185,7 +192,8 @@ class Wire:
     def _layout(self, kind: Tag, count: int, b: float, nframes: int):
         """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
         building them per message was a third of `unpack`."""
-        key = (kind, count, b, nframes)
+        key = (kind, count, b if kind == Tag.EXPERIENCE else 0.0, nframes)  # b sizes only
+        # EXPERIENCE; in other kinds it is a value that changes per message
         lay = self._layouts.get(key)
         if lay is None:
             parts, off = [], HEADER.itemsize
@@ -300,20 +308,22 @@ class Wire:
             pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
                  count=len(records), seq=seq))
 
-    def batch(self, sample, batch_id: int, t_send: float, frames=None) -> np.ndarray:
+    def batch(self, sample, batch_id: int, t_send: float, frames=None,
+              max_weight: float = 1.0) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(sample.indices))
         return self._maybe_compress(
             pack(Tag.BATCH, pre + [np.asarray(sample.indices, "<i8"),
                                    np.asarray(sample.generations, "<i8"),
                                    np.asarray(sample.weights, "<f4"),
                                    np.asarray(sample.priorities, "<f4"), sample.records] + post,
-                 count=len(sample.indices), seq=batch_id, a=t_send))
+                 count=len(sample.indices), seq=batch_id, a=t_send,
+                 b=min(float(max_weight), MAX_WEIGHT)))
 
     def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
-                   hold: float = 0.0, step: float = 0.0):
+                   hold: float = 0.0, step: float = 0.0, updates: int = 0):
         return pack(Tag.PRIORITIES, [np.array([hold, step], "<f8"), np.asarray(indices, "<i8"),
                                      np.asarray(generations, "<i8"), np.asarray(td_abs, "<f4")],
-                    count=len(indices), seq=batch_id, a=t_echo)
+                    count=len(indices), seq=batch_id, a=t_echo, b=updates)
 
     def weights(self, params: np.ndarray, version: int, updates: int) -> np.ndarray:
         return pack(Tag.WEIGHTS, [np.asarray(params, "<f4")], seq=version, a=updates)

@@ -425,3 +425,22 @@ def test_random_sequences_match_reference(cap, alpha, beta, top, ops):
         if ref.size():
             assert m.min_priority() == pytest.approx(min(ref.p[:ref.size()]), rel=1e-12)
             assert m.max_priority() == pytest.approx(max(ref.p[:ref.size()]), rel=1e-12)
+
+
+def test_max_weight_puts_samples_of_two_memories_on_one_scale():
+    """Weights are divided by the memory's max weight (mean p / p_min)^beta; multiplied back
+    they are (N P(i))^-beta, which compares transitions of memories with different priority
+    scales (the learner's common scale for several buffers)."""
+    rng = np.random.default_rng(0)
+    assert PrioritizedReplay(8, DT).max_weight() == 1.0  # empty
+    figures = []
+    for scale in (0.1, 30.0):
+        m = PrioritizedReplay(1000, DT, alpha=0.6, beta=0.7, eps=1e-3, seed=1)
+        m.add(records(np.arange(1000)), rng.exponential(scale, 1000))
+        s = m.sample(64)
+        p = m.priorities()[:1000]
+        assert m.max_weight() == pytest.approx((p.mean() / p.min()) ** 0.7)
+        np.testing.assert_allclose(s.weights * m.max_weight(), (s.priorities / p.mean()) ** -0.7,
+                                   rtol=1e-4)
+        figures.append(m.max_weight())
+    assert figures[1] > 2 * figures[0]  # the two memories' own normalisers differ

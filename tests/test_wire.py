@@ -43,12 +43,14 @@ def test_batch_and_priorities_round_trip(wire):
     rec = records(wire, 4)
     s = SimpleNamespace(indices=np.array([3, 1, 4, 1]), generations=np.array([0, 2, 0, 2]),
                         weights=np.ones(4), priorities=np.array([.5, .25, 1, .25]), records=rec)
-    m = wire.unpack(wire.batch(s, batch_id=9, t_send=1.5), Tag.BATCH)
-    assert m.seq == 9 and m.a == 1.5
+    m = wire.unpack(wire.batch(s, batch_id=9, t_send=1.5, max_weight=3.5), Tag.BATCH)
+    assert m.seq == 9 and m.a == 1.5 and m.b == 3.5  # b: the weights' normaliser
+    assert wire.unpack(wire.batch(s, 9, 1.5, max_weight=1e300), Tag.BATCH).b == 1e9  # clipped
     np.testing.assert_array_equal(m.arrays["indices"], s.indices)
     np.testing.assert_array_equal(m.arrays["records"], rec)
-    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5),
-                    Tag.PRIORITIES)
+    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5,
+                                    updates=1234), Tag.PRIORITIES)
+    assert p.seq == 9 and p.a == 1.5 and p.b == 1234  # the learner's updates: buffers' beta
     np.testing.assert_array_equal(p.arrays["generations"], s.generations)
     np.testing.assert_array_equal(p.arrays["td_abs"], [1, 2, 3, 4])
 

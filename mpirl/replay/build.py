@@ -20,6 +20,15 @@ def frames_per_transition(cfg, spec) -> float:
     return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
 
 
+def beta_at(cfg, updates: int) -> float:
+    """The importance-weight exponent after ``updates`` learner updates: ``beta`` annealed
+    linearly to 1 over ``beta_steps`` updates.  The learner's update count decides it wherever
+    the memory lives (the buffers learn it from PRIORITIES and WEIGHTS)."""
+    if cfg.beta_steps == 0:
+        return cfg.beta
+    return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
+
+
 def make_replay(cfg, spec, record, seed: int):
     """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
     from mpirl.replay.frames import FrameReplay

@@ -178,6 +178,9 @@ class FrameReplay:
     def update(self, indices, generations, td_abs) -> int:
         return self.memory.update(indices, generations, td_abs)
 
+    def max_weight(self) -> float:
+        return self.memory.max_weight()
+
     @property
     def dtype(self) -> np.dtype:
         return self.memory.dtype

@@ -365,6 +365,16 @@ class PrioritizedReplay:
         """``min_i p_i`` from the min-tree (``inf`` when empty)."""
         return self._tree.min_leaf()
 
+    def max_weight(self) -> float:
+        """``(mean p / p_min) ** beta``: the largest importance weight relative to uniform
+        sampling, ``max_j (N P(j)) ** -beta`` (1 when empty).  ``Sample.weights`` are divided by
+        it; a sample's weights times it are ``(N P(i)) ** -beta``, comparable between memories
+        (the learner rescales the batches of several buffers with it)."""
+        n = self.size
+        if n == 0:
+            return 1.0
+        return float((self._tree.total() / n / self._tree.min_leaf()) ** self._beta)
+
     def priorities(self) -> np.ndarray:
         """Read-only view of ``p`` per slot (0 for slots never written)."""
         v = self._tree.leaves.view()

@@ -1,0 +1,125 @@
+"""What the learner posts to each buffer and trains on, recorded step by step: the real learner
+loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffers."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from mpirl import learner
+from mpirl.config import Config
+from mpirl.envs import inspect
+from mpirl.link import LinkStats
+from mpirl.logs import RunLog
+from mpirl.qnet import param_count
+from mpirl.topology import layout
+from mpirl.wire import Tag, Wire, transition_dtype
+
+
+class ScriptedLink:
+    """A LinkEnd toward one buffer: records every post in ``log`` and hands the learner what
+    ``script`` queues (``script(link, tag)`` runs on every post, ``inbox`` starts it)."""
+
+    def __init__(self, log, script, inbox):
+        self.log, self.script, self.inbox = log, script, list(inbox)
+        self.sent, self.received = LinkStats(), LinkStats()
+        self.backlog = 0
+
+    def bind(self, comm, peer, profile, seed=0):
+        self.peer, self.profile = peer, profile
+        return self
+
+    def post(self, buf, tag, now=None):
+        self.log.append((self.peer, Tag(tag)))
+        self.sent.count(buf.nbytes)
+        self.script(self, Tag(tag))
+        return 0.0
+
+    def receive(self, now=None):
+        out, self.inbox = self.inbox, []
+        for _, buf in out:
+            self.received.count(buf.nbytes)
+        return out
+
+    def poll(self, now=None):
+        pass
+
+    def next_departure(self):
+        return None
+
+    def set_profile(self, profile):
+        self.profile = profile
+
+
+def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path, monkeypatch):
+    """replay_at=learner: a buffer's last FORWARD arrives in the same turn as its DONE (it
+    hands over its queue, then says DONE).  The learner owes a token for that FORWARD; it must
+    not post it after the DONE it sends back: the buffer has left and never receives it."""
+    cfg = Config(replay_at="learner", buffers=2, hidden=(16,), max_env_steps=100,
+                 progress_seconds=0, target_return=float("nan"))
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+
+    def forward(seq):
+        return Tag.FORWARD, wire.forward(np.zeros(64, record), np.ones(64, np.float32), seq)
+
+    def on_post(link, tag):
+        if tag == Tag.STOP:  # the buffer forwards what it still holds, then says DONE
+            tail = [forward(1)] if link.peer == 1 else []
+            link.inbox += tail + [(Tag.STATS, wire.stats([], 100, 0)),
+                                  (Tag.DONE, wire.done(100, 0))]
+
+    posts = []
+    links = {1: ScriptedLink(posts, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))]),
+             2: ScriptedLink(posts, on_post, [(Tag.STATS, wire.stats([], 60, 0))])}
+    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
+        comm, peer, *a, **k))
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        summary = learner.run(cfg, topo, spec, wire, log, say=lambda s: None)
+    assert summary["stop_reason"] == "max_env_steps"
+    for b in (1, 2):
+        mine = [tag for peer, tag in posts if peer == b]
+        assert mine.count(Tag.DONE) == 1 and Tag.STOP in mine, mine
+        after = mine[mine.index(Tag.DONE) + 1:]
+        assert not after, f"posted to buffer {b - 1} after its DONE: {[t.name for t in after]}"
+
+
+def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatch):
+    """replay_at=buffer, 2 sites: each buffer divides its importance weights by its own max
+    weight (BATCH.b); the learner trains every site's batch on the scale of the largest max
+    weight, so a transition's weight is (N P(i))^-beta of its site over one common figure."""
+    cfg = Config(replay_at="buffer", buffers=2, hidden=(16,), max_env_steps=100,
+                 progress_seconds=0, target_return=float("nan"))
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    site_w = {1: np.linspace(0.1, 1, 8, dtype=np.float32),
+              2: np.linspace(0.5, 1, 8, dtype=np.float32)}
+    site_max = {1: 4.0, 2: 1.5}  # max weights of the two memories
+
+    def batch(b):
+        s = SimpleNamespace(indices=np.arange(8), generations=np.arange(8), weights=site_w[b],
+                            priorities=np.ones(8), records=np.zeros(8, record))
+        return Tag.BATCH, wire.batch(s, 0, 0.0, max_weight=site_max[b])
+
+    def on_post(link, tag):
+        if tag == Tag.PRIORITIES:  # after the first update: the run is over
+            link.inbox.append((Tag.STATS, wire.stats([], 100, 0)))
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    posts, trained = [], []
+    links = {b: ScriptedLink(posts, on_post, [batch(b)]) for b in (1, 2)}
+    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
+        comm, peer, *a, **k))
+    step = learner.TrainStep.step
+    monkeypatch.setattr(learner.TrainStep, "step", lambda self, records, weights, frames=None: (
+        trained.append(np.array(weights)), step(self, records, weights, frames))[1])
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        learner.run(cfg, topo, spec, wire, log, say=lambda s: None)
+    assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
+    top = max(site_max.values())
+    for got, b in zip(trained, (1, 2)):
+        np.testing.assert_allclose(got, site_w[b] * site_max[b] / top, rtol=1e-6,
+                                   err_msg=f"site {b - 1}'s weights")
