@@ -69,6 +69,10 @@ class Watchdog:
 STOP_GRACE_S = 60.0  # a clean stop after SIGTERM/SIGINT, before the checkpoint's allowance
 
 
+#: the signals that ask for a clean stop; a run's stop_reason is then one of their names
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 class StopSignal:
     """SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, Ctrl-C, job scripts) -> a clean, coordinated stop.
 
@@ -86,7 +90,7 @@ class StopSignal:
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
         self._grace = grace_s
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
