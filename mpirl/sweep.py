@@ -78,6 +78,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from mpirl.failure import STOP_SIGNALS
+
 __all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status",
            "slurm_script"]
 
@@ -86,7 +88,7 @@ SLURM_KEYS = {"time", "max_parallel", "sbatch", "setup", "job_name"}
 #: set by the sweep for each run: never a fixed flag or an axis
 RESERVED = {"seed", "run_dir", "config", "resume"}
 DEFAULT_LAUNCHER = ("mpirun", "-n", "{ranks}")
-SIGNAL_STOPS = {"SIGTERM", "SIGINT"}
+SIGNAL_STOPS = {s.name for s in STOP_SIGNALS}  # a run stopped by one of these is not complete
 LOAD_SAMPLE_S = 5.0
 
 

@@ -53,15 +53,14 @@ def test_help_once(tmp_path):
 def test_sigterm_stops_cleanly(tmp_path):
     """SLURM preemption / Ctrl-C: SIGTERM to mpirun -> every rank stops cleanly, files complete."""
     import json
-    import signal
     import subprocess
     import sys
     import time
 
-    from mpirun import mpirun_path
+    from mpirun import mpirun_cmd, stop_signal
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([mpirun_path(), "-n", "4", sys.executable, "-m", "mpirl.main",
+    proc = subprocess.Popen([*mpirun_cmd(4), sys.executable, "-m", "mpirl.main",
                              "--run-dir", str(run), "--max-seconds", "120", "--progress-seconds",
                              "1", "--target-return", "none", "--hidden", "16"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -69,11 +68,11 @@ def test_sigterm_stops_cleanly(tmp_path):
     while time.monotonic() < deadline and not (run / "learner.h5").exists():
         time.sleep(0.2)
     time.sleep(4)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal())  # SIGTERM; Open MPI: SIGUSR1
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "SIGTERM"
+    assert summary["stop_reason"] == stop_signal().name
     import h5py
 
     for f in run.glob("*.h5"):

@@ -78,3 +78,32 @@ def test_bad_fault_spec_is_refused():
     with pytest.raises(RuntimeError, match="injected fault"):
         f.check()
     assert Fault("buffer", 1, "actor:2:0").action is None
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_stop_signals_ask_for_a_clean_stop(sig):
+    """SIGUSR1 too: Open MPI's mpirun SIGKILLs the ranks ~0.25 s after forwarding a SIGTERM,
+    but forwards SIGUSR1 and waits, so it is the clean stop there (tests/mpirun.py)."""
+    import os
+    import signal
+
+    from mpirl.failure import StopSignal
+
+    signum = getattr(signal, sig)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    stop = None
+    try:
+        for s in before:  # if StopSignal left one alone, the test fails instead of dying
+            signal.signal(s, lambda *_: None)
+        stop = StopSignal(world=None, who="test")
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)  # Python runs the handler between bytecodes of the main thread
+        assert stop.requested == sig
+        with pytest.raises(KeyboardInterrupt, match=f"second {sig}"):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+    finally:
+        if stop is not None:
+            stop._watchdog.disarm()
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from mpirun import mpirun_path
+from mpirun import mpirun_cmd
 
 
 @pytest.mark.parametrize("lat_ms, mbps", [(20.0, 40.0), (5.0, 200.0)])
 def test_latency_and_bandwidth_hold(lat_ms, mbps):
     size, count = 50_000, 40  # 2 MB: 400 ms at 40 Mb/s, 80 ms at 200 Mb/s
-    p = subprocess.run([mpirun_path(), "-n", "2", sys.executable, "tests/link_stream.py",
+    p = subprocess.run([*mpirun_cmd(2), sys.executable, "tests/link_stream.py",
                         str(lat_ms), str(mbps), str(size), str(count)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from mpirun import launcher
 
 from mpirl import placement as pl
 from mpirl.placement import PlacementError
@@ -356,17 +357,21 @@ def test_hydra_fills_generated_hostfile(tmp_path):
     me = socket.gethostname()
     if not mpirun.exists() or me in ("localhost", "127.0.0.1"):
         pytest.skip("needs the venv's mpirun and a host name other than localhost")
+    if launcher() != "mpich":
+        pytest.skip("needs Hydra's mpirun (the mpich wheel); this venv has Open MPI's")
     p = pl.plan(9, 2, _alloc(f"localhost,127.0.0.1,{me}", 4))
     hf = tmp_path / "hostfile"
     hf.write_text(pl.render(p, "hydra", "test"))
-    try:
-        out = subprocess.run([str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c",
-                              'echo "$PMI_RANK $PMI_HOSTNAME"'],
-                             capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        pytest.skip("mpirun did not start local ranks within 30 s")
-    if out.returncode != 0:
-        pytest.skip(f"mpirun could not start local ranks: {out.stderr.strip()[:200]}")
+    out = subprocess.run([str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c",
+                          'echo "$PMI_RANK $PMI_HOSTNAME"'],
+                         capture_output=True, text=True, timeout=30)
+    # The one launcher limitation this test cannot help: Hydra takes one of the three names for
+    # a remote host and starts its proxy there with ssh, which is missing or refused (measured:
+    # "execvp error on file ssh", "ssh: Could not resolve hostname", each followed by this line).
+    # Anything else (a hostfile Hydra rejects, a crash, a hang) is a failure.
+    if out.returncode != 0 and "Launch proxy failed" in out.stderr:
+        pytest.skip(f"Hydra could not start a proxy for a local host name: {out.stderr[:200]}")
+    assert out.returncode == 0, out.stderr
     got = dict(line.split() for line in out.stdout.splitlines() if line.strip())
     assert [got[str(r)] for r in range(9)] == p.hosts()
 

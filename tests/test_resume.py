@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from mpirun import mpirun_path, run_mpirl
+from mpirun import mpirun_cmd, run_mpirl, stop_signal
 
 from mpirl import checkpoint as ck
 from mpirl.config import ConfigError, parse, to_dict
@@ -188,9 +187,10 @@ def _read(path: Path) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Launch 1: train until a greedy eval >= 100 (at most 100 s), then SIGTERM."""
+    """Launch 1: train until a greedy eval >= 100 (at most 100 s), then SIGTERM (Open MPI:
+    SIGUSR1, see tests/mpirun.py)."""
     run = tmp_path_factory.mktemp("resume") / "run"
-    proc = subprocess.Popen([mpirun_path(), "-n", "4", sys.executable, "-m", "mpirl.main",
+    proc = subprocess.Popen([*mpirun_cmd(4), sys.executable, "-m", "mpirl.main",
                              "--run-dir", str(run), "--max-seconds", "100", *RUN],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 150
@@ -198,7 +198,7 @@ def trained(tmp_path_factory):
         if _evals(run).max(initial=0) >= 100:
             break
         time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal())
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     return run, out
@@ -207,10 +207,10 @@ def trained(tmp_path_factory):
 def test_sigterm_writes_a_final_checkpoint(trained):
     run, out = trained
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "SIGTERM", out
+    assert summary["stop_reason"] == stop_signal().name, out
     assert _evals(run).max() >= 100, "launch 1 did not learn to 100: nothing to carry on"
     manifest, _ = ck.select(run)
-    assert manifest["id"] == summary["checkpoint"] and manifest["reason"] == "SIGTERM"
+    assert manifest["id"] == summary["checkpoint"] and manifest["reason"] == stop_signal().name
     assert sorted(manifest["parts"]) == ["actor-2", "actor-3", "buffer-0", "learner"]
     assert manifest["counters"]["updates"] == summary["updates"]
     assert manifest["counters"]["env_steps"] == summary["env_steps"]

@@ -142,6 +142,13 @@ def _summary(run_dir: Path, stop: str) -> None:
     (run_dir / "summary.json").write_text(json.dumps({"stop_reason": stop}))
 
 
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_a_run_stopped_by_a_signal_is_not_complete(tmp_path, stop):
+    """SIGUSR1 too: it is the clean stop under Open MPI (mpirl.failure.STOP_SIGNALS)."""
+    _summary(tmp_path / "run", stop)
+    assert S.run_status(tmp_path / "run") != "done"
+
+
 def test_dry_run_lists_every_run_and_its_status(tmp_path, capsys):
     p = spec_file(tmp_path, BASIC)
     runs = S.expand(S.load_spec(p))
