@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from mpirl import failure
+from mpirl import failure, seeds
 from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
 from mpirl.frames import stacks
@@ -108,16 +108,17 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     from mpirl.dqn import dqn_loss
 
     torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
+    seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
+    torch.manual_seed(seed["torch"])
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
-    links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
+    links = {b: LinkEnd(topo.link, b, profile, seed=seed["link"][b - 1]) for b in buffers}
     trainer = TrainStep(cfg, spec)
     online, target, opt = trainer.online, trainer.target, trainer.opt
     at_learner = cfg.replay_at == "learner"
-    memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
+    memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_learner else None
     image = spec.image
-    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000,
+    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=seed["evaluation"],
                           max_steps=cfg.eval_max_steps)
     eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold

@@ -275,13 +275,16 @@ def main(argv: list[str] | None = None) -> int:
 
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
+    from mpirl import seeds
     from mpirl.placement import slurm_info
 
     attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
              "slurm_json": json.dumps(slurm_info()),
              "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
              "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
-             "link_profile": profile.describe()}
+             "link_profile": profile.describe(),
+             "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
+                                                    None if part is None else part.id))}
     name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
             "actor": f"actor-{rank}"}[topo.role]
     profiler = None
