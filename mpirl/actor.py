@@ -59,7 +59,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     # a resumed run starts fresh episodes, seeded apart from those of earlier launches
     seed = seeds.actor(cfg.seed, me.rank, m, None if resume is None else resume.id)
     rng = np.random.default_rng(seed["exploration"])
-    envs = [envs_mod.make(cfg.env, seed=s) for s in seed["envs"]]
+    envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
+            for s in seed["envs"]]
     eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
                     for j in range(m)])
     nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]

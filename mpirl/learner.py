@@ -119,7 +119,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_learner else None
     image = spec.image
     evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=seed["evaluation"],
-                          max_steps=cfg.eval_max_steps)
+                          max_steps=cfg.eval_max_steps, kwargs=cfg.env_kwargs,
+                          wrappers=cfg.wrapper_specs())
     eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     if target_return is not None and not np.isfinite(target_return):

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = parse(argv)
         cfg.validate(world.Get_size())
-        spec = envs.inspect(cfg.env)
+        spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
         record = record_dtype(cfg, spec)
         need = replay_footprint(cfg, spec)
         per = need / cfg.replay_capacity
