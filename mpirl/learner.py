@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from mpirl import failure, seeds
+from mpirl import best_model, failure, seeds
 from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
 from mpirl.frames import stacks
@@ -415,6 +415,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 rets = evaluator.run(eval_q)
                 eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
                                 ret_std=rets.std(), ret_min=rets.min())
+                best_model.offer(log.path.parent, online.state_dict(), rets, best_eval,
+                                 update=updates, env_steps=env_steps)
                 best_eval = max(best_eval, float(rets.mean()))
                 if target_return is not None and rets.mean() >= target_return:
                     stop_reason = "target_return"
