@@ -169,6 +169,10 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["play"]:  # `mpirl play RUN_DIR`: no MPI
+        from mpirl import play
+
+        return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
 
     from mpirl import envs, topology
