@@ -286,7 +286,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                     sample, table = memory.sample(cfg.batch_size)
                 else:
                     sample = memory.sample(cfg.batch_size)
-                out = wire.batch(sample, batch_id, now, frames=table)
+                out = wire.batch(sample, batch_id, now, frames=table, window=window.size)
                 wait = link.post(out, Tag.BATCH, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes

@@ -64,6 +64,9 @@ class Config:
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
                               "lost if a rank is killed)")
+    tensorboard: bool = _f(False, "also write TensorBoard event files (learner rank only, "
+                           "RUN_DIR/tensorboard) mirroring the learner's logs; needs pip install "
+                           "-e \".[tensorboard]\"")
     checkpoint_seconds: float = _f(
         300.0, "seconds between coordinated checkpoints in RUN_DIR/checkpoint (0 = none on a "
         "cadence); a clean stop (budget, target, SIGTERM/SIGINT) always writes one, so the run "
@@ -327,7 +330,7 @@ def _from_toml(path: str) -> dict:
 
 #: The flags --resume accepts: when and how the run stops and reports, never what it learns.
 RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds")
+                "progress_seconds", "flush_seconds", "tensorboard")
 
 
 def resume_dir(argv: list[str] | None = None) -> str | None:

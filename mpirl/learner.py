@@ -147,6 +147,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("arrival_td_mean", "f4", "", "mean |td| under the learner's current network on "
               "arrival"),
         Field("arrival_priority_mean", "f4", "", "mean (|td|+eps)^alpha of arrival_td"),
+        Field("window", "i4", "batches", "the sending buffer's in-flight window when it sent "
+              "the batch (replay_at=buffer; 0 for forwarded experiences)"),
     ], doc="every message of experiences that crossed the link toward the learner")
     eval_log = log.stream("evals", [
         Field("update", "i8", "", "learner updates so far"),
@@ -319,7 +321,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                     nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes,
                                     priority_mean=_mean((m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha),
                                     arrival_td_mean=_mean(td),
-                                    arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
+                                    arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha),
+                                    window=0)
                     if image:
                         memory.add(m.arrays["records"], frames, m.arrays["td_abs"])
                     else:
@@ -403,7 +406,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                 nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,
                                 priority_mean=_mean(m.arrays["priorities"]),
                                 arrival_td_mean=_mean(td),
-                                arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
+                                arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha),
+                                window=int(m.b))
                 sampled += m.count
                 did = True
             if did and updates and updates % cfg.weights_every == 0:

@@ -223,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             if importlib.util.find_spec("zstandard") is None:
                 raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
                                   f"images extra: {envs.IMAGES_EXTRA}")
+        if cfg.tensorboard:
+            from mpirl.dashboard import check_installed
+
+            check_installed()
         if manifest is None:
             run_dir = _prepare_run_dir(world, cfg)
             part = None
@@ -305,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
                 resume=part is not None) as log:
         ckpt.log = log
+        if cfg.tensorboard and topo.role == "learner":
+            from mpirl.dashboard import TensorBoardMirror
+
+            log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
         if part is not None:  # where this launch continues: rows past log_rows are from the
             # interrupted launch, after the checkpoint (kept; analysis may cut them)
             from mpirl.checkpoint import file_rows

@@ -19,9 +19,9 @@ FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nfra
                                   td_abs f4[n], records[n], [frames]  (td_abs: the actors'
                                   initial priorities); may be compressed (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
-                                  clock); [nframes i8[1]], indices i8[B], generations i8[B],
-                                  weights f4[B], priorities f4[B], records[B], [frames];
-                                  may be compressed (FLAG_ZSTD)
+                                  clock), b=the buffer's in-flight window; [nframes i8[1]],
+                                  indices i8[B], generations i8[B], weights f4[B], priorities
+                                  f4[B], records[B], [frames]; may be compressed (FLAG_ZSTD)
 PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a; timing f8[2]
                                   (hold: arrival -> update sent, step: mean update time, s),
                                   indices i8[B], generations i8[B], td_abs f4[B]
@@ -300,14 +300,15 @@ class Wire:
             pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
                  count=len(records), seq=seq))
 
-    def batch(self, sample, batch_id: int, t_send: float, frames=None) -> np.ndarray:
+    def batch(self, sample, batch_id: int, t_send: float, frames=None,
+              window: int = 0) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(sample.indices))
         return self._maybe_compress(
             pack(Tag.BATCH, pre + [np.asarray(sample.indices, "<i8"),
                                    np.asarray(sample.generations, "<i8"),
                                    np.asarray(sample.weights, "<f4"),
                                    np.asarray(sample.priorities, "<f4"), sample.records] + post,
-                 count=len(sample.indices), seq=batch_id, a=t_send))
+                 count=len(sample.indices), seq=batch_id, a=t_send, b=window))
 
     def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
                    hold: float = 0.0, step: float = 0.0):
