@@ -10,4 +10,6 @@ Reads only the run's HDF5 files and ``summary.json`` (h5py + numpy; matplotlib f
 - `analysis.compare`: group runs by link profile and placement, tables, plots, ``report.md``
   (``python -m analysis.compare EXPERIMENT_DIR``).
 - `analysis.schema`: the HDF5 layout of a run as markdown (``python -m analysis.schema RUN_DIR``).
+- `analysis.to_tensorboard`: TensorBoard event files from a run's ``learner.h5`` (``python -m
+  analysis.to_tensorboard RUN_DIR``; also the mapping behind mpirl's live ``--tensorboard``).
 """

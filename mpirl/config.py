@@ -33,7 +33,9 @@ class Config:
     # --- run -----------------------------------------------------------------------------------
     env: str = _f("CartPole-v1", "gymnasium environment id (discrete action space): vector "
                   "observations, Atari 'ALE/<Game>-v5' or MinAtar 'MinAtar/<Game>-v1' (images "
-                  "need pip install -e \".[images]\"; see docs/images.md)")
+                  "need pip install -e \".[images]\"; see docs/images.md); your own as "
+                  "'my_pkg.my_module:MyEnv-v0' (gymnasium imports the module, which registers "
+                  "the id)")
     replay_at: str = _f(
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (proposed: at the edge, only "
