@@ -236,7 +236,7 @@ def test_video_of_each_episode(tmp_path, env_id):
 
 
 @pytest.mark.parametrize("missing, args, text", [
-    ("moviepy", ["--video", "V"], '--video needs moviepy (the video extra): pip install -e ".[video]"'),
+    ("moviepy", ["--video", "V"], 'needs moviepy (the video extra): pip install -e ".[video]"'),
     ("onnx", ["--export", "q.onnx", "--format", "onnx"], "--format onnx needs onnx"),
 ])
 def test_missing_extra_one_clear_error(tmp_path, monkeypatch, capsys, missing, args, text):
@@ -315,3 +315,12 @@ def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
         assert [v for _, v in got[name]["eval/ret_mean"]] == pytest.approx(evals.tolist())
         assert len(got[name]["train/loss"]) == len(np.unique(updates // 100))
     assert got["live"] == got["offline"]
+
+
+def test_tensorboard_without_its_extra_is_a_config_error(monkeypatch):
+    from mpirl.config import ConfigError
+    from mpirl.dashboard import check_installed
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    with pytest.raises(ConfigError, match=r'needs .* pip install -e "\.\[tensorboard\]"'):
+        check_installed()
