@@ -45,6 +45,9 @@ _COMMON = {
     "host": "host name of the writer (from MPI)",
     "world_size": "ranks in the job",
     "link_profile": "the long-haul link as resolved at start (profile and overrides, in words)",
+    "seeds_json": "JSON: the random seeds this rank derived from `--seed` in its latest launch "
+                  "(mpirl/seeds.py): learner `torch`, `replay`, `evaluation`, `link` (per site); "
+                  "buffer `replay`, `link`; actor `exploration`, `envs` (one per env)",
 }
 
 SUMMARY_DOCS = {

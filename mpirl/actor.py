@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl import envs as envs_mod
-from mpirl import failure
+from mpirl import failure, seeds
 from mpirl.checkpoint import restore_rng, rng_meta
 from mpirl.frames import FrameLog, stacks
 from mpirl.logs import Field, RunLog
@@ -56,10 +56,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     m = cfg.envs_per_actor
     n_total = topo.n_actors * m
     fault = failure.FAULT
-    rng = np.random.default_rng(cfg.seed + 1000 * me.rank)
     # a resumed run starts fresh episodes, seeded apart from those of earlier launches
-    seed0 = cfg.seed + 1000 * me.rank + (0 if resume is None else 7919 * resume.id)
-    envs = [envs_mod.make(cfg.env, seed=seed0 + j) for j in range(m)]
+    seed = seeds.actor(cfg.seed, me.rank, m, None if resume is None else resume.id)
+    rng = np.random.default_rng(seed["exploration"])
+    envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
+            for s in seed["envs"]]
     eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
                     for j in range(m)])
     nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
@@ -212,7 +213,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         receive_all()
         backoff.idle()
 
-    first = [e.reset(seed=seed0 + j) for j, e in enumerate(envs)]
+    first = [e.reset(seed=s) for s, e in zip(seed["envs"], envs)]
     obs = np.stack([o for o, _ in first])
     for j, (o, info) in enumerate(first):
         lives[j] = info.get("lives", 0)

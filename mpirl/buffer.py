@@ -33,7 +33,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from mpirl import failure
+from mpirl import failure, seeds
 from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.frames import compact, concat
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
@@ -50,9 +50,10 @@ MAX_ACTOR_MSGS_PER_TURN = 8
 def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> None:
     site, me = topo.site, topo.place
     actors = list(range(1, site.Get_size()))  # site ranks of this buffer's actors
-    link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=cfg.seed + me.rank)
+    seed = seeds.buffer(cfg.seed, me.rank)
+    link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=seed["link"])
     at_buffer = cfg.replay_at == "buffer"
-    memory = make_replay(cfg, spec, wire.record, seed=cfg.seed + me.rank) if at_buffer else None
+    memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_buffer else None
     image = spec.image
 
     link_log = log.stream("link", [
@@ -296,7 +297,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 else:
                     sample = memory.sample(cfg.batch_size)
                 max_w = memory.max_weight()
-                out = wire.batch(sample, batch_id, now, frames=table, max_weight=max_w)
+                out = wire.batch(sample, batch_id, now, frames=table, max_weight=max_w,
+                                 window=window.size)
                 wait = link.post(out, Tag.BATCH, now)
                 raw_out += wire.last_raw_nbytes - out.nbytes  # what compression saved
                 raw_total += wire.last_raw_nbytes - out.nbytes

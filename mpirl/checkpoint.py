@@ -326,6 +326,33 @@ def select(run_dir: str | Path) -> tuple[dict, list[str]]:
                           "run (--run-dir NEW)")
 
 
+def learner_tensors(run_dir: str | Path, ckpt_id: int | None = None) -> tuple[int, dict]:
+    """(id, the learner's tensors) of checkpoint ``ckpt_id`` (None: the newest whose learner.pt
+    checks out), for playing or exporting a policy.  Only learner.pt is read and checked (its
+    size and SHA-256 in the manifest): other parts, replay memories included, are not touched."""
+    run_dir = Path(run_dir)
+    man, _ = ids(run_dir)
+    if ckpt_id is not None and ckpt_id not in man:
+        raise CheckpointError(f"checkpoint {ckpt_id} is not in {root(run_dir)} (complete ones: "
+                              f"{', '.join(map(str, man)) or 'none'})")
+    if not man:
+        raise CheckpointError(f"{run_dir} has no complete checkpoint ({DIRNAME}/manifest-*.json)")
+    why = []
+    for i in ([ckpt_id] if ckpt_id is not None else reversed(man)):
+        try:
+            m = json.loads((root(run_dir) / f"manifest-{i:06d}.json").read_text())
+            want = m["parts"]["learner"]["files"]["learner.pt"]
+            p = root(run_dir) / f"{i:06d}" / "learner.pt"
+            if p.stat().st_size != want["bytes"] or _sha256(p) != want["sha256"]:
+                raise ValueError(f"{p} does not match the manifest (truncated or corrupt)")
+            import torch
+
+            return i, torch.load(p, weights_only=True, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - any failure to read is an unusable checkpoint
+            why.append(f"checkpoint {i}: {type(e).__name__}: {e}")
+    raise CheckpointError(f"{run_dir}: no usable learner part: " + "; ".join(why))
+
+
 def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
     """This rank's part of ``manifest`` (already checked by `select`), without pickle."""
     ckpt_id = int(manifest["id"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,9 @@ class Config:
     # --- run -----------------------------------------------------------------------------------
     env: str = _f("CartPole-v1", "gymnasium environment id (discrete action space): vector "
                   "observations, Atari 'ALE/<Game>-v5' or MinAtar 'MinAtar/<Game>-v1' (images "
-                  "need pip install -e \".[images]\"; see docs/images.md)")
+                  "need pip install -e \".[images]\"; see docs/images.md); your own as "
+                  "'my_pkg.my_module:MyEnv-v0' (gymnasium imports the module, which registers "
+                  "the id)")
     replay_at: str = _f(
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (proposed: at the edge, only "
@@ -39,6 +43,13 @@ class Config:
         "experience crosses the link)",
         choices=("buffer", "learner"),
     )
+    env_kwargs: dict | None = _f(
+        None, "keyword arguments for gymnasium.make at every actor and at the evaluator: a JSON "
+        "object on the command line ('{\"max_episode_steps\": 200}'), a table in --config")
+    env_wrappers: str | None = _f(
+        None, "'pkg.mod:fn[,pkg.mod:fn]': callables env -> env applied in order to the env "
+        "gymnasium.make returns (before mpirl's Atari/MinAtar preprocessing), at every actor "
+        "and at the evaluator; a list of strings in --config")
     buffers: int = _f(1, "number of edge buffers (sites); actors are split over them")
     seed: int = _f(0, "base random seed; each rank and env offsets it")
     max_env_steps: int = _f(2_000_000, "stop after this many env steps (all actors), 0 = no limit")
@@ -55,6 +66,9 @@ class Config:
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
                               "lost if a rank is killed)")
+    tensorboard: bool = _f(False, "also write TensorBoard event files (learner rank only, "
+                           "RUN_DIR/tensorboard) mirroring the learner's logs; needs pip install "
+                           "-e \".[tensorboard]\"")
     checkpoint_seconds: float = _f(
         300.0, "seconds between coordinated checkpoints in RUN_DIR/checkpoint (0 = none on a "
         "cadence); a clean stop (budget, target, SIGTERM/SIGINT) always writes one, so the run "
@@ -139,6 +153,10 @@ class Config:
         """Whether FORWARD / BATCH are compressed in a run with (image) observations."""
         return self.compress == "on" or (self.compress == "auto" and image)
 
+    def wrapper_specs(self) -> list[str]:
+        """--env-wrappers as a list of 'module:attr' strings, in the order they are applied."""
+        return [w.strip() for w in (self.env_wrappers or "").split(",") if w.strip()]
+
     @property
     def inflight_fixed(self) -> int | None:
         """The fixed window, or None for 'auto'."""
@@ -213,6 +231,13 @@ class Config:
         if c.forward_overflow not in ("block", "drop-oldest"):
             raise ConfigError(f"forward_overflow={c.forward_overflow!r} must be 'block' or "
                               "'drop-oldest'")
+        if c.env_kwargs is not None and not isinstance(c.env_kwargs, dict):
+            raise ConfigError(f"env_kwargs={c.env_kwargs!r} must be a JSON object / TOML table "
+                              "of keyword arguments for gymnasium.make")
+        for w in c.wrapper_specs():
+            if not _IMPORT_PATH.match(w):
+                raise ConfigError(f"env_wrappers={c.env_wrappers!r}: {w!r} must be "
+                                  "'module:function', e.g. --env-wrappers mypkg.wrappers:clip")
         c.link_change_at()  # raises on a bad --link-change
         from mpirl.link import resolve_profile  # local: link imports nothing from config
 
@@ -223,12 +248,17 @@ class Config:
             check_layout(world_size, c.buffers)
 
 
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
 # ---------------------------------------------------------------------------------------------
 # Parsing: CLI flags (dashes), TOML keys (underscores or dashes), same names.
 
 
 def _arg_type(f: dataclasses.Field):
     t = str(f.type)
+    if "dict" in t:
+        return str, None  # JSON text, decoded by `parse` (an error there names the value)
     if "tuple" in t:
         return (float if "float" in t else int), "+"
     if t.startswith("bool"):
@@ -295,13 +325,15 @@ def _from_toml(path: str) -> dict:
                               "options of --help without the dashes")
         if key in ("hidden", "site_weights"):
             v = tuple(v) if isinstance(v, list) else v
+        if key == "env_wrappers" and isinstance(v, list):
+            v = ",".join(map(str, v))
         out[key] = v
     return out
 
 
 #: The flags --resume accepts: when and how the run stops and reports, never what it learns.
 RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds")
+                "progress_seconds", "flush_seconds", "tensorboard")
 
 
 def resume_dir(argv: list[str] | None = None) -> str | None:
@@ -344,10 +376,12 @@ def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
     for key in ("hidden", "site_weights"):
         if key in values:
             values[key] = tuple(values[key])
+    if isinstance(values.get("env_kwargs"), str):  # --env-kwargs JSON
+        values["env_kwargs"] = _json_object("env_kwargs", values["env_kwargs"])
     names = {f.name: f for f in dataclasses.fields(Config)}
     for k, v in values.items():  # type checks for TOML values (argparse did the CLI ones)
         typ, nargs = _arg_type(names[k])
-        if nargs:
+        if nargs or k == "env_kwargs":  # env_kwargs: checked by validate
             continue
         if typ is None and not isinstance(v, bool):
             raise ConfigError(f"{k}={v!r} must be true or false")
@@ -367,6 +401,18 @@ def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
     cfg = Config(**values)
     cfg.validate()
     return cfg
+
+
+def _json_object(name: str, text: str) -> dict:
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{name}={text!r} is not valid JSON ({e}); pass a JSON object, e.g. "
+                          f"--{name.replace('_', '-')} '{{\"max_episode_steps\": 200}}'") from None
+    if not isinstance(v, dict):
+        raise ConfigError(f"{name}={text!r} must be a JSON object ({{\"name\": value, ...}}), "
+                          f"not a {type(v).__name__}")
+    return v
 
 
 def to_dict(cfg: Config) -> dict:

@@ -16,6 +16,12 @@ MinAtar         ``MinAtar/<Game>-v0|v1``    bool [10, 10, C] transposed to uint8
                                             Markov already (no stacking); values 0/1, no scaling
 ==============  ==========================  ====================================================
 
+The user's own environments: ``--env my_pkg.my_module:MyEnv-v0`` (gymnasium imports the module,
+which registers the id), ``--env-kwargs`` (passed to ``gymnasium.make``) and ``--env-wrappers``
+(callables ``env -> env`` applied in order to what ``gymnasium.make`` returns, before the family's
+preprocessing).  Every rank builds its envs through `make`, so a bad module, kwarg or wrapper
+fails the same way on every rank during configuration (rank 0 prints it).
+
 Image environments need the optional extra: ``pip install -e ".[images]"``.  Rewards of image
 environments are clipped to [-1, 1] by the actors (``EnvSpec.clip_rewards``); episode returns are
 logged unclipped.
@@ -122,22 +128,97 @@ class _MinAtarObs:
             env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1)), np.uint8), space)
 
 
-def make(env_id: str, seed: int | None = None):
-    """A gymnasium env with mpirl's preprocessing for its family (see the module docstring)."""
+def _import_module(module: str, what: str):
+    """The user's module (ConfigError naming it when it cannot be imported)."""
+    import importlib
+
+    from mpirl.config import ConfigError
+
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's module: any failure is a config error
+        raise ConfigError(f"{what}: cannot import module {module!r} ({type(e).__name__}: {e}); "
+                          "it must be importable on every rank (pip install it, or put it on "
+                          "PYTHONPATH)") from None
+
+
+def _import_attr(path: str, what: str):
+    """``'pkg.mod:name'`` -> the object (ConfigError naming the path when it cannot be had)."""
+    from mpirl.config import ConfigError
+
+    module, _, name = path.partition(":")
+    obj = _import_module(module, what)
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{what}: module {module!r} has no {name!r} (from {path!r})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _gym_make(env_id: str, kwargs: dict):
+    """gymnasium.make with the user's kwargs; its failures as ConfigErrors that say the fix."""
+    import re
+
+    import gymnasium as gym
+
+    from mpirl.config import ConfigError
+
+    if ":" in env_id:  # gymnasium imports it too; here its failures get a clear message
+        _import_module(env_id.partition(":")[0], f"env={env_id!r}")
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as e:
+        raise ConfigError(f"env={env_id!r} is not a gymnasium environment id ({e}); pick one "
+                          "from gymnasium.envs.registry, e.g. --env CartPole-v1") from None
+    except TypeError as e:
+        bad = re.search(r"unexpected keyword argument '([^']+)'", str(e))
+        if bad and bad.group(1) in kwargs:
+            raise ConfigError(f"env_kwargs: env={env_id!r} takes no keyword argument "
+                              f"{bad.group(1)!r} ({e}); check the names its constructor "
+                              "accepts") from None
+        raise ConfigError(f"env={env_id!r} with env_kwargs={kwargs!r}: gymnasium.make failed "
+                          f"(TypeError: {e})") from None
+
+
+def wrap(env, wrappers: list[str]):
+    """Apply ``'pkg.mod:fn'`` wrappers in order: ``env = fn(env)``."""
+    import gymnasium as gym
+
+    from mpirl.config import ConfigError
+
+    for path in wrappers:
+        fn = _import_attr(path, f"env_wrappers: {path!r}")
+        if not callable(fn):
+            raise ConfigError(f"env_wrappers: {path!r} is not callable (it is {fn!r:.60} of "
+                              f"type {type(fn).__name__}); a wrapper is a function or class "
+                              "that takes an env and returns one")
+        try:
+            out = fn(env)
+        except Exception as e:  # noqa: BLE001 - the user's code, reported as their config
+            raise ConfigError(f"env_wrappers: {path!r} raised {type(e).__name__}: {e}") from None
+        if not isinstance(out, gym.Env):
+            raise ConfigError(f"env_wrappers: {path!r} returned {type(out).__name__}, not a "
+                              "gymnasium.Env; a wrapper must return the (wrapped) env")
+        env = out
+    return env
+
+
+def make(env_id: str, seed: int | None = None, kwargs: dict | None = None,
+         wrappers: list[str] | None = None, render_mode: str | None = None):
+    """A gymnasium env with mpirl's preprocessing for its family (see the module docstring):
+    ``gymnasium.make(env_id, **kwargs)``, then ``wrappers`` in order, then the preprocessing."""
     import gymnasium as gym
 
     from mpirl.config import ConfigError
 
     _register(env_id)
     fam = family(env_id)
-    try:
-        if fam == "atari":
-            env = gym.make(env_id, frameskip=1)  # AtariPreprocessing skips (max-pools 2 frames)
-        else:
-            env = gym.make(env_id)
-    except gym.error.Error as e:
-        raise ConfigError(f"env={env_id!r} is not a gymnasium environment id ({e}); pick one "
-                          "from gymnasium.envs.registry, e.g. --env CartPole-v1") from None
+    kwargs = dict(kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    if fam == "atari":
+        kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips (max-pools 2 frames)
+    env = wrap(_gym_make(env_id, kwargs), wrappers or [])
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
         raise ConfigError(f"env={env_id!r} has action space {env.action_space}; DQN needs a "
@@ -161,8 +242,9 @@ def make(env_id: str, seed: int | None = None):
     return env
 
 
-def inspect(env_id: str) -> EnvSpec:
-    env = make(env_id)
+def inspect(env_id: str, kwargs: dict | None = None,
+            wrappers: list[str] | None = None) -> EnvSpec:
+    env = make(env_id, kwargs=kwargs, wrappers=wrappers)
     shape = tuple(env.observation_space.shape)
     dtype = np.dtype(env.observation_space.dtype)
     n_actions = int(env.action_space.n)
@@ -192,8 +274,9 @@ class Evaluator:
     agent that never presses FIRE in Breakout would otherwise play until the 108,000-frame cap.
     """
 
-    def __init__(self, env_id: str, episodes: int, seed: int, max_steps: int = 0):
-        self.envs = [make(env_id) for _ in range(episodes)]
+    def __init__(self, env_id: str, episodes: int, seed: int, max_steps: int = 0,
+                 kwargs: dict | None = None, wrappers: list[str] | None = None):
+        self.envs = [make(env_id, kwargs=kwargs, wrappers=wrappers) for _ in range(episodes)]
         self.seed = seed
         self.round = 0
         self.max_steps = max_steps

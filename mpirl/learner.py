@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from mpirl import failure
+from mpirl import best_model, failure, seeds
 from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
 from mpirl.frames import stacks
@@ -119,17 +119,19 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     from mpirl.dqn import dqn_loss
 
     torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
+    seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
+    torch.manual_seed(seed["torch"])
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
-    links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
+    links = {b: LinkEnd(topo.link, b, profile, seed=seed["link"][b - 1]) for b in buffers}
     trainer = TrainStep(cfg, spec)
     online, target, opt = trainer.online, trainer.target, trainer.opt
     at_learner = cfg.replay_at == "learner"
-    memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
+    memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_learner else None
     image = spec.image
-    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000,
-                          max_steps=cfg.eval_max_steps)
+    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=seed["evaluation"],
+                          max_steps=cfg.eval_max_steps, kwargs=cfg.env_kwargs,
+                          wrappers=cfg.wrapper_specs())
     eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     if target_return is not None and not np.isfinite(target_return):
@@ -156,6 +158,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("arrival_td_mean", "f4", "", "mean |td| under the learner's current network on "
               "arrival"),
         Field("arrival_priority_mean", "f4", "", "mean (|td|+eps)^alpha of arrival_td"),
+        Field("window", "i4", "batches", "the sending buffer's in-flight window when it sent "
+              "the batch (replay_at=buffer; 0 for forwarded experiences)"),
     ], doc="every message of experiences that crossed the link toward the learner")
     eval_log = log.stream("evals", [
         Field("update", "i8", "", "learner updates so far"),
@@ -331,7 +335,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                     nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes,
                                     priority_mean=_mean((m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha),
                                     arrival_td_mean=_mean(td),
-                                    arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
+                                    arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha),
+                                    window=0)
                     if image:
                         memory.add(m.arrays["records"], frames, m.arrays["td_abs"])
                     else:
@@ -422,7 +427,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                                 nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,
                                 priority_mean=_mean(m.arrays["priorities"]),
                                 arrival_td_mean=_mean(td),
-                                arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha))
+                                arrival_priority_mean=_mean((td + cfg.priority_eps) ** cfg.alpha),
+                                window=int(m.arrays["window"][0]))
                 sampled += m.count
                 did = trained = True
             if trained and updates % cfg.weights_every == 0:  # not again on a turn without one
@@ -434,6 +440,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 rets = evaluator.run(eval_q)
                 eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
                                 ret_std=rets.std(), ret_min=rets.min())
+                best_model.offer(log.path.parent, online.state_dict(), rets, best_eval,
+                                 update=updates, env_steps=env_steps)
                 best_eval = max(best_eval, float(rets.mean()))
                 if target_return is not None and rets.mean() >= target_return:
                     stop_reason = "target_return"

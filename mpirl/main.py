@@ -168,6 +168,10 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["play"]:  # `mpirl play RUN_DIR`: no MPI
+        from mpirl import play
+
+        return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
 
     from mpirl import envs, topology
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = parse(argv)
         cfg.validate(world.Get_size())
-        spec = envs.inspect(cfg.env)
+        spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
         record = record_dtype(cfg, spec)
         need = replay_footprint(cfg, spec)
         per = need / cfg.replay_capacity
@@ -228,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
             if importlib.util.find_spec("zstandard") is None:
                 raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
                                   f"images extra: {envs.IMAGES_EXTRA}")
+        if cfg.tensorboard:
+            from mpirl.dashboard import check_installed
+
+            check_installed()
         if manifest is None:
             run_dir = _prepare_run_dir(world, cfg)
             part = None
@@ -288,13 +296,16 @@ def main(argv: list[str] | None = None) -> int:
 
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
+    from mpirl import seeds
     from mpirl.placement import slurm_info
 
     attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
              "slurm_json": json.dumps(slurm_info()),
              "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
              "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
-             "link_profile": profile.describe()}
+             "link_profile": profile.describe(),
+             "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
+                                                    None if part is None else part.id))}
     name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
             "actor": f"actor-{rank}"}[topo.role]
     profiler = None
@@ -311,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
                 resume=part is not None) as log:
         ckpt.log = log
+        if cfg.tensorboard and topo.role == "learner":
+            from mpirl.dashboard import TensorBoardMirror
+
+            log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
         if part is not None:  # where this launch continues: rows past log_rows are from the
             # interrupted launch, after the checkpoint (kept; analysis may cut them)
             from mpirl.checkpoint import file_rows

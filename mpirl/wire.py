@@ -21,7 +21,8 @@ FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nfra
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
                                   clock), b=the memory's max weight (weights' normaliser, see
                                   PrioritizedReplay.max_weight; at most 1e9);
-                                  [nframes i8[1]], indices i8[B], generations i8[B],
+                                  [nframes i8[1]], window i8[1]
+                                  (the buffer's in-flight window), indices i8[B], generations i8[B],
                                   weights f4[B], priorities f4[B], records[B], [frames];
                                   may be compressed (FLAG_ZSTD)
 PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=learner
@@ -69,8 +70,8 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 4  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
-# 4: PRIORITIES.b = learner updates, BATCH.b = max weight
+VERSION = 5  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
+# 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1]
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
@@ -178,8 +179,8 @@ class Wire:
         if kind == Tag.FORWARD:
             return [("td_abs", f4, count), ("records", rec, count)]
         if kind == Tag.BATCH:
-            return [("indices", i8, count), ("generations", i8, count), ("weights", f4, count),
-                    ("priorities", f4, count), ("records", rec, count)]
+            return [("window", i8, 1), ("indices", i8, count), ("generations", i8, count),
+                    ("weights", f4, count), ("priorities", f4, count), ("records", rec, count)]
         if kind == Tag.PRIORITIES:
             return [("timing", f8, 2), ("indices", i8, count), ("generations", i8, count),
                     ("td_abs", f4, count)]
@@ -309,10 +310,11 @@ class Wire:
                  count=len(records), seq=seq))
 
     def batch(self, sample, batch_id: int, t_send: float, frames=None,
-              max_weight: float = 1.0) -> np.ndarray:
+              max_weight: float = 1.0, window: int = 0) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(sample.indices))
         return self._maybe_compress(
-            pack(Tag.BATCH, pre + [np.asarray(sample.indices, "<i8"),
+            pack(Tag.BATCH, pre + [np.array([window], "<i8"),
+                                   np.asarray(sample.indices, "<i8"),
                                    np.asarray(sample.generations, "<i8"),
                                    np.asarray(sample.weights, "<f4"),
                                    np.asarray(sample.priorities, "<f4"), sample.records] + post,

@@ -56,3 +56,34 @@ def test_unknown_option_exits_2(capsys):
         parse(["--bogus"])
     assert e.value.code == 2
     assert "--bogus" in capsys.readouterr().err
+
+
+def test_env_kwargs_and_wrappers_from_cli_toml_and_stored(tmp_path):
+    """--env-kwargs is JSON on the command line, a table in TOML; --env-wrappers a comma list or
+    a TOML list; both survive the stored config (--resume, mpirl.play)."""
+    from mpirl.config import to_dict
+
+    cli = parse(["--env-kwargs", '{"n": 3, "length": 7}', "--env-wrappers", "a.b:f, c:g"])
+    assert cli.env_kwargs == {"n": 3, "length": 7} and cli.wrapper_specs() == ["a.b:f", "c:g"]
+    toml = tmp_path / "run.toml"
+    toml.write_text('env-wrappers = ["a.b:f", "c:g"]\n[env_kwargs]\nn = 3\nlength = 7\n')
+    from_toml = parse(["--config", str(toml)])
+    assert from_toml.env_kwargs == cli.env_kwargs
+    assert from_toml.wrapper_specs() == cli.wrapper_specs()
+    assert parse(["--config", str(toml), "--env-kwargs", "{}"]).env_kwargs == {}  # flags win
+    import json
+
+    stored = json.loads(json.dumps(to_dict(cli)))  # as config_json / the manifest hold it
+    again = parse(["--resume", "RUN"], stored=stored)
+    assert again.env_kwargs == cli.env_kwargs and again.env_wrappers == cli.env_wrappers
+    assert parse([]).env_kwargs is None and parse([]).wrapper_specs() == []
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--env-kwargs", "{n: 3}"], "env_kwargs='{n: 3}' is not valid JSON"),
+    (["--env-kwargs", "[3]"], "must be a JSON object"),
+    (["--env-wrappers", "no_colon"], "'no_colon' must be 'module:function'"),
+])
+def test_bad_env_options(argv, match):
+    with pytest.raises(ConfigError, match=match.replace("[", r"\[")):
+        parse(argv)

@@ -1,5 +1,7 @@
 """Bad input: one clear line from one rank, naming the value and the fix; non-zero exit; no hang."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 from mpirun import run_mpirl
@@ -15,12 +17,24 @@ CASES = [
     (3, ["--link", "carrier-pigeon"], "link='carrier-pigeon' is not a known profile"),
     (3, ["--config", "/nonexistent.toml"], "no such file"),
     (3, ["--gamma", "2"], "gamma=2.0 must be in (0, 1]"),
+    # the user's own env (tests/toy_env.py, on PYTHONPATH)
+    (3, ["--env", "no_such_pkg.envs:Foo-v0"], "cannot import module 'no_such_pkg.envs'"),
+    (3, ["--env-kwargs", '{"n": 3,}'], "is not valid JSON"),
+    (3, ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"colour": 1}'],
+     "takes no keyword argument 'colour'"),
+    (3, ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"continuous": true}'],
+     "needs a Discrete action space"),
+    (3, ["--env-wrappers", "toy_env:NOT_CALLABLE"], "'toy_env:NOT_CALLABLE' is not callable"),
+    (3, ["--env-wrappers", "toy_env:plus_one,nowhere:fn"], "cannot import module 'nowhere'"),
 ]
+TESTS = str(Path(__file__).parent)
 
 
 @pytest.mark.parametrize("n, args, text", CASES, ids=[c[2][:30] for c in CASES])
 def test_bad_input_one_clear_error(tmp_path, n, args, text):
-    p = run_mpirl(n, *args, "--run-dir", str(tmp_path / "run"), timeout=60)
+    path = os.pathsep.join(x for x in (TESTS, os.environ.get("PYTHONPATH")) if x)
+    p = run_mpirl(n, *args, "--run-dir", str(tmp_path / "run"), timeout=60,
+                  env={"PYTHONPATH": path})
     assert p.returncode != 0
     lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
     assert len(lines) == 1, p.stderr

@@ -1,0 +1,203 @@
+"""TensorBoard event files from a run's HDF5 logs, offline (compute nodes often have no internet
+and no TensorBoard; HDF5 stays the source of truth)::
+
+    python -m analysis.to_tensorboard RUN_DIR             # writes RUN_DIR/tensorboard-offline
+    tensorboard --logdir RUN_DIR
+
+Works on a finished, a live or a killed run (the rows up to the writers' last flush; run it again
+for newer rows: it rewrites its folder).  The scalars are those of the live ``--tensorboard``
+mirror (mpirl.dashboard), made by the same `Scalars` from ``learner.h5``:
+
+=============================================  ===========================  ====================
+tag                                            from ``learner.h5``          step
+=============================================  ===========================  ====================
+``progress/<field>`` (env_steps, env_steps_per  ``/progress``, every row    updates
+_s, updates_per_s, recent_return, loss,
+busy_fraction, link_bytes_per_s)
+``eval/ret_mean``, ``eval/ret_std``,           ``/evals``, every row        update
+``eval/ret_min``
+``train/loss``, ``train/td_abs_mean``,          ``/updates``, mean of each   last update of the
+``train/beta``                                 ``EVERY`` updates            group
+``link/site<s>/mb_in_per_s``, ``mb_out_per_s``  ``/link``, every row        seconds since start
+, ``utilization``
+``link/site<s>/priority_mean``,                ``/transfers``, mean of each last update of the
+``arrival_priority_mean``, ``window``          ``EVERY`` updates            group
+=============================================  ===========================  ====================
+
+Every event's wall time is the row's ``t + t0_unix``, so TensorBoard's "Relative" and "Wall"
+axes line all tags up.  Needs the tensorboard package (``pip install -e ".[tensorboard]"``);
+no mpirl import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+__all__ = ["EVERY", "EventWriter", "Scalars", "convert"]
+
+EVERY = 100  # updates per point of the per-update series
+TENSORBOARD_EXTRA = 'pip install -e ".[tensorboard]"'
+PROGRESS = ("env_steps", "env_steps_per_s", "updates_per_s", "recent_return", "loss",
+            "busy_fraction", "link_bytes_per_s")
+
+
+class _Groups:
+    """Means of consecutive rows grouped by ``key // EVERY``; a group is emitted once a later
+    group has begun (so the live mirror and the offline converter give the same points), the
+    last one by `finish`."""
+
+    def __init__(self, fields: tuple[str, ...], last: tuple[str, ...] = ()):
+        self.fields, self.last = fields, last  # ``last``: take the group's last value
+        self.pending: dict[str, np.ndarray] | None = None
+
+    def add(self, cols: dict[str, np.ndarray], key: str, done: bool = False):
+        """Yield (group's last key, last t, {field: value}) for each complete group."""
+        names = ("t", key, *self.fields, *self.last)
+        cols = {k: np.asarray(cols[k]) for k in names if k in cols}
+        if self.pending is not None:
+            cols = {k: np.concatenate([p, cols[k]]) if k in cols else p
+                    for k, p in self.pending.items()}
+        if not len(cols[key]):
+            return
+        g = cols[key] // EVERY
+        ends = np.flatnonzero(np.diff(g)) + 1
+        starts = np.concatenate([[0], ends])
+        stops = np.concatenate([ends, [len(g)]])
+        complete = len(starts) if done else len(starts) - 1
+        for a, b in zip(starts[:complete], stops[:complete]):
+            vals = {f: float(np.mean(cols[f][a:b])) for f in self.fields if f in cols}
+            vals.update({f: float(cols[f][b - 1]) for f in self.last if f in cols})
+            yield int(cols[key][b - 1]), float(cols["t"][b - 1]), vals
+        self.pending = None if done else {k: v[starts[-1]:] for k, v in cols.items()}
+
+
+class Scalars:
+    """learner.h5 rows -> TensorBoard scalars ``(tag, step, value, wall_time)``; feed each
+    stream's new rows in order (`rows`), then `finish` once at the end."""
+
+    def __init__(self, t0_unix: float):
+        self.t0 = float(t0_unix)
+        self.updates = _Groups(("loss", "td_abs_mean", "beta"))
+        self.transfers: dict[int, _Groups] = {}
+
+    def rows(self, stream: str, cols: dict[str, np.ndarray], done: bool = False) -> list[tuple]:
+        out = []
+        t = np.asarray(cols.get("t", []), np.float64)
+        if stream == "progress":
+            for i in range(len(t)):
+                for f in PROGRESS:
+                    if f in cols:
+                        out.append((f"progress/{f}", int(cols["updates"][i]),
+                                    float(cols[f][i]), self.t0 + t[i]))
+        elif stream == "evals":
+            for i in range(len(t)):
+                for f in ("ret_mean", "ret_std", "ret_min"):
+                    out.append((f"eval/{f}", int(cols["update"][i]), float(cols[f][i]),
+                                self.t0 + t[i]))
+        elif stream == "updates":
+            for step, tt, vals in self.updates.add(cols, "update", done):
+                out += [(f"train/{f}", step, v, self.t0 + tt) for f, v in vals.items()]
+        elif stream == "link":
+            for i in range(len(t)):
+                s, dt = int(cols["buffer"][i]), max(float(cols["interval_s"][i]), 1e-9)
+                for tag, v in (("mb_in_per_s", cols["bytes_in"][i] / dt / 1e6),
+                               ("mb_out_per_s", cols["bytes_out"][i] / dt / 1e6),
+                               ("utilization", cols["utilization"][i])):
+                    out.append((f"link/site{s}/{tag}", int(t[i]), float(v), self.t0 + t[i]))
+        elif stream == "transfers":
+            sites = np.asarray(cols.get("buffer", []))
+            for s in sorted(set(sites.tolist()) | (set(self.transfers) if done else set())):
+                g = self.transfers.setdefault(
+                    s, _Groups(("priority_mean", "arrival_priority_mean"), last=("window",)))
+                mine = {k: np.asarray(v)[sites == s] for k, v in cols.items()}
+                for step, tt, vals in g.add(mine, "update", done):
+                    out += [(f"link/site{s}/{f}", step, v, self.t0 + tt) for f, v in vals.items()
+                            if f != "window" or v > 0]
+        return out
+
+    def finish(self) -> list[tuple]:
+        """The last, incomplete groups of the per-update series."""
+        empty = {"t": np.zeros(0), "update": np.zeros(0, np.int64), "buffer": np.zeros(0, int)}
+        return self.rows("updates", empty, done=True) + self.rows("transfers", empty, done=True)
+
+
+class EventWriter:
+    """Scalars into a TensorBoard event file (tensorboard's own writer; no torch, no TF)."""
+
+    def __init__(self, logdir: str | Path, flush_secs: float = 120):
+        try:
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError:
+            raise ImportError(f"TensorBoard event files need the tensorboard package: "
+                              f"{TENSORBOARD_EXTRA}") from None
+        self._event, self._summary = Event, Summary
+        self._writer = EventFileWriter(str(logdir), flush_secs=flush_secs)
+
+    def add(self, scalars: list[tuple]) -> None:
+        for tag, step, value, wall in scalars:
+            summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
+            self._writer.add_event(self._event(wall_time=wall, step=step, summary=summary))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _read(f: h5py.File, name: str) -> dict[str, np.ndarray]:
+    g = f[name]
+    n = min((d.shape[0] for d in g.values()), default=0)
+    return {k: d[:n] for k, d in g.items()}
+
+
+def convert(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the scalars of ``run_dir``'s learner.h5 into ``out`` (default
+    RUN_DIR/tensorboard-offline, replaced); returns the folder."""
+    run_dir = Path(run_dir)
+    out = Path(out) if out is not None else run_dir / "tensorboard-offline"
+    src = run_dir / "learner.h5"
+    if not src.is_file():
+        raise FileNotFoundError(f"{src} does not exist: not a run folder, or its learner has "
+                                "not started")
+    writer_dir = out.with_name(out.name + ".tmp")
+    shutil.rmtree(writer_dir, ignore_errors=True)
+    writer = EventWriter(writer_dir)
+    with h5py.File(src, "r", locking=False) as f:
+        scalars = Scalars(f.attrs["t0_unix"])
+        for name in ("progress", "evals", "updates", "link", "transfers"):
+            if name in f:
+                writer.add(scalars.rows(name, _read(f, name)))
+    writer.add(scalars.finish())
+    writer.close()
+    shutil.rmtree(out, ignore_errors=True)
+    writer_dir.rename(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.to_tensorboard",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", metavar="RUN_DIR")
+    ap.add_argument("--out", default=None, help="output folder (default RUN_DIR/tensorboard-"
+                    "offline; replaced)")
+    args = ap.parse_args(argv)
+    try:
+        out = convert(args.run_dir, args.out)
+    except (OSError, ImportError) as e:
+        print(f"analysis.to_tensorboard: {e}", file=sys.stderr)
+        return 2
+    print(f"analysis.to_tensorboard: wrote {out}; view with: tensorboard --logdir {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
