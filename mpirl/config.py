@@ -131,6 +131,10 @@ class Config:
 
     # --- resources -----------------------------------------------------------------------------
     torch_threads: int = _f(1, "torch threads per rank")
+    device: str = _f("auto", "the learner's torch device: 'auto' (cuda when torch sees a GPU), "
+                     "'cpu', 'cuda' or 'cuda:N'; actors and buffers always run on CPU")
+    amp: str = _f("off", "mixed precision of the learner's forward/backward on CUDA: 'off' or "
+                  "'bf16' (autocast; weights and optimizer stay float32)", choices=("off", "bf16"))
     config: str | None = _f(None, "TOML file with any of these keys (CLI flags win)")
 
     # ------------------------------------------------------------------------------------------
@@ -212,6 +216,15 @@ class Config:
         if c.forward_overflow not in ("block", "drop-oldest"):
             raise ConfigError(f"forward_overflow={c.forward_overflow!r} must be 'block' or "
                               "'drop-oldest'")
+        from mpirl.device import valid_name
+
+        if not valid_name(c.device):
+            raise ConfigError(f"device={c.device!r} must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if c.amp not in ("off", "bf16"):
+            raise ConfigError(f"amp={c.amp!r} must be 'off' or 'bf16'")
+        if c.amp != "off" and c.device == "cpu":
+            raise ConfigError(f"amp={c.amp!r} needs the learner on CUDA, not device='cpu': pass "
+                              "--amp off or --device cuda")
         c.link_change_at()  # raises on a bad --link-change
         from mpirl.link import resolve_profile  # local: link imports nothing from config
 
@@ -298,9 +311,11 @@ def _from_toml(path: str) -> dict:
     return out
 
 
-#: The flags --resume accepts: when and how the run stops and reports, never what it learns.
+#: The flags --resume accepts: when and how the run stops and reports, and the hardware the
+#: learner uses (a run checkpointed on a GPU continues on a CPU and the other way round), never
+#: what it learns.
 RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds")
+                "progress_seconds", "flush_seconds", "device", "amp")
 
 
 def resume_dir(argv: list[str] | None = None) -> str | None:

@@ -27,6 +27,7 @@ from collections import deque
 
 import numpy as np
 
+from mpirl import device as device_mod
 from mpirl import failure
 from mpirl.checkpoint import memory_state, part_name, restore_memory
 from mpirl.envs import Evaluator
@@ -56,40 +57,142 @@ def _batch_tensors(torch, records, frames=None, stack: int = 1):
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
+class Pending:
+    """An update launched on the device: ``result()`` waits for it and returns ``(loss, |td|)``.
+
+    On CUDA the loss and |td| come back in one non-blocking copy into pinned memory (one
+    device -> host transfer per batch), so the host is free between ``launch`` and ``result``;
+    on CPU the update has already run."""
+
+    __slots__ = ("_out", "_event")
+
+    def __init__(self, out, event=None):
+        self._out, self._event = out, event
+
+    def result(self) -> tuple[float, np.ndarray]:
+        if self._event is not None:
+            self._event.synchronize()
+        out = self._out.numpy()
+        return float(out[0]), out[1:].copy()
+
+
 class TrainStep:
     """The learner's train step, callable on its own (no MPI, no logging; bench/overheads.py
-    times it standalone): the online and target networks, Adam, and one update on a batch.
+    and bench/gpu.py time it standalone): the online and target networks on ``device``, Adam,
+    and one update on a batch.
 
     ``step(records, weights, frames)`` is one double-DQN update (Huber loss weighted by the
     importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; the caller
-    counts updates and calls ``sync_target`` every ``target_update`` of them."""
+    counts updates and calls ``sync_target`` every ``target_update`` of them.  It is
+    ``put`` (host arrays -> device tensors: on CUDA through pinned staging buffers with
+    non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
+    calls them apart to put the next batch on its way while the current one trains."""
 
-    def __init__(self, cfg, spec):
+    def __init__(self, cfg, spec, device="cpu", amp: str = "off"):
         import torch
 
         from mpirl.dqn import Adam, dqn_loss
 
         self.torch, self.loss_fn = torch, dqn_loss
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.amp = amp == "bf16" and self.cuda
         self.spec, self.huber_delta, self.grad_clip = spec, cfg.huber_delta, cfg.grad_clip
-        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling)
+        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling).to(self.device)
         self.target = copy.deepcopy(self.online)
-        self.opt = Adam(self.online.parameters(), lr=cfg.lr)  # torch's kernel, no dynamo import
+        self.params = list(self.online.parameters())
+        self.opt = Adam(self.params, lr=cfg.lr)  # torch's kernel, no dynamo import
+        # CUDA: two sets of pinned host buffers, used in turn, each with the event of its last
+        # host -> device copy (a set is rewritten only once that copy is done)
+        self._staging = [({}, None), ({}, None)]
+        self._turn = 0
+        self._out = None  # pinned buffer for loss + |td| coming back
 
-    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+    def put(self, records, weights, frames=None) -> tuple:
+        """A batch on the device: (obs, action, reward, next_obs, discount, weights)."""
         torch = self.torch
-        obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, self.spec.stack)
-        w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
-        loss, td = self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
+        if not self.cuda:
+            return (*_batch_tensors(torch, records, frames, self.spec.stack),
+                    torch.from_numpy(np.ascontiguousarray(weights, np.float32)))
+        if frames is not None:
+            obs, nxt = stacks(records, frames, self.spec.stack)
+        else:
+            obs, nxt = records["obs"], records["next_obs"]
+        host = ((obs, np.uint8 if frames is not None else np.float32),
+                (records["action"], np.int64), (records["reward"], np.float32),
+                (nxt, np.uint8 if frames is not None else np.float32),
+                (records["discount"], np.float32), (weights, np.float32))
+        bufs, event = self._staging[self._turn]
+        if event is not None:
+            event.synchronize()
+        out = []
+        for i, (x, dt) in enumerate(host):
+            b = bufs.get(i)
+            if b is None or tuple(b.shape) != tuple(np.shape(x)):
+                b = bufs[i] = torch.empty(np.shape(x), dtype=_TORCH_DTYPES[dt](torch),
+                                          pin_memory=True)
+            b.numpy()[...] = x  # gathers the field out of the records and casts, in one pass
+            out.append(b.to(self.device, non_blocking=True))
+        event = torch.cuda.Event()
+        event.record()
+        self._staging[self._turn] = (bufs, event)
+        self._turn ^= 1
+        return tuple(out)
+
+    def _loss(self, batch):
+        obs, act, rew, nxt, disc, w = batch
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16, enabled=self.amp):
+            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
                                 self.huber_delta)
+
+    def launch(self, batch) -> Pending:
+        """Queue one update on ``batch`` (from ``put``); on CPU it runs now."""
+        torch = self.torch
+        loss, td = self._loss(batch)
         self.opt.zero_grad()
         loss.backward()
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+            self._clip()
         self.opt.step()
-        return float(loss.detach()), td.detach().numpy()
+        return self._back(loss.detach(), td)
+
+    def _clip(self) -> None:
+        """torch.nn.utils.clip_grad_norm_'s foreach path without its wrappers (they were ~10%
+        of a CPU update): scale every gradient by min(1, clip / (total norm + 1e-6))."""
+        torch = self.torch
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        torch._foreach_mul_(grads, torch.clamp(self.grad_clip / (total + 1e-6), max=1.0))
+
+    def _back(self, loss, td) -> Pending:
+        torch = self.torch
+        if not self.cuda:
+            return Pending(torch.cat([loss.view(1), td]))
+        both = torch.cat([loss.float().view(1), td.float()])
+        if self._out is None or self._out.numel() != both.numel():
+            self._out = torch.empty(both.numel(), dtype=torch.float32, pin_memory=True)
+        self._out.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Pending(self._out, event)
+
+    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+        return self.launch(self.put(records, weights, frames)).result()
+
+    def td(self, records, frames=None) -> np.ndarray:
+        """|td| of transitions under the current networks, no update (arrival priorities)."""
+        torch = self.torch
+        batch = self.put(records, np.ones(len(records), np.float32), frames)
+        with torch.no_grad():
+            _, td = self._loss(batch)
+        return td.float().cpu().numpy()
 
     def sync_target(self) -> None:
         self.target.load_state_dict(self.online.state_dict())
+
+
+_TORCH_DTYPES = {np.float32: lambda t: t.float32, np.int64: lambda t: t.int64,
+                 np.uint8: lambda t: t.uint8}
 
 
 def _mean(x: np.ndarray) -> float:
@@ -105,14 +208,16 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         resume=None) -> dict:
     import torch
 
-    from mpirl.dqn import dqn_loss
-
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
     links = {b: LinkEnd(topo.link, b, profile, seed=cfg.seed + 17 * b) for b in buffers}
-    trainer = TrainStep(cfg, spec)
+    dev = device_mod.resolve(cfg.device, torch)
+    dev_info = device_mod.describe(dev, torch)
+    log.set_attrs(**dev_info)
+    say(device_mod.banner(dev_info, cfg.amp))
+    trainer = TrainStep(cfg, spec, dev, cfg.amp)
     online, target, opt = trainer.online, trainer.target, trainer.opt
     at_learner = cfg.replay_at == "learner"
     memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
@@ -175,35 +280,66 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
               "busy at the modelled bandwidth (0 without emulation)"),
     ], doc="the learner's side of each long-haul link, one row per buffer per interval")
 
-    def to_numpy(t):
-        return t.detach().numpy()
-
-    def train(records, weights, frames=None) -> np.ndarray:
-        """One DQN update; returns |td| per sample (the new priorities' raw material)."""
-        nonlocal updates, busy, loss_sum, loss_n
+    def next_batch():
+        """The next batch, picked and put on its way to the device: (source, device batch),
+        or None.  Source: the sample (replay_at=learner) or (site, BATCH message, bytes,
+        arrival time)."""
+        nonlocal sampled, busy
+        if at_learner:
+            if len(memory) < max(cfg.learning_starts, 1):
+                return None
+            memory.beta = beta
+            s, table = memory.sample(cfg.batch_size) if image else (
+                memory.sample(cfg.batch_size), None)
+            sampled += cfg.batch_size
+            src, records, weights, frames = s, s.records, s.weights, table
+        elif any(ready.values()):
+            # the site furthest behind its share goes next (weighted fair queueing)
+            b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
+            src = (b, *ready[b].popleft())
+            served[b] += 1
+            m = src[1]
+            records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
+                "frames")
+        else:
+            return None
         t0 = time.monotonic()
-        lv, td_np = trainer.step(records, weights, frames)
+        batch = trainer.put(records, weights, frames)
+        busy += time.monotonic() - t0
+        return src, batch
+
+    def train(batch) -> tuple[np.ndarray, float]:
+        """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
+        way (prefetch).  Returns |td| per sample (the new priorities' raw material) and the
+        seconds the learner spent on it."""
+        nonlocal updates, busy, loss_sum, loss_n, staged
+        t0 = time.monotonic()
+        pending = trainer.launch(batch)
+        t1 = time.monotonic()
+        staged = next_batch()
+        t2 = time.monotonic()
+        lv, td_np = pending.result()
         updates += 1
         if updates % cfg.target_update == 0:
             trainer.sync_target()
+        t3 = time.monotonic()
         upd_log.append(update=updates, loss=lv, td_abs_mean=_mean(td_np), beta=beta)
         loss_sum += lv
         loss_n += 1
-        busy += time.monotonic() - t0
-        return td_np
+        spent = (t1 - t0) + (t3 - t2)
+        busy += spent
+        return td_np, spent
 
     def arrival_td(records, frames=None) -> np.ndarray:
         if image and len(records) > cfg.batch_size:  # a CNN pass over a whole forwarded chunk
             records = records[:: -(-len(records) // cfg.batch_size)]  # costs seconds: subsample
-        with torch.no_grad():
-            obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, spec.stack)
-            _, td = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.ones(len(act)))
-        return to_numpy(td)
+        return trainer.td(records, frames)
 
     def send_weights() -> None:
-        nonlocal weights_version
+        nonlocal weights_version, flat
         weights_version += 1
-        buf = wire.weights(online.flat_params(), weights_version, updates)
+        flat = (updates, online.flat_params())  # off the device once per broadcast
+        buf = wire.weights(flat[1], weights_version, updates)
         for b in buffers:
             links[b].post(buf, Tag.WEIGHTS)
 
@@ -215,6 +351,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     backoff = Backoff()
     updates = weights_version = -1
     updates = 0
+    flat = (-1, None)  # (updates, flat weights) of the last broadcast
+    staged = None  # the next batch, already on its way to the device
     busy = 0.0
     loss_sum, loss_n = 0.0, 0
     beta = cfg.beta
@@ -374,26 +512,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             change = None
         if stop_reason is None:
             beta = beta_now()
-            t_step0 = time.monotonic()
-            if at_learner and len(memory) >= max(cfg.learning_starts, 1):
-                memory.beta = beta
-                if image:
-                    s, table = memory.sample(cfg.batch_size)
-                    td = train(s.records, s.weights, table)
-                else:
-                    s = memory.sample(cfg.batch_size)
-                    td = train(s.records, s.weights)
+            if staged is None:
+                staged = next_batch()
+            if staged is not None and at_learner:
+                s = staged[0]
+                td, _ = train(staged[1])
                 memory.update(s.indices, s.generations, td)
-                sampled += cfg.batch_size
                 did = True
-            elif any(ready.values()):
-                # the site furthest behind its share goes next (weighted fair queueing)
-                b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
-                m, nbytes, arrived = ready[b].popleft()
-                served[b] += 1
-                td = train(m.arrays["records"], m.arrays["weights"], m.arrays.get("frames"))
+            elif staged is not None:
+                (b, m, nbytes, arrived), batch = staged
+                td, spent = train(batch)
                 t_done = time.monotonic()
-                step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
+                step_s = spent if step_s is None else 0.9 * step_s + 0.1 * spent
                 links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                               m.seq, m.a, hold=t_done - arrived, step=step_s),
                               Tag.PRIORITIES)
@@ -409,7 +539,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             # greedy evaluation and the stop decision
             if updates and updates - last_eval >= cfg.eval_every:
                 last_eval = updates
-                eval_q.load(online.flat_params())
+                eval_q.load(flat[1] if flat[0] == updates else online.flat_params())
                 rets = evaluator.run(eval_q)
                 eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
                                 ret_std=rets.std(), ret_min=rets.min())
