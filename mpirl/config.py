@@ -128,6 +128,10 @@ class Config:
     eval_every: int = _f(500, "learner updates between greedy evaluations")
     eval_max_steps: int = _f(27_000, "cut a greedy evaluation episode after this many agent "
                              "steps (27,000 = Atari's 30-minute cap; 0 = the env's own limit)")
+    evaluator: str = _f("process", "where the greedy evaluation runs: 'process' (a child process "
+                        "of the learner, off the update loop), 'thread' (a thread of the "
+                        "learner; shares its GIL) or 'inline' (in the update loop, which waits "
+                        "for it); see docs/design.md", choices=("process", "thread", "inline"))
 
     # --- resources -----------------------------------------------------------------------------
     torch_threads: int = _f(1, "torch threads per rank")
@@ -216,6 +220,8 @@ class Config:
         if c.forward_overflow not in ("block", "drop-oldest"):
             raise ConfigError(f"forward_overflow={c.forward_overflow!r} must be 'block' or "
                               "'drop-oldest'")
+        if c.evaluator not in ("process", "thread", "inline"):
+            raise ConfigError(f"evaluator={c.evaluator!r} must be 'process', 'thread' or 'inline'")
         from mpirl.device import valid_name
 
         if not valid_name(c.device):
@@ -315,7 +321,7 @@ def _from_toml(path: str) -> dict:
 #: learner uses (a run checkpointed on a GPU continues on a CPU and the other way round), never
 #: what it learns.
 RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds", "device", "amp")
+                "progress_seconds", "flush_seconds", "device", "amp", "evaluator")
 
 
 def resume_dir(argv: list[str] | None = None) -> str | None:

@@ -30,11 +30,11 @@ import numpy as np
 from mpirl import device as device_mod
 from mpirl import failure
 from mpirl.checkpoint import memory_state, part_name, restore_memory
-from mpirl.envs import Evaluator
+from mpirl.evaluation import make_runner
 from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.qnet import make_learner_q, make_q
+from mpirl.qnet import make_learner_q
 from mpirl.replay.build import make_replay
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
@@ -222,9 +222,6 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     at_learner = cfg.replay_at == "learner"
     memory = make_replay(cfg, spec, wire.record, seed=cfg.seed) if at_learner else None
     image = spec.image
-    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=cfg.seed + 10_000,
-                          max_steps=cfg.eval_max_steps)
-    eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     if target_return is not None and not np.isfinite(target_return):
         target_return = None  # --target-return none
@@ -257,7 +254,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("ret_mean", "f8", "reward", "greedy evaluation mean return"),
         Field("ret_std", "f8", "reward", "std of the evaluation returns"),
         Field("ret_min", "f8", "reward", "worst evaluation return"),
-    ], doc="greedy evaluations (eval_episodes episodes each)")
+        Field("eval_s", "f8", "s", "wall time the evaluation ran (in the --evaluator runner)"),
+        Field("lag_updates", "i8", "", "updates trained between taking the weights (update) "
+              "and handling the result (t)"),
+    ], doc="greedy evaluations (eval_episodes episodes each), one row per finished evaluation")
     prog_log = log.stream("progress", [
         Field("env_steps", "i8", "steps", "env steps of all actors"),
         Field("updates", "i8", "", "learner updates"),
@@ -343,6 +343,20 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         for b in buffers:
             links[b].post(buf, Tag.WEIGHTS)
 
+    def evaluated(res) -> None:
+        """A finished greedy evaluation (``res``: mpirl.evaluation.EvalResult, whose ``params``
+        are the weights evaluated): its row, the best so far, the stop decision."""
+        nonlocal best_eval, stop_reason, to_target
+        rets = res.returns
+        eval_log.append(update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(),
+                        ret_std=rets.std(), ret_min=rets.min(), eval_s=res.eval_s,
+                        lag_updates=updates - res.update)
+        best_eval = max(best_eval, float(rets.mean()))
+        if target_return is not None and rets.mean() >= target_return and stop_reason is None:
+            stop_reason = "target_return"
+            to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
+                         "env_steps_to_target": res.env_steps, "updates_to_target": res.update}
+
     def beta_now() -> float:
         if cfg.beta_steps == 0:
             return cfg.beta
@@ -353,6 +367,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     updates = 0
     flat = (-1, None)  # (updates, flat weights) of the last broadcast
     staged = None  # the next batch, already on its way to the device
+    eval_round = 0
     busy = 0.0
     loss_sum, loss_n = 0.0, 0
     beta = cfg.beta
@@ -391,7 +406,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         meta = {"updates": updates, "weights_version": weights_version, "inserted": inserted,
                 "sampled": sampled, "served": {str(b - 1): served[b] for b in buffers},
                 "site_steps": {str(b - 1): site_steps[b] for b in buffers},
-                "best_eval": best_eval, "last_eval": last_eval, "eval_round": evaluator.round,
+                "best_eval": best_eval, "last_eval": last_eval, "eval_round": eval_round,
                 "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
                 "to_target": to_target}
         arrays = None
@@ -413,7 +428,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         updates, weights_version = r["updates"], r["weights_version"]
         inserted, sampled = r["inserted"], r["sampled"]
         best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
-        evaluator.round = r["eval_round"]
+        eval_round = r["eval_round"]
         for b in buffers:
             served[b] = r["served"][str(b - 1)]
             site_steps[b] = r["site_steps"][str(b - 1)]
@@ -428,6 +443,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     if at_learner:
         for b in buffers:
             links[b].post(wire.credit(cfg.forward_credits), Tag.CREDIT)
+    eval_runner = make_runner(cfg.evaluator, cfg, spec)  # after the first weights: off start-up
 
     while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
         now = time.monotonic()
@@ -536,18 +552,15 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 did = True
             if did and updates and updates % cfg.weights_every == 0:
                 send_weights()
-            # greedy evaluation and the stop decision
-            if updates and updates - last_eval >= cfg.eval_every:
+            # greedy evaluation (off the update loop: --evaluator) and the stop decision
+            if updates and updates - last_eval >= cfg.eval_every and not eval_runner.busy:
                 last_eval = updates
-                eval_q.load(flat[1] if flat[0] == updates else online.flat_params())
-                rets = evaluator.run(eval_q)
-                eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
-                                ret_std=rets.std(), ret_min=rets.min())
-                best_eval = max(best_eval, float(rets.mean()))
-                if target_return is not None and rets.mean() >= target_return:
-                    stop_reason = "target_return"
-                    to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
-                                 "env_steps_to_target": env_steps, "updates_to_target": updates}
+                eval_runner.request(flat[1] if flat[0] == updates else online.flat_params(),
+                                    eval_round, updates, env_steps)
+                eval_round += 1
+            res = eval_runner.poll()
+            if res is not None:
+                evaluated(res)
             if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
                 stop_reason = "max_env_steps"
             if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
@@ -613,5 +626,5 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
                **to_target}
     log.set_attrs(**summary)
-    evaluator.close()
+    eval_runner.close()
     return summary
