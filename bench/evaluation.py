@@ -128,10 +128,11 @@ def main() -> None:
             print(r, flush=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     ref = statistics.median(r["rate"] for r in rows.get("none", [])) if "none" in rows else None
-    lines = [f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f}, {a.seconds:g} s x "
-             f"{a.rounds} per mode, an evaluation (10 x 500 steps) every {a.eval_every} updates",
-             "", "| evaluator | updates/s (median) | x no evaluation | evaluations | "
-             "eval wall s (mean) |", "|---|---|---|---|---|"]
+    lines = [(f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f}, {a.seconds:g} s x "
+              f"{a.rounds} per mode, an evaluation (10 x 500 steps) every {a.eval_every} "
+              "updates"), "",
+             "| evaluator | updates/s (median) | x no evaluation | evaluations | eval wall s (mean) |",
+             "|---|---|---|---|---|"]
     for m, rs in rows.items():
         rate = statistics.median(r["rate"] for r in rs)
         ev = sum(r["evals"] for r in rs)

@@ -64,7 +64,7 @@ class Pending:
     device -> host transfer per batch), so the host is free between ``launch`` and ``result``;
     on CPU the update has already run."""
 
-    __slots__ = ("_out", "_event")
+    __slots__ = ("_event", "_out")
 
     def __init__(self, out, event=None):
         self._out, self._event = out, event
@@ -146,8 +146,8 @@ class TrainStep:
                                 self.huber_delta)
 
     def launch(self, batch) -> Pending:
-        """Queue one update on ``batch`` (from ``put``); on CPU it runs now."""
-        torch = self.torch
+        """Queue one update on ``batch`` (from ``put``); on CPU it runs now.  One update in
+        flight at a time: take its ``result()`` before the next ``launch``."""
         loss, td = self._loss(batch)
         self.opt.zero_grad()
         loss.backward()
