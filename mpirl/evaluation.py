@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -143,7 +144,7 @@ class ProcessRunner(_Runner):
     def __init__(self, s: dict):
         super().__init__()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mpirl.evaluation", json.dumps(s)],
+            [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = bytearray()
@@ -203,8 +204,27 @@ def _read(f, n: int) -> bytes | None:
     return bytes(out)
 
 
-def child(argv: list[str]) -> int:
-    """The evaluation process: read requests from stdin until EOF, answer each on stdout."""
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the learner dies (MPI_Abort kills the learner; a long
+    Atari evaluation would otherwise play on, holding the job's output pipes open)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def child(argv: list[str], parent: int) -> int:
+    """The evaluation process: read requests from stdin until EOF, answer each on stdout.
+
+    SIGINT and SIGTERM are ignored: Ctrl-C (the terminal's process group) and SLURM's SIGTERM
+    (every process of the step) reach the learner too, whose clean stop closes stdin."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() != parent:  # the learner died before prctl
+        return 0
     fout = os.fdopen(os.dup(1), "wb")  # the protocol's; anything printed goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -220,12 +240,15 @@ def child(argv: list[str]) -> int:
         if raw is None:
             break
         returns, secs = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd))
-        fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
-                   + returns.astype(np.float64).tobytes())
-        fout.flush()
+        try:
+            fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
+                       + returns.astype(np.float64).tobytes())
+            fout.flush()
+        except BrokenPipeError:  # the learner is gone
+            break
     evaluator.close()
     return 0
 
 
 if __name__ == "__main__":  # the learner's environment has one BLAS thread (mpirl.main)
-    sys.exit(child(sys.argv[1:]))
+    sys.exit(child(sys.argv[1:2], int(sys.argv[2])))
