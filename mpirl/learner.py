@@ -141,7 +141,10 @@ class TrainStep:
 
     def _loss(self, batch):
         obs, act, rew, nxt, disc, w = batch
-        with self.torch.autocast("cuda", dtype=self.torch.bfloat16, enabled=self.amp):
+        if not self.amp:  # (constructing an autocast context costs microseconds per update)
+            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
+                                self.huber_delta)
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
             return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
                                 self.huber_delta)
 
