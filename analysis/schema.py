@@ -72,7 +72,12 @@ SUMMARY_DOCS = {
 
 ATTR_DOCS: dict[str, dict[str, str]] = {
     "learner": {**_COMMON, **{k: f"summary, set when the learner stops: {v}"
-                              for k, v in SUMMARY_DOCS.items()}},
+                              for k, v in SUMMARY_DOCS.items()},
+                "device": "the learner's torch device as resolved from --device (`cpu`, "
+                          "`cuda:0`, ...)",
+                "device_name": "the GPU's name, or the CPU model for `cpu`",
+                "device_memory_gib": "the GPU's memory in GiB (0 for `cpu`)",
+                "torch_cuda": "torch.version.cuda of the learner's torch ('' for a CPU build)"},
     "buffer": {**_COMMON,
                "env_steps": "set at stop: env steps of this site's actors",
                "inserted": "set at stop: transitions received from the actors",

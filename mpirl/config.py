@@ -143,9 +143,17 @@ class Config:
     eval_every: int = _f(500, "learner updates between greedy evaluations")
     eval_max_steps: int = _f(27_000, "cut a greedy evaluation episode after this many agent "
                              "steps (27,000 = Atari's 30-minute cap; 0 = the env's own limit)")
+    evaluator: str = _f("process", "where the greedy evaluation runs: 'process' (a child process "
+                        "of the learner, off the update loop), 'thread' (a thread of the "
+                        "learner; shares its GIL) or 'inline' (in the update loop, which waits "
+                        "for it); see docs/design.md", choices=("process", "thread", "inline"))
 
     # --- resources -----------------------------------------------------------------------------
     torch_threads: int = _f(1, "torch threads per rank")
+    device: str = _f("auto", "the learner's torch device: 'auto' (cuda when torch sees a GPU), "
+                     "'cpu', 'cuda' or 'cuda:N'; actors and buffers always run on CPU")
+    amp: str = _f("off", "mixed precision of the learner's forward/backward on CUDA: 'off' or "
+                  "'bf16' (autocast; weights and optimizer stay float32)", choices=("off", "bf16"))
     config: str | None = _f(None, "TOML file with any of these keys (CLI flags win)")
 
     # ------------------------------------------------------------------------------------------
@@ -238,6 +246,17 @@ class Config:
             if not _IMPORT_PATH.match(w):
                 raise ConfigError(f"env_wrappers={c.env_wrappers!r}: {w!r} must be "
                                   "'module:function', e.g. --env-wrappers mypkg.wrappers:clip")
+        if c.evaluator not in ("process", "thread", "inline"):
+            raise ConfigError(f"evaluator={c.evaluator!r} must be 'process', 'thread' or 'inline'")
+        from mpirl.device import valid_name
+
+        if not valid_name(c.device):
+            raise ConfigError(f"device={c.device!r} must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if c.amp not in ("off", "bf16"):
+            raise ConfigError(f"amp={c.amp!r} must be 'off' or 'bf16'")
+        if c.amp != "off" and c.device == "cpu":
+            raise ConfigError(f"amp={c.amp!r} needs the learner on CUDA, not device='cpu': pass "
+                              "--amp off or --device cuda")
         c.link_change_at()  # raises on a bad --link-change
         from mpirl.link import resolve_profile  # local: link imports nothing from config
 
@@ -331,9 +350,12 @@ def _from_toml(path: str) -> dict:
     return out
 
 
-#: The flags --resume accepts: when and how the run stops and reports, never what it learns.
+#: The flags --resume accepts: when and how the run stops and reports, and the hardware the
+#: learner uses (a run checkpointed on a GPU continues on a CPU and the other way round), never
+#: what it learns.
 RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds", "tensorboard")
+                "progress_seconds", "flush_seconds", "tensorboard",
+                "device", "amp", "evaluator")
 
 
 def resume_dir(argv: list[str] | None = None) -> str | None:

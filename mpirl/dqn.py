@@ -19,11 +19,11 @@ import torch.nn.functional as F
 def dqn_loss(online, target, obs, action, reward, next_obs, discount, weights,
              huber_delta: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     n = obs.shape[0]
-    q_both = online(torch.cat([obs, next_obs]))  # one forward for s and s'
-    q = q_both[:n].gather(1, action.view(-1, 1)).squeeze(1)
+    q_both = online(torch.cat([obs, next_obs])).float()  # one forward for s and s' (float32
+    q = q_both[:n].gather(1, action.view(-1, 1)).squeeze(1)  # also under bf16 autocast)
     with torch.no_grad():
         a_star = q_both[n:].argmax(dim=1, keepdim=True)
-        q_next = target(next_obs).gather(1, a_star).squeeze(1)
+        q_next = target(next_obs).float().gather(1, a_star).squeeze(1)
         y = reward + discount * q_next
     td = q - y
     per_sample = F.huber_loss(q, y, reduction="none", delta=huber_delta)
@@ -86,7 +86,8 @@ class Adam:
         self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-        self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
+        # on the parameters' device: the fused CUDA kernel wants its step counts there
+        self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.fused = True
         self._opt = None
         if self._adam is not None:

@@ -28,12 +28,13 @@ from collections import deque
 import numpy as np
 
 from mpirl import best_model, failure, seeds
+from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, part_name, restore_memory
-from mpirl.envs import Evaluator
+from mpirl.evaluation import make_runner
 from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
-from mpirl.qnet import make_learner_q, make_q
+from mpirl.qnet import make_learner_q
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
@@ -56,40 +57,161 @@ def _batch_tensors(torch, records, frames=None, stack: int = 1):
             torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
 
 
+class Pending:
+    """An update launched on the device: ``result()`` waits for it and returns ``(loss, |td|)``.
+
+    On CUDA the loss and |td| come back in one non-blocking copy into pinned memory (one
+    device -> host transfer per batch), so the host is free between ``launch`` and ``result``;
+    on CPU the update has already run."""
+
+    __slots__ = ("_event", "_out")
+
+    def __init__(self, out, event=None):
+        self._out, self._event = out, event
+
+    def result(self) -> tuple[float, np.ndarray]:
+        if self._event is not None:
+            self._event.synchronize()
+        out = self._out.numpy()
+        return float(out[0]), out[1:].copy()
+
+
 class TrainStep:
     """The learner's train step, callable on its own (no MPI, no logging; bench/overheads.py
-    times it standalone): the online and target networks, Adam, and one update on a batch.
+    and bench/gpu.py time it standalone): the online and target networks on ``device``, Adam,
+    and one update on a batch.
 
     ``step(records, weights, frames)`` is one double-DQN update (Huber loss weighted by the
     importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; the caller
-    counts updates and calls ``sync_target`` every ``target_update`` of them."""
+    counts updates and calls ``sync_target`` every ``target_update`` of them.  It is
+    ``put`` (host arrays -> device tensors: on CUDA through pinned staging buffers with
+    non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
+    calls them apart to put the next batch on its way while the current one trains."""
 
-    def __init__(self, cfg, spec):
+    def __init__(self, cfg, spec, device="cpu", amp: str = "off"):
         import torch
 
         from mpirl.dqn import Adam, dqn_loss
 
         self.torch, self.loss_fn = torch, dqn_loss
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.amp = amp == "bf16" and self.cuda
         self.spec, self.huber_delta, self.grad_clip = spec, cfg.huber_delta, cfg.grad_clip
-        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling)
+        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling).to(self.device)
         self.target = copy.deepcopy(self.online)
-        self.opt = Adam(self.online.parameters(), lr=cfg.lr)  # torch's kernel, no dynamo import
+        self.params = list(self.online.parameters())
+        self.opt = Adam(self.params, lr=cfg.lr)  # torch's kernel, no dynamo import
+        # CUDA: two sets of pinned host buffers, used in turn, each with the event of its last
+        # host -> device copy (a set is rewritten only once that copy is done)
+        self._staging = [({}, None), ({}, None)]
+        self._turn = 0
+        self._out = None  # pinned buffer for loss + |td| coming back
 
-    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+    def state_dict_of(self, flat: np.ndarray) -> dict:
+        """The online network's state_dict (on the host) with ``flat`` (``flat_params`` order)
+        as its parameters: the weights an evaluation played, taken some updates ago."""
+        import torch
+
+        out = {k: v.detach().cpu().clone() for k, v in self.online.state_dict().items()}
+        off = 0
+        for name, p in self.online.named_parameters():
+            n = p.numel()
+            out[name] = torch.from_numpy(np.array(flat[off: off + n], np.float32)).view(p.shape)
+            off += n
+        if off != len(flat):
+            raise ValueError(f"{len(flat)} weights for a network of {off} parameters")
+        return out
+
+    def put(self, records, weights, frames=None) -> tuple:
+        """A batch on the device: (obs, action, reward, next_obs, discount, weights)."""
         torch = self.torch
-        obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, self.spec.stack)
-        w = torch.from_numpy(np.ascontiguousarray(weights, np.float32))
-        loss, td = self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
+        if not self.cuda:
+            return (*_batch_tensors(torch, records, frames, self.spec.stack),
+                    torch.from_numpy(np.ascontiguousarray(weights, np.float32)))
+        if frames is not None:
+            obs, nxt = stacks(records, frames, self.spec.stack)
+        else:
+            obs, nxt = records["obs"], records["next_obs"]
+        host = ((obs, np.uint8 if frames is not None else np.float32),
+                (records["action"], np.int64), (records["reward"], np.float32),
+                (nxt, np.uint8 if frames is not None else np.float32),
+                (records["discount"], np.float32), (weights, np.float32))
+        bufs, event = self._staging[self._turn]
+        if event is not None:
+            event.synchronize()
+        out = []
+        for i, (x, dt) in enumerate(host):
+            b = bufs.get(i)
+            if b is None or tuple(b.shape) != tuple(np.shape(x)):
+                b = bufs[i] = torch.empty(np.shape(x), dtype=_TORCH_DTYPES[dt](torch),
+                                          pin_memory=True)
+            b.numpy()[...] = x  # gathers the field out of the records and casts, in one pass
+            out.append(b.to(self.device, non_blocking=True))
+        event = torch.cuda.Event()
+        event.record()
+        self._staging[self._turn] = (bufs, event)
+        self._turn ^= 1
+        return tuple(out)
+
+    def _loss(self, batch):
+        obs, act, rew, nxt, disc, w = batch
+        if not self.amp:  # (constructing an autocast context costs microseconds per update)
+            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
                                 self.huber_delta)
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
+            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
+                                self.huber_delta)
+
+    def launch(self, batch) -> Pending:
+        """Queue one update on ``batch`` (from ``put``); on CPU it runs now.  One update in
+        flight at a time: take its ``result()`` before the next ``launch``."""
+        loss, td = self._loss(batch)
         self.opt.zero_grad()
         loss.backward()
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+            self._clip()
         self.opt.step()
-        return float(loss.detach()), td.detach().numpy()
+        return self._back(loss.detach(), td)
+
+    def _clip(self) -> None:
+        """torch.nn.utils.clip_grad_norm_'s foreach path without its wrappers (with them it was
+        0.58 of a 2.95 ms CPU update in the learner's profile, now 0.15): scale every gradient
+        by min(1, clip / (total norm + 1e-6))."""
+        torch = self.torch
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        torch._foreach_mul_(grads, torch.clamp(self.grad_clip / (total + 1e-6), max=1.0))
+
+    def _back(self, loss, td) -> Pending:
+        torch = self.torch
+        if not self.cuda:
+            return Pending(torch.cat([loss.view(1), td]))
+        both = torch.cat([loss.float().view(1), td.float()])
+        if self._out is None or self._out.numel() != both.numel():
+            self._out = torch.empty(both.numel(), dtype=torch.float32, pin_memory=True)
+        self._out.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Pending(self._out, event)
+
+    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+        return self.launch(self.put(records, weights, frames)).result()
+
+    def td(self, records, frames=None) -> np.ndarray:
+        """|td| of transitions under the current networks, no update (arrival priorities)."""
+        torch = self.torch
+        batch = self.put(records, np.ones(len(records), np.float32), frames)
+        with torch.no_grad():
+            _, td = self._loss(batch)
+        return td.float().cpu().numpy()
 
     def sync_target(self) -> None:
         self.target.load_state_dict(self.online.state_dict())
+
+
+_TORCH_DTYPES = {np.float32: lambda t: t.float32, np.int64: lambda t: t.int64,
+                 np.uint8: lambda t: t.uint8}
 
 
 def _mean(x: np.ndarray) -> float:
@@ -116,23 +238,21 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         resume=None) -> dict:
     import torch
 
-    from mpirl.dqn import dqn_loss
-
     torch.set_num_threads(cfg.torch_threads)
     seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
     torch.manual_seed(seed["torch"])
     profile = resolve_profile(cfg)
     buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
     links = {b: LinkEnd(topo.link, b, profile, seed=seed["link"][b - 1]) for b in buffers}
-    trainer = TrainStep(cfg, spec)
+    dev = device_mod.resolve(cfg.device, torch)
+    dev_info = device_mod.describe(dev, torch)
+    log.set_attrs(**dev_info)
+    say(device_mod.banner(dev_info, cfg.amp))
+    trainer = TrainStep(cfg, spec, dev, cfg.amp)
     online, target, opt = trainer.online, trainer.target, trainer.opt
     at_learner = cfg.replay_at == "learner"
     memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_learner else None
     image = spec.image
-    evaluator = Evaluator(cfg.env, cfg.eval_episodes, seed=seed["evaluation"],
-                          max_steps=cfg.eval_max_steps, kwargs=cfg.env_kwargs,
-                          wrappers=cfg.wrapper_specs())
-    eval_q = make_q(spec, cfg.hidden, cfg.dueling, threads=None)
     target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     if target_return is not None and not np.isfinite(target_return):
         target_return = None  # --target-return none
@@ -167,7 +287,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("ret_mean", "f8", "reward", "greedy evaluation mean return"),
         Field("ret_std", "f8", "reward", "std of the evaluation returns"),
         Field("ret_min", "f8", "reward", "worst evaluation return"),
-    ], doc="greedy evaluations (eval_episodes episodes each)")
+        Field("eval_s", "f8", "s", "wall time the evaluation ran (in the --evaluator runner)"),
+        Field("lag_updates", "i8", "", "updates trained between taking the weights (update) "
+              "and handling the result (t)"),
+    ], doc="greedy evaluations (eval_episodes episodes each), one row per finished evaluation")
     prog_log = log.stream("progress", [
         Field("env_steps", "i8", "steps", "env steps of all actors"),
         Field("updates", "i8", "", "learner updates"),
@@ -191,37 +314,89 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
               "busy at the modelled bandwidth (0 without emulation)"),
     ], doc="the learner's side of each long-haul link, one row per buffer per interval")
 
-    def to_numpy(t):
-        return t.detach().numpy()
-
-    def train(records, weights, frames=None) -> np.ndarray:
-        """One DQN update; returns |td| per sample (the new priorities' raw material)."""
-        nonlocal updates, busy, loss_sum, loss_n
+    def next_batch():
+        """The next batch, picked and put on its way to the device: (source, device batch),
+        or None.  Source: the sample (replay_at=learner) or (site, BATCH message, bytes,
+        arrival time)."""
+        nonlocal sampled, busy
+        if at_learner:
+            if len(memory) < max(cfg.learning_starts, 1):
+                return None
+            if cfg.replay_ratio and sampled > cfg.replay_ratio * (inserted - cfg.learning_starts):
+                return None  # the ratio holds sampling too (credits hold inserts)
+            memory.beta = beta
+            s, table = memory.sample(cfg.batch_size) if image else (
+                memory.sample(cfg.batch_size), None)
+            sampled += cfg.batch_size
+            src, records, weights, frames = s, s.records, s.weights, table
+        elif any(ready.values()):
+            # the site furthest behind its share goes next (weighted fair queueing)
+            b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
+            src = (b, *ready[b].popleft())
+            served[b] += 1
+            m = src[1]
+            records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
+                "frames")
+            if m.b < max(max_w.values()):  # one scale for every site: the global largest
+                weights = weights * np.float32(m.b / max(max_w.values()))  # is 1 (design.md)
+        else:
+            return None
         t0 = time.monotonic()
-        lv, td_np = trainer.step(records, weights, frames)
+        batch = trainer.put(records, weights, frames)
+        busy += time.monotonic() - t0
+        return src, batch
+
+    def train(batch) -> tuple[np.ndarray, float]:
+        """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
+        way (prefetch).  Returns |td| per sample (the new priorities' raw material) and the
+        seconds the learner spent on it."""
+        nonlocal updates, busy, loss_sum, loss_n, staged
+        t0 = time.monotonic()
+        pending = trainer.launch(batch)
+        t1 = time.monotonic()
+        staged = next_batch()
+        t2 = time.monotonic()
+        lv, td_np = pending.result()
         updates += 1
         if updates % cfg.target_update == 0:
             trainer.sync_target()
+        t3 = time.monotonic()
         upd_log.append(update=updates, loss=lv, td_abs_mean=_mean(td_np), beta=beta)
         loss_sum += lv
         loss_n += 1
-        busy += time.monotonic() - t0
-        return td_np
+        spent = (t1 - t0) + (t3 - t2)
+        busy += spent
+        return td_np, spent
 
     def arrival_td(records, frames=None) -> np.ndarray:
         if image and len(records) > cfg.batch_size:  # a CNN pass over a whole forwarded chunk
             records = records[:: -(-len(records) // cfg.batch_size)]  # costs seconds: subsample
-        with torch.no_grad():
-            obs, act, rew, nxt, disc = _batch_tensors(torch, records, frames, spec.stack)
-            _, td = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.ones(len(act)))
-        return to_numpy(td)
+        return trainer.td(records, frames)
 
     def send_weights() -> None:
-        nonlocal weights_version
+        nonlocal weights_version, flat
         weights_version += 1
-        buf = wire.weights(online.flat_params(), weights_version, updates)
+        flat = (updates, online.flat_params())  # off the device once per broadcast
+        buf = wire.weights(flat[1], weights_version, updates)
         for b in buffers:
             links[b].post(buf, Tag.WEIGHTS)
+
+    def evaluated(res) -> None:
+        """A finished greedy evaluation (``res``: mpirl.evaluation.EvalResult, whose ``params``
+        are the weights evaluated): its row, the best so far, the stop decision."""
+        nonlocal best_eval, stop_reason, to_target
+        rets = res.returns
+        eval_log.append(update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(),
+                        ret_std=rets.std(), ret_min=rets.min(), eval_s=res.eval_s,
+                        lag_updates=updates - res.update)
+        if float(rets.mean()) > best_eval:  # the weights evaluated, not today's online net
+            best_model.offer(log.path.parent, trainer.state_dict_of(res.params), rets, best_eval,
+                             update=res.update, env_steps=res.env_steps)
+        best_eval = max(best_eval, float(rets.mean()))
+        if target_return is not None and rets.mean() >= target_return and stop_reason is None:
+            stop_reason = "target_return"
+            to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
+                         "env_steps_to_target": res.env_steps, "updates_to_target": res.update}
 
     def beta_now() -> float:
         return beta_at(cfg, updates)
@@ -229,6 +404,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     backoff = Backoff()
     updates = weights_version = -1
     updates = 0
+    flat = (-1, None)  # (updates, flat weights) of the last broadcast
+    staged = None  # the next batch, already on its way to the device
+    eval_round = 0
     busy = 0.0
     loss_sum, loss_n = 0.0, 0
     beta = cfg.beta
@@ -270,7 +448,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         meta = {"updates": updates, "weights_version": weights_version, "inserted": inserted,
                 "sampled": sampled, "served": {str(b - 1): served[b] for b in buffers},
                 "site_steps": {str(b - 1): site_steps[b] for b in buffers},
-                "best_eval": best_eval, "last_eval": last_eval, "eval_round": evaluator.round,
+                "best_eval": best_eval, "last_eval": last_eval, "eval_round": eval_round,
                 "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
                 "to_target": to_target}
         arrays = None
@@ -292,7 +470,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         updates, weights_version = r["updates"], r["weights_version"]
         inserted, sampled = r["inserted"], r["sampled"]
         best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
-        evaluator.round = r["eval_round"]
+        eval_round = r["eval_round"]
         for b in buffers:
             served[b] = r["served"][str(b - 1)]
             site_steps[b] = r["site_steps"][str(b - 1)]
@@ -307,6 +485,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     if at_learner:
         for b in buffers:
             links[b].post(wire.credit(cfg.forward_credits), Tag.CREDIT)
+    eval_runner = make_runner(cfg.evaluator, cfg, spec)  # after the first weights: off start-up
 
     while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
         now = time.monotonic()
@@ -393,32 +572,19 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             change = None
         if stop_reason is None:
             beta = beta_now()
-            t_step0 = time.monotonic()
             trained = False
-            if at_learner and len(memory) >= max(cfg.learning_starts, 1) and (
-                    cfg.replay_ratio == 0  # the ratio holds sampling too (credits hold inserts)
-                    or sampled <= cfg.replay_ratio * (inserted - cfg.learning_starts)):
-                memory.beta = beta
-                if image:
-                    s, table = memory.sample(cfg.batch_size)
-                    td = train(s.records, s.weights, table)
-                else:
-                    s = memory.sample(cfg.batch_size)
-                    td = train(s.records, s.weights)
+            if staged is None:
+                staged = next_batch()
+            if staged is not None and at_learner:
+                s = staged[0]
+                td, _ = train(staged[1])
                 memory.update(s.indices, s.generations, td)
-                sampled += cfg.batch_size
                 did = trained = True
-            elif any(ready.values()):
-                # the site furthest behind its share goes next (weighted fair queueing)
-                b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
-                m, nbytes, arrived = ready[b].popleft()
-                served[b] += 1
-                w = m.arrays["weights"]
-                if m.b < max(max_w.values()):  # one scale for every site: the global largest
-                    w = w * np.float32(m.b / max(max_w.values()))  # weight is 1 (docs/design.md)
-                td = train(m.arrays["records"], w, m.arrays.get("frames"))
+            elif staged is not None:
+                (b, m, nbytes, arrived), batch = staged
+                td, spent = train(batch)
                 t_done = time.monotonic()
-                step_s = t_done - t_step0 if step_s is None else 0.9 * step_s + 0.1 * (t_done - t_step0)
+                step_s = spent if step_s is None else 0.9 * step_s + 0.1 * spent
                 links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                               m.seq, m.a, hold=t_done - arrived, step=step_s,
                                               updates=updates),
@@ -433,20 +599,15 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 did = trained = True
             if trained and updates % cfg.weights_every == 0:  # not again on a turn without one
                 send_weights()
-            # greedy evaluation and the stop decision
-            if updates and updates - last_eval >= cfg.eval_every:
+            # greedy evaluation (off the update loop: --evaluator) and the stop decision
+            if updates and updates - last_eval >= cfg.eval_every and not eval_runner.busy:
                 last_eval = updates
-                eval_q.load(online.flat_params())
-                rets = evaluator.run(eval_q)
-                eval_log.append(update=updates, env_steps=env_steps, ret_mean=rets.mean(),
-                                ret_std=rets.std(), ret_min=rets.min())
-                best_model.offer(log.path.parent, online.state_dict(), rets, best_eval,
-                                 update=updates, env_steps=env_steps)
-                best_eval = max(best_eval, float(rets.mean()))
-                if target_return is not None and rets.mean() >= target_return:
-                    stop_reason = "target_return"
-                    to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
-                                 "env_steps_to_target": env_steps, "updates_to_target": updates}
+                eval_runner.request(flat[1] if flat[0] == updates else online.flat_params(),
+                                    eval_round, updates, env_steps)
+                eval_round += 1
+            res = eval_runner.poll()
+            if res is not None:
+                evaluated(res)
             if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
                 stop_reason = "max_env_steps"
             if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
@@ -517,5 +678,5 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
                **to_target}
     log.set_attrs(**summary)
-    evaluator.close()
+    eval_runner.close()
     return summary

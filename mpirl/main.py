@@ -207,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = parse(argv)
         cfg.validate(world.Get_size())
+        from mpirl import device
+
+        if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
+            err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
+            if err:
+                raise ConfigError(err)
         spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
         record = record_dtype(cfg, spec)
         need = replay_footprint(cfg, spec)

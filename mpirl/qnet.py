@@ -155,8 +155,9 @@ def _torch_q_base():
             return self.heads[0](h)
 
         def flat_params(self) -> np.ndarray:
+            """One float32 vector, on the host (one device -> host copy for a GPU learner)."""
             with torch.no_grad():
-                return torch.cat([p.reshape(-1) for p in self.parameters()]).numpy().copy()
+                return torch.cat([p.reshape(-1) for p in self.parameters()]).cpu().numpy()
 
     return TorchQBase
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -118,7 +119,10 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
     assert prio_row.rstrip(" |").endswith("3.92")
     conv_row = next(r for r in rows if r.startswith("| after-convergence window"))
     assert ("settled" in conv_row) or ("fallback: last 25%" in conv_row)
-    assert "not reached (0/1)" in next(r for r in rows if "wall time to target" in r)
+    # 8 s may or may not reach 475 on a 3-episode evaluation (a faster learner does): either
+    # way each placement's cell says how many of its runs reached it
+    tt = next(r for r in rows if "wall time to target" in r).split(" | ")[1:3]
+    assert all(re.fullmatch(r"not reached \(0/1\)|[\d.]+, 1/1 reached", c) for c in tt), tt
     assert (out / f"{p.slug}.md").read_text().count("| training loss after convergence") == 1
     report = (out / "report.md").read_text()
     assert p.table in report and "## Runs" in report

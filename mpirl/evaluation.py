@@ -1,0 +1,258 @@
+"""Greedy evaluation off the learner's update loop (``--evaluator {process,thread,inline}``).
+
+The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an evaluation runner and
+keeps training; it polls for the result once per loop turn and handles it in one place
+(``learner.run``'s ``evaluated``).  At most one evaluation is in flight: one that is due while
+another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
+``seed + 7919 k + i`` (mpirl.envs.Evaluator), whichever runner plays it.
+
+* ``process`` (default): a child process (``python -m mpirl.evaluation``) with its own envs and
+  network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
+  headers, float32 weights, float64 returns: no pickle).  It runs in parallel with the learner,
+  on whatever core is free.
+* ``thread``: a thread of the learner.  torch releases the GIL inside its kernels, but
+  gymnasium's CartPole and the numpy forward are Python that holds it, so the learner's Python
+  (the loop, torch's dispatch) waits for the GIL while the thread plays.
+* ``inline``: in the update loop, which waits for it (the behaviour before issue 16).
+
+docs/design.md ("Evaluation off the update loop") has the measurement behind the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+_REQ = 2  # int64 header of a request: round, n_params
+_RES = 3  # int64 header of a result: round, n_episodes, eval time in ns
+
+
+class EvalResult(NamedTuple):
+    round: int  # evaluation round (seeds its episodes)
+    update: int  # learner updates when the weights were taken
+    env_steps: int  # env steps of all actors then
+    returns: np.ndarray  # undiscounted return of each episode (float64)
+    eval_s: float  # seconds the evaluation itself ran
+    params: np.ndarray  # the flat weights evaluated
+
+
+def settings(cfg, spec) -> dict:
+    """What an evaluation runner needs to build its envs and network (JSON-able)."""
+    from mpirl import seeds
+
+    return {"env": cfg.env, "episodes": cfg.eval_episodes,
+            "seed": seeds.learner(cfg.seed, 0)["evaluation"], "max_steps": cfg.eval_max_steps,
+            "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
+            "wrappers": cfg.wrapper_specs()}
+
+
+def _play(evaluator, q, flat: np.ndarray, rnd: int) -> tuple[np.ndarray, float]:
+    t0 = time.monotonic()
+    q.load(flat)
+    evaluator.round = rnd
+    return evaluator.run(q), time.monotonic() - t0
+
+
+def _build(s: dict, threads: int | None):
+    from mpirl import envs
+    from mpirl.qnet import make_q
+
+    spec = envs.inspect(s["env"], s["kwargs"], s["wrappers"])
+    evaluator = envs.Evaluator(s["env"], s["episodes"], seed=s["seed"], max_steps=s["max_steps"],
+                               kwargs=s["kwargs"], wrappers=s["wrappers"])
+    return evaluator, make_q(spec, tuple(s["hidden"]), s["dueling"], threads=threads)
+
+
+class _Runner:
+    """Common part: one evaluation in flight, its request kept for the result."""
+
+    def __init__(self):
+        self._pending: tuple | None = None  # (round, update, env_steps, params)
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def request(self, params: np.ndarray, rnd: int, update: int, env_steps: int) -> None:
+        if self._pending is not None:
+            raise RuntimeError("evaluation requested while one is in flight")
+        self._pending = (rnd, update, env_steps, params)
+        self._start(params, rnd)
+
+    def _finish(self, returns: np.ndarray, eval_s: float) -> EvalResult:
+        rnd, update, steps, params = self._pending
+        self._pending = None
+        return EvalResult(rnd, update, steps, returns, eval_s, params)
+
+
+class InlineRunner(_Runner):
+    def __init__(self, s: dict):
+        super().__init__()
+        self.evaluator, self.q = _build(s, threads=None)
+        self._done = None
+
+    def _start(self, params, rnd):
+        self._done = _play(self.evaluator, self.q, params, rnd)
+
+    def poll(self) -> EvalResult | None:
+        if self._done is None:
+            return None
+        done, self._done = self._done, None
+        return self._finish(*done)
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+class ThreadRunner(_Runner):
+    def __init__(self, s: dict):
+        super().__init__()
+        self.evaluator, self.q = _build(s, threads=None)
+        self._thread: threading.Thread | None = None
+        self._done = None
+
+    def _start(self, params, rnd):
+        def work():
+            self._done = _play(self.evaluator, self.q, params, rnd)
+
+        self._thread = threading.Thread(target=work, name="mpirl-eval", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> EvalResult | None:
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._done is None:  # the thread raised (threading.excepthook reports it)
+            raise RuntimeError("the evaluation thread failed")
+        done, self._done = self._done, None
+        return self._finish(*done)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self.evaluator.close()
+
+
+class ProcessRunner(_Runner):
+    """The evaluation in a child process; see the module docstring for the protocol."""
+
+    def __init__(self, s: dict):
+        super().__init__()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._buf = bytearray()
+
+    def _start(self, params, rnd):
+        head = np.array([rnd, params.size], np.int64)
+        self.proc.stdin.write(head.tobytes() + np.ascontiguousarray(params, np.float32).tobytes())
+
+    def poll(self) -> EvalResult | None:
+        if self._pending is None:
+            return None
+        try:
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            code = self.proc.wait()
+            raise RuntimeError(f"the evaluation process exited (code {code}); its error is "
+                               "above")
+        self._buf += chunk
+        if len(self._buf) < 8 * _RES:
+            return None
+        rnd, n, ns = np.frombuffer(bytes(self._buf[: 8 * _RES]), np.int64)
+        end = 8 * _RES + 8 * int(n)
+        if len(self._buf) < end:
+            return None
+        returns = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64).copy()
+        del self._buf[:end]
+        if rnd != self._pending[0]:
+            raise RuntimeError(f"evaluation process answered round {rnd}, expected "
+                               f"{self._pending[0]}")
+        return self._finish(returns, ns / 1e9)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+RUNNERS = {"process": ProcessRunner, "thread": ThreadRunner, "inline": InlineRunner}
+
+
+def make_runner(kind: str, cfg, spec):
+    return RUNNERS[kind](settings(cfg, spec))
+
+
+def _read(f, n: int) -> bytes | None:
+    out = bytearray()
+    while len(out) < n:
+        got = f.read(n - len(out))
+        if not got:
+            return None
+        out += got
+    return bytes(out)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the learner dies (MPI_Abort kills the learner; a long
+    Atari evaluation would otherwise play on, holding the job's output pipes open)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def child(argv: list[str], parent: int) -> int:
+    """The evaluation process: read requests from stdin until EOF, answer each on stdout.
+
+    SIGINT and SIGTERM are ignored: Ctrl-C (the terminal's process group) and SLURM's SIGTERM
+    (every process of the step) reach the learner too, whose clean stop closes stdin."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() != parent:  # the learner died before prctl
+        return 0
+    fout = os.fdopen(os.dup(1), "wb")  # the protocol's; anything printed goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    s = json.loads(argv[0])
+    evaluator, q = _build(s, threads=1)
+    fin = sys.stdin.buffer
+    while True:
+        head = _read(fin, 8 * _REQ)
+        if head is None:
+            break
+        rnd, n = np.frombuffer(head, np.int64)
+        raw = _read(fin, 4 * int(n))
+        if raw is None:
+            break
+        returns, secs = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd))
+        try:
+            fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
+                       + returns.astype(np.float64).tobytes())
+            fout.flush()
+        except BrokenPipeError:  # the learner is gone
+            break
+    evaluator.close()
+    return 0
+
+
+if __name__ == "__main__":  # the learner's environment has one BLAS thread (mpirl.main)
+    sys.exit(child(sys.argv[1:2], int(sys.argv[2])))
