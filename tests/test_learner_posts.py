@@ -112,9 +112,9 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
     links = {b: ScriptedLink(posts, on_post, [batch(b)]) for b in (1, 2)}
     monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
         comm, peer, *a, **k))
-    step = learner.TrainStep.step
-    monkeypatch.setattr(learner.TrainStep, "step", lambda self, records, weights, frames=None: (
-        trained.append(np.array(weights)), step(self, records, weights, frames))[1])
+    put = learner.TrainStep.put  # where a batch's weights enter the train step
+    monkeypatch.setattr(learner.TrainStep, "put", lambda self, records, weights, frames=None: (
+        trained.append(np.array(weights)), put(self, records, weights, frames))[1])
     topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
         learner.run(cfg, topo, spec, wire, log, say=lambda s: None)
