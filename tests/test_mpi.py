@@ -40,7 +40,7 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
     assert json.loads(attrs["config_json"])["replay_at"] == replay_at
     layout = json.loads(attrs["layout_json"])
     assert [x["role"] for x in layout].count("actor") == n_actors
-    assert "MPI" in json.loads(attrs["versions_json"])["mpi_library"] or True
+    assert "MPI" in json.loads(attrs["versions_json"])["mpi_library"]
     assert len(learner["updates/loss"]) == summary["updates"]
     assert np.isfinite(learner["updates/loss"]).all()
     xfer_kind = 5 if replay_at == "buffer" else 4
@@ -57,6 +57,16 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         if replay_at == "buffer":
             assert battrs["sampled"] > 0 and buf["site/replay_size"].max() > 0
             assert len(buf["batches/batch"]) > 0
+            # every priority update the learner sent (one per batch it trained on) reached the
+            # buffer and was applied or counted as dropped, and the applied ones changed the
+            # memory's priorities (what gets sampled)
+            sent = learner["transfers/n"][learner["transfers/buffer"] == b].sum()
+            site = {k: buf[f"site/{k}"][-1] for k in (
+                "prio_received", "prio_applied", "stale_dropped", "too_stale", "prio_moved")}
+            assert site["prio_received"] == sent > 0, site
+            assert site["prio_applied"] + site["stale_dropped"] + site["too_stale"] \
+                == site["prio_received"], site
+            assert site["prio_applied"] > 0 and site["prio_moved"] > 0, site
         else:
             assert battrs["sampled"] == 0
     steps = 0
