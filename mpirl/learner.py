@@ -29,7 +29,7 @@ import numpy as np
 
 from mpirl import best_model, failure, seeds
 from mpirl import device as device_mod
-from mpirl.checkpoint import memory_state, part_name, restore_memory
+from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.evaluation import make_runner
 from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
@@ -450,7 +450,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 "site_steps": {str(b - 1): site_steps[b] for b in buffers},
                 "best_eval": best_eval, "last_eval": last_eval, "eval_round": eval_round,
                 "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
-                "to_target": to_target}
+                "to_target": to_target, "online_sha256": params_sha256(online.state_dict()),
+                "target_sha256": params_sha256(target.state_dict())}
         arrays = None
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
@@ -467,6 +468,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         target.load_state_dict(ts["target"])
         opt.load_state_dict(ts["optimizer"])
         torch.set_rng_state(ts["torch_rng"])
+        log.set_attrs(resumed_online_sha256=params_sha256(online.state_dict()),
+                      resumed_target_sha256=params_sha256(target.state_dict()))
         updates, weights_version = r["updates"], r["weights_version"]
         inserted, sampled = r["inserted"], r["sampled"]
         best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
