@@ -309,10 +309,8 @@ def ref_learner_mode(argv: list[str]) -> int:
         elif t0 is not None and now - t0 >= seconds:
             break
         arr = batches[updates % len(batches)]
-        step.step(arr["records"], arr["weights"])
+        step.step(arr["records"], arr["weights"])  # copies the target every target_update
         updates += 1
-        if updates % cfg.target_update == 0:
-            step.sync_target()
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     n = updates - counted
     print(json.dumps({"rate": n / wall, "per_cpu": n / cpu, "cpu_share": cpu / wall}))
