@@ -70,8 +70,21 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         else:
             assert battrs["sampled"] == 0
     steps = 0
+    cfg = json.loads(attrs["config_json"])
+    m, n_envs = cfg["envs_per_actor"], n_actors * cfg["envs_per_actor"]
+    # Ape-X exploration over ALL envs of ALL actors: eps_i = base^(1 + alpha * i / (N - 1)),
+    # i = 0..N-1, actor k holding envs k*m .. k*m+m-1 (computed here, not with mpirl's function)
+    apex = [cfg["eps_base"] ** (1 + cfg["eps_alpha"] * i / (n_envs - 1)) for i in range(n_envs)]
+    blocks = []
     for f in run_dir.glob("actor-*.h5"):
         act, aattrs = read(f)
+        eps = list(aattrs["epsilons"])
+        k = min(range(n_actors), key=lambda k: abs(apex[k * m] - eps[0]))
+        np.testing.assert_allclose(eps, apex[k * m:(k + 1) * m], rtol=1e-12)
+        blocks.append(k)
+        # every episode was logged with its env's rate
+        np.testing.assert_allclose(act["episodes/epsilon"],
+                                   np.float32(eps)[act["episodes/env"]], rtol=1e-6)
         assert act["actor/weights_version"].max() >= 1  # weights were refreshed, not only the first
         assert act["actor/msgs_sent"].max() > 0
         # start-up ends at the first env step: after the file was opened, before its last row
@@ -79,6 +92,7 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         steps += aattrs["env_steps"]
     # everything the actors produced was counted by the buffers and reached the learner's stats
     assert steps == summary["env_steps"]
+    assert sorted(blocks) == list(range(n_actors))  # each block of the schedule exactly once
 
 
 def test_site_weights_share_the_learner(tmp_path):
