@@ -167,8 +167,8 @@ def summary_table(results: dict[str, list[dict]], seeds: list[int],
         failures += [f"- {name}, seed {seed}: not reached ({r.get('why', 'no detail')})"
                      for seed, r in zip(seeds, rs) if not r["reached"]]
     if failures:
-        lines += ["", "Runs that did not reach the target (counted in the medians as slower than "
-                  "every run that did):", *failures]
+        lines += ["", ("Runs that did not reach the target (counted in the medians as slower "
+                       "than every run that did):"), *failures]
     return "\n".join(lines)
 
 
