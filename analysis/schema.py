@@ -39,6 +39,9 @@ _COMMON = {
     "resumes_json": "JSON list, one entry per `--resume` launch: `checkpoint` id, `unix` time, "
                     "`rows_at_checkpoint` and `rows_before_resume` per stream (rows in between "
                     "were written after the checkpoint by the interrupted launch)",
+    "resumed_online_sha256": "learner, set at each resume: SHA-256 of the online network as "
+                             "loaded (equals `online_sha256` in the checkpoint's learner.json)",
+    "resumed_target_sha256": "learner, set at each resume: the same for the target network",
     "rank": "world rank of the writer",
     "role": "`learner`, `buffer` or `actor`",
     "site": "edge site of the writer (-1 for the learner)",

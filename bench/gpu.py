@@ -112,9 +112,7 @@ def train_rate(cfg, spec, batch: int, device: str, mode: str, seconds: float,
                 pending = step.launch(nxt)
                 nxt = step.put(*data[(n + 1) % len(data)])
                 pending.result()
-            n += 1
-            if n % cfg.target_update == 0:
-                step.sync_target()
+            n += 1  # (TrainStep copies the target every target_update updates itself)
         sync()
         return n, time.monotonic() - t0
 

@@ -13,10 +13,16 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    Ape-X epsilon-greedy choice.  No n-step returns, priorities, messages or logs: those are the
    overhead being measured.  Target >= 0.85.
 2. **learner** -- updates/s of the learner rank of the same job, learner the bottleneck (actors
-   unthrottled, ``--replay-ratio 0``, as bench/link.py), against a loop of
+   unthrottled, ``--replay-ratio 0``, as bench/link.py), with greedy evaluation off
+   (``--eval-every`` 10**9: the reference does not evaluate either), against a loop of
    ``mpirl.learner.TrainStep`` -- the learner's own train step, not a copy (same network,
    batch size, Adam, gradient clip, target copy every ``target_update``) -- on batches of the same
    form the learner gets (structured records viewed out of a BATCH message).  Target >= 0.9.
+   Evaluation's share is reported beside it, from a second run of the same job with the default
+   evaluation on (``--eval-every``, ``--evaluator`` as configured): its updates/s against the
+   run without, and the evaluations' own time (``/evals/eval_s``, in whichever runner played
+   them) as a fraction of the same steady window.  The child process of ``--evaluator process``
+   inherits the learner's pinning to core A, so it competes with the learner there.
 3. **transport** -- actor -> buffer payload bytes/s over mpirl's transport path against a raw
    uppercase mpi4py stream of messages of the same size, both under ``mpirun -n 2`` (this file's
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
@@ -33,10 +39,13 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    yield the CPU), which separates the cost of the calls from the latency of the naps, and
    credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
    Target >= 0.8.
-4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` to the first env
-   step of any actor (the actors' HDF5 attribute ``first_step_unix`` minus the launch time),
-   against the wall time of ``mpirun -n 9 python -c "import torch, gymnasium, mpi4py"``.
-   Target <= 1.5x.  Not pinned: both oversubscribe the 2 cores in the same way.
+4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
+   has made its first env step (the latest of the actors' HDF5 attribute ``first_step_unix``,
+   minus the launch time), against the seconds from launching ``mpirun -n 9 python -c ...``
+   until every rank has imported torch, gymnasium and mpi4py, passed ``MPI_Init`` and a
+   ``Barrier`` (the latest rank's clock right after it).  Both end where every rank is ready to
+   work; neither counts teardown.  Target <= 1.5x.  Not pinned: both oversubscribe the 2 cores in
+   the same way.
 
 Fairness on a small machine (designed for 2 cores; 3 ranks oversubscribe it): for 1 and 2 the
 measured rank gets a core to itself.  The job is launched MPMD, each rank through this file's
@@ -65,9 +74,10 @@ pinned to cores A and B.  With ``MPIRL_PROFILE=1`` in the environment every pipe
 (with ``--keep``) both transport ranks dump a cProfile, kept with ``--keep DIR``; profiling slows
 them, so do not quote those figures.
 
-Time: about 3 x ``--seconds`` for the references and transport, 2 x (``--seconds`` + start-up)
-for the pipeline runs, plus the two start-up launches: 2.5-3 minutes at ``--seconds 15`` on a
-loaded 2-core machine.  Every mpirun runs alone (one after the other).
+Time: about 3 x ``--seconds`` for the references and transport, 3 x (``--seconds`` + start-up)
+for the pipeline runs (actor, learner, learner with evaluation), plus the two start-up
+launches: 3-3.5 minutes at ``--seconds 15`` on a loaded 2-core machine.  Every mpirun runs alone
+(one after the other).
 """
 from __future__ import annotations
 
@@ -163,8 +173,10 @@ def cpu_at(prefix: Path, rank: int, unix):
     return np.interp(unix, data[:, 0], data[:, 1])
 
 
-def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | None) -> dict:
-    """mpirun -n 3, the measured rank (learner or actor) alone on core A."""
+def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | None,
+             evaluate: bool = False) -> dict:
+    """mpirun -n 3, the measured rank (learner or actor) alone on core A; greedy evaluation at
+    the learner off unless ``evaluate`` (then the default ``--eval-every``)."""
     import h5py
     import numpy as np
 
@@ -176,6 +188,8 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
             "--seed", "3"]
     if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
         args += ["--flush-seconds", "0.25"]
+    if not evaluate:  # the references never evaluate: like with like
+        args += ["--eval-every", str(10**9)]
 
     def block(n: int, cpu) -> list[str]:
         return ["-n", str(n), sys.executable, str(HERE), "_rank", str(cpu), str(prefix), "--", *args]
@@ -207,14 +221,20 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
             t = f["progress/t"][()]
             upd = f["progress/updates"][()]
             busy = f["progress/busy_fraction"][()]
+            ev_t = f["evals/t"][()] if "evals" in f else np.zeros(0)
+            ev_s = f["evals/eval_s"][()] if "evals" in f else np.zeros(0)
         while len(upd) > 3 and upd[-1] == upd[-2]:  # rows written while stopping: no updates
             t, upd, busy = t[:-1], upd[:-1], busy[:-1]
         i = int(np.argmax(t >= t[0] + (t[-1] - t[0]) / 3))
         wall = t[-1] - t[i]
         cpu = cpu_at(prefix, 0, t[[i, -1]] + t0)
         n = upd[-1] - upd[i]
+        # the evaluations whose results came in during the steady window, and their own time
+        inside = (ev_t > t[i]) & (ev_t <= t[-1])
+        eval_s, n_evals = float(np.sum(ev_s[inside])), int(np.sum(inside))
         out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
-                   busy=float(np.mean(busy[i + 1:])), window_s=wall)
+                   busy=float(np.mean(busy[i + 1:])), window_s=wall, eval_share=eval_s / wall,
+                   evals=n_evals, eval_ms=1e3 * eval_s / n_evals if n_evals else float("nan"))
     return out
 
 
@@ -309,10 +329,8 @@ def ref_learner_mode(argv: list[str]) -> int:
         elif t0 is not None and now - t0 >= seconds:
             break
         arr = batches[updates % len(batches)]
-        step.step(arr["records"], arr["weights"])
+        step.step(arr["records"], arr["weights"])  # copies the target every target_update
         updates += 1
-        if updates % cfg.target_update == 0:
-            step.sync_target()
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     n = updates - counted
     print(json.dumps({"rate": n / wall, "per_cpu": n / cpu, "cpu_share": cpu / wall}))
@@ -537,16 +555,29 @@ def transport(seconds: float, keep: Path | None) -> dict:
 
 # ---- start-up ---------------------------------------------------------------------------------------
 
-def startup(tmp: Path) -> dict:
+#: The start-up reference: every rank imports what mpirl's ranks need, passes MPI_Init (the
+#: mpi4py.MPI import) and a barrier and reads its clock; rank 0 prints every rank's reading
+#: (gathered after the readings, so no teardown and no printing is counted).
+STARTUP_REF = ("import time, torch, gymnasium\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+               "t = time.time()\nts = MPI.COMM_WORLD.gather(t, root=0)\n"
+               "if ts is not None:\n    print('READY', *map(repr, ts), flush=True)\n")
+
+
+def startup(tmp: Path, ranks: int = 9) -> dict:
     import h5py
 
-    ref_cmd = [mpirun(), "-n", "9", sys.executable, "-c", "import torch, gymnasium, mpi4py"]
+    ref_cmd = [mpirun(), "-n", str(ranks), sys.executable, "-c", STARTUP_REF]
     t = time.time()
-    run(ref_cmd, timeout=300)
-    ref = time.time() - t
+    p = run(ref_cmd, timeout=300)
+    ref_total = time.time() - t
+    ready = [float(x) - t for line in p.stdout.splitlines() if line.startswith("READY ")
+             for x in line.split()[1:]]
+    if len(ready) != ranks:
+        raise RuntimeError(f"start-up reference: {len(ready)} of {ranks} ranks reported:\n"
+                           f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     run_dir = tmp / "startup"
-    cmd = [mpirun(), "-n", "9", sys.executable, "-m", "mpirl.main", "--run-dir", str(run_dir),
-           "--max-seconds", "1", "--target-return", "none", "--progress-seconds", "0"]
+    cmd = [mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main", "--run-dir",
+           str(run_dir), "--max-seconds", "1", "--target-return", "none", "--progress-seconds", "0"]
     t = time.time()
     run(cmd, timeout=300)
     total = time.time() - t
@@ -554,7 +585,8 @@ def startup(tmp: Path) -> dict:
     for p in sorted(run_dir.glob("actor-*.h5")):
         with h5py.File(p, "r") as f:
             firsts.append(float(f.attrs["first_step_unix"]) - t)
-    return {"rate": min(firsts), "last_actor": max(firsts), "total": total, "ref": ref}
+    return {"rate": max(firsts), "first_actor": min(firsts), "total": total,
+            "ref": max(ready), "ref_first": min(ready), "ref_total": ref_total}
 
 
 # ---- the table ----------------------------------------------------------------------------------------
@@ -583,6 +615,10 @@ def main() -> None:
                     tmp, f"{kind}-run", a.seconds, kind, keep))
                 res[kind] = (got, ref)
                 print(json.dumps({kind: got, "reference": ref}), flush=True)
+        if "learner" in a.only:  # the same job with the default greedy evaluation on
+            res["learner_eval"] = pipeline(tmp, "learner-eval-run", a.seconds, "learner", keep,
+                                           evaluate=True)
+            print(json.dumps({"learner with evaluation": res["learner_eval"]}), flush=True)
         if "transport" in a.only:
             t = transport(a.seconds, keep)
             res["transport"] = (t["mpirl"], t["raw"], t["size"])
@@ -616,7 +652,8 @@ def main() -> None:
     if "learner" in res:
         got, ref = res["learner"]
         r = got["rate"] / ref["rate"]
-        rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck) | "
+        rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
+                    f"evaluation off as in the reference) | "
                     f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
                     f">= 0.9 | {yes(r >= 0.9)} |")
         cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
@@ -625,6 +662,13 @@ def main() -> None:
                      f"train steps) {got['busy']:.2f}; the learner process used "
                      f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
                      f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
+        ev = res["learner_eval"]
+        notes.append(f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
+                     f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "
+                     f"ratio above): {ev['rate']:,.0f} updates/s ({ev['rate'] / got['rate']:.2f}x "
+                     f"the run without); {ev['evals']} evaluations in the steady window, "
+                     f"{ev['eval_ms']:.0f} ms each on average, together {ev['eval_share']:.1%} "
+                     f"of the window's wall time")
     if "transport" in res:
         got, ref, size = res["transport"]
         r = got["rate"] / ref["rate"]
@@ -643,11 +687,14 @@ def main() -> None:
     if "startup" in res:
         s = res["startup"]
         r = s["rate"] / s["ref"]
-        rows.append(f"| start-up: s from launch to the first env step, `mpirun -n 9` | "
-                    f"{s['rate']:.1f} s | {s['ref']:.1f} s (`import torch, gymnasium, mpi4py`) | "
+        rows.append(f"| start-up: s from launch until every actor has stepped, `mpirun -n 9` | "
+                    f"{s['rate']:.1f} s | {s['ref']:.1f} s (every rank past `import torch, "
+                    f"gymnasium`, `MPI_Init` and a barrier) | "
                     f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |")
-        notes.append(f"start-up: the last actor's first step at {s['last_actor']:.1f} s; the "
-                     f"whole 1-s run took {s['total']:.1f} s")
+        notes.append(f"start-up: the first actor's first step at {s['first_actor']:.1f} s; the "
+                     f"whole 1-s run took {s['total']:.1f} s; the reference's first rank was "
+                     f"ready at {s['ref_first']:.1f} s, its whole launch with teardown took "
+                     f"{s['ref_total']:.1f} s")
     pinned = (f"actor, learner: the measured rank and the reference on core {ca}, the other "
               f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
               f"and {cb}") if ca is not None else "no pinning (fewer than 2 cores)"

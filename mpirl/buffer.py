@@ -85,6 +85,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         Field("forward_dropped", "i8", "transitions", "dropped by --forward-overflow "
               "drop-oldest"),
         Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
+        Field("prio_received", "i8", "priorities", "priority updates received from the learner "
+              "so far (= prio_applied + stale_dropped + too_stale)"),
+        Field("prio_applied", "i8", "priorities", "priority updates written into the replay "
+              "memory so far"),
+        Field("prio_moved", "f8", "", "sum over applied batches of |change of the memory's "
+              "total priority| (0: the updates never changed what gets sampled)"),
     ], doc="buffer counters, one row per interval")
     batch_log = log.stream("batches", [
         Field("batch", "i8", "", "batch id"),
@@ -111,6 +117,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     batch_id = fwd_seq = 0
     env_steps = inserted = sampled = episodes = 0
     stale = 0
+    prio_received = prio_applied = 0
+    prio_moved = 0.0
     returns: list[float] = []
     rtts: list[float] = []
     weights_version = -1
@@ -131,7 +139,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         meta = {"env_steps": env_steps, "inserted": inserted, "sampled": sampled,
                 "episodes": episodes, "batch_id": batch_id, "fwd_seq": fwd_seq,
                 "stale_dropped": stale, "too_stale": too_stale, "forward_dropped": fwd_dropped,
-                "throttled": throttled}
+                "throttled": throttled, "prio_received": prio_received,
+                "prio_applied": prio_applied, "prio_moved": prio_moved}
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
         else:  # the forward queue: experiences received, not yet sent to the learner
@@ -154,6 +163,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                                                   r["episodes"])
         batch_id, fwd_seq, stale = r["batch_id"], r["fwd_seq"], r["stale_dropped"]
         too_stale, fwd_dropped, throttled = r["too_stale"], r["forward_dropped"], r["throttled"]
+        prio_received, prio_applied = r.get("prio_received", 0), r.get("prio_applied", 0)
+        prio_moved = r.get("prio_moved", 0.0)
         if memory is not None:
             restore_memory(memory, resume.arrays, r["replay"])
         elif len(resume.arrays["forward_records"]):
@@ -208,11 +219,16 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                     rtts.append(now - sent[0])
                     window.observe(now - sent[0], float(hold), sent[1], float(step))
                 if memory is not None:
+                    prio_received += m.count
                     if cfg.max_staleness and batch_id - 1 - m.seq > cfg.max_staleness:
                         too_stale += m.count  # too old to trust: GBA's staleness bound
                     else:  # generation-checked: never lands on an overwritten slot
-                        stale += memory.update(m.arrays["indices"], m.arrays["generations"],
-                                               m.arrays["td_abs"])
+                        total = memory.total_priority()
+                        dropped = memory.update(m.arrays["indices"], m.arrays["generations"],
+                                                m.arrays["td_abs"])
+                        stale += dropped
+                        prio_applied += m.count - dropped
+                        prio_moved += abs(memory.total_priority() - total)
             elif m.kind == Tag.CREDIT:
                 fwd_tokens += m.count
             elif m.kind == Tag.STOP:
@@ -364,7 +380,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                             rtt_net_s=window.rtt_net if window.rtt_net is not None else np.nan,
                             step_s=window.step if window.step is not None else np.nan,
                             too_stale=too_stale, forward_dropped=fwd_dropped,
-                            throttled=throttled)
+                            throttled=throttled, prio_received=prio_received,
+                            prio_applied=prio_applied, prio_moved=prio_moved)
             rtts.clear()
             raw_out = 0
             t_log = now

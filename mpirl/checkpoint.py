@@ -72,6 +72,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def params_sha256(state_dict) -> str:
+    """SHA-256 of a torch state dict's tensors (names, dtypes, shapes and bytes, in order): the
+    learner records it at save and after loading, so a resume that did not carry the networks
+    over shows as two different hashes."""
+    h = hashlib.sha256()
+    for k, v in state_dict.items():
+        a = v.detach().cpu().contiguous().numpy()
+        h.update(f"{k}:{a.dtype}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -29,7 +29,7 @@ import numpy as np
 
 from mpirl import best_model, failure, seeds
 from mpirl import device as device_mod
-from mpirl.checkpoint import memory_state, part_name, restore_memory
+from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.evaluation import make_runner
 from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
@@ -82,8 +82,9 @@ class TrainStep:
     and one update on a batch.
 
     ``step(records, weights, frames)`` is one double-DQN update (Huber loss weighted by the
-    importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; the caller
-    counts updates and calls ``sync_target`` every ``target_update`` of them.  It is
+    importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; it counts
+    updates (``updates``; a resumed learner sets it) and copies the online network into the
+    target after every ``target_update``-th.  It is
     ``put`` (host arrays -> device tensors: on CUDA through pinned staging buffers with
     non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
     calls them apart to put the next batch on its way while the current one trains."""
@@ -102,6 +103,7 @@ class TrainStep:
         self.target = copy.deepcopy(self.online)
         self.params = list(self.online.parameters())
         self.opt = Adam(self.params, lr=cfg.lr)  # torch's kernel, no dynamo import
+        self.target_update, self.updates = cfg.target_update, 0
         # CUDA: two sets of pinned host buffers, used in turn, each with the event of its last
         # host -> device copy (a set is rewritten only once that copy is done)
         self._staging = [({}, None), ({}, None)]
@@ -172,6 +174,9 @@ class TrainStep:
         if self.grad_clip > 0:
             self._clip()
         self.opt.step()
+        self.updates += 1
+        if self.updates % self.target_update == 0:
+            self.sync_target()
         return self._back(loss.detach(), td)
 
     def _clip(self) -> None:
@@ -352,14 +357,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         seconds the learner spent on it."""
         nonlocal updates, busy, loss_sum, loss_n, staged
         t0 = time.monotonic()
-        pending = trainer.launch(batch)
+        pending = trainer.launch(batch)  # copies the target on its cadence
         t1 = time.monotonic()
         staged = next_batch()
         t2 = time.monotonic()
         lv, td_np = pending.result()
-        updates += 1
-        if updates % cfg.target_update == 0:
-            trainer.sync_target()
+        updates = trainer.updates
         t3 = time.monotonic()
         upd_log.append(update=updates, loss=lv, td_abs_mean=_mean(td_np), beta=beta)
         loss_sum += lv
@@ -450,7 +453,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 "site_steps": {str(b - 1): site_steps[b] for b in buffers},
                 "best_eval": best_eval, "last_eval": last_eval, "eval_round": eval_round,
                 "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
-                "to_target": to_target}
+                "to_target": to_target, "online_sha256": params_sha256(online.state_dict()),
+                "target_sha256": params_sha256(target.state_dict())}
         arrays = None
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
@@ -467,7 +471,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         target.load_state_dict(ts["target"])
         opt.load_state_dict(ts["optimizer"])
         torch.set_rng_state(ts["torch_rng"])
+        log.set_attrs(resumed_online_sha256=params_sha256(online.state_dict()),
+                      resumed_target_sha256=params_sha256(target.state_dict()))
         updates, weights_version = r["updates"], r["weights_version"]
+        trainer.updates = updates  # the target copy cadence continues
         inserted, sampled = r["inserted"], r["sampled"]
         best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
         eval_round = r["eval_round"]

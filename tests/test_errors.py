@@ -88,10 +88,35 @@ def test_sigterm_stops_cleanly(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == stop_signal().name
     import h5py
+    import numpy as np
 
-    for f in run.glob("*.h5"):
+    files = {}
+    for f in sorted(run.glob("*.h5")):
         with h5py.File(f, "r") as h:
             assert len(h.attrs["config_json"]) > 0
+            data = {}
+            for g in h.values():  # every stream complete: its fields of one length
+                lengths = {k: len(g[k]) for k in g}
+                assert len(set(lengths.values())) == 1, (f.name, g.name, lengths)
+                data.update({f"{g.name[1:]}/{k}": g[k][()] for k in g})
+            files[f.name] = data, dict(h.attrs)
+    assert sorted(files) == ["actor-2.h5", "actor-3.h5", "buffer-0.h5", "learner.h5"]
+    # the counters agree: each rank's final attributes with its own last row, and across ranks
+    # (what the actors stepped = what the buffer counted = what the learner reported)
+    steps = 0
+    for a in ("actor-2.h5", "actor-3.h5"):
+        data, attrs = files[a]
+        assert attrs["env_steps"] == data["actor/env_steps"][-1] > 0, a
+        assert attrs["episodes"] == len(data["episodes/ret"]), a
+        steps += attrs["env_steps"]
+    buf, battrs = files["buffer-0.h5"]
+    assert battrs["env_steps"] == buf["site/env_steps"][-1] == steps
+    assert battrs["inserted"] == buf["site/inserted"][-1] > 0
+    assert battrs["sampled"] == buf["site/sampled"][-1]
+    learner, lattrs = files["learner.h5"]
+    assert summary["env_steps"] == lattrs["env_steps"] == steps
+    assert summary["updates"] == lattrs["updates"] == len(learner["updates/update"]) > 0
+    np.testing.assert_array_equal(learner["updates/update"], np.arange(1, summary["updates"] + 1))
 
 
 # ---- --resume: the same contract (one line from rank 0, non-zero exit, no hang) ---------------

@@ -124,11 +124,24 @@ def test_frame_replay_memory_figure():
     from mpirl.replay import frame_footprint_bytes, footprint_bytes
     from mpirl.wire import transition_dtype
 
+    # By hand (docs/images.md): an actor message of 64 transitions from 4 env streams carries,
+    # per stream, stack - 1 = 3 history and n = 3 look-ahead frames beyond one per transition,
+    # +5% for episode ends: r = 1.05 * (1 + 6 * 4 / 64) = 1.44375 frames per transition.
+    # 1M transitions: ceil(1.44375e6) = 1,443,750 frames of 84 * 84 = 7,056 B; records of
+    # action i8 + reward f4 + discount f4 + 2 * 4 frame ids i8 = 80 B; sum/min trees 2 * 2**20
+    # nodes * 16 B = 33,554,432 B; update scratch 4 B per slot.
+    trees, scratch = 2 * 2**20 * 16, 4 * 1_000_000
     r = frames_per_transition(4, 3, 4, 64)
+    assert r == pytest.approx(1.44375, rel=1e-12)
     dedup = frame_footprint_bytes(1_000_000, 4, (1, 84, 84), r)
+    assert dedup == 1_443_750 * 7056 + 80 * 1_000_000 + trees + scratch == 10_304_654_432
+    # --actor-chunk 256: r = 1.05 * (1 + 24 / 256) = 1.1484375 -> 1,148,438 frames (8.2 GB)
+    r256 = frames_per_transition(4, 3, 4, 256)
+    assert frame_footprint_bytes(1_000_000, 4, (1, 84, 84), r256) \
+        == 1_148_438 * 7056 + 80 * 1_000_000 + trees + scratch == 8_220_932_960
+    # whole transitions: obs and next_obs 4 * 84 * 84 B each + action 8 + reward 4 + discount 4
     naive = footprint_bytes(1_000_000, transition_dtype((4, 84, 84), np.uint8))
-    assert dedup < naive / 5  # 10.7 GB against 56 GB
-    assert dedup == pytest.approx(1_000_000 * r * 7056, rel=0.02)
+    assert naive == (2 * 28_224 + 16) * 1_000_000 + trees + scratch == 56_501_554_432
 
 
 @pytest.mark.parametrize("shape, n_actions", [((4, 84, 84), 6), ((4, 10, 10), 3),

@@ -193,3 +193,106 @@ def test_adam_falls_back_to_torch_optim_adam(how):
     out = subprocess.run([sys.executable, "-c", _ADAM_FALLBACK, how], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _cartpole_batch(n: int = 32, reward: float = 1.0, seed: int = 0):
+    from mpirl.envs import inspect
+    from mpirl.wire import transition_dtype
+
+    spec = inspect("CartPole-v1")
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(n, transition_dtype(spec.obs_shape, spec.obs_dtype))
+    rec["obs"] = rng.normal(size=rec["obs"].shape)
+    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, n)
+    rec["reward"] = reward
+    rec["discount"] = 0.9
+    return spec, rec
+
+
+def _grads_by_hand(step, rec, weights):
+    """The gradients of one update computed again on copies of the networks, unclipped."""
+    import copy
+
+    from mpirl.learner import _batch_tensors
+
+    online, target = copy.deepcopy(step.online), copy.deepcopy(step.target)
+    obs, act, rew, nxt, disc = _batch_tensors(torch, rec)
+    loss, _ = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.from_numpy(weights),
+                       step.huber_delta)
+    loss.backward()
+    return [p.grad.clone() for p in online.parameters()]
+
+
+@pytest.mark.parametrize("reward, weight, clipped", [(1000.0, 100.0, True), (0.0, 1.0, False)])
+def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, clipped):
+    """grad_clip 0.5: TD errors in the Huber loss's linear part with importance weights of 100
+    give a gradient norm far above it, which the update scales (same direction) to norm 0.5
+    before Adam sees it; a gradient below the clip is left as it is."""
+    from mpirl.config import Config
+    from mpirl.learner import TrainStep
+
+    spec, rec = _cartpole_batch(reward=reward)
+    w = np.full(len(rec), weight, np.float32)
+    torch.manual_seed(0)
+    step = TrainStep(Config(hidden=(16,), grad_clip=0.5), spec)
+    raw = _grads_by_hand(step, rec, w)
+    norm = float(torch.sqrt(sum((g ** 2).sum() for g in raw)))
+    step.step(rec, w)
+    want = [g * (0.5 / norm) for g in raw] if clipped else raw
+    assert (norm > 50) if clipped else (norm < 0.5), norm
+    got = [p.grad for p in step.online.parameters()]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
+    if clipped:
+        assert float(torch.sqrt(sum((g ** 2).sum() for g in got))) == pytest.approx(0.5, rel=1e-4)
+    # Adam took the clipped gradient: its first moment after one step is (1 - beta1) * g
+    state = step.opt.state_dict()["state"]
+    for i, e in enumerate(want):
+        torch.testing.assert_close(state[i]["exp_avg"], 0.1 * e, rtol=1e-4, atol=1e-8)
+
+
+def test_grad_clip_zero_leaves_gradients_alone():
+    from mpirl.config import Config
+    from mpirl.learner import TrainStep
+
+    spec, rec = _cartpole_batch(reward=1000.0)
+    w = np.full(len(rec), 100.0, np.float32)
+    torch.manual_seed(0)
+    step = TrainStep(Config(hidden=(16,), grad_clip=0.0), spec)
+    raw = _grads_by_hand(step, rec, w)
+    step.step(rec, w)
+    for g, e in zip((p.grad for p in step.online.parameters()), raw):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
+
+
+def test_target_network_copied_exactly_every_target_update():
+    """target_update 3: the target holds the online network of update 3, 6, 9, ... and does not
+    change in between; a resumed step counter keeps the cadence (next copy at 12 from 10)."""
+    from mpirl.config import Config
+    from mpirl.learner import TrainStep
+
+    spec, rec = _cartpole_batch()
+    w = np.ones(len(rec), np.float32)
+    torch.manual_seed(0)
+    step = TrainStep(Config(hidden=(16,), lr=1e-2, target_update=3), spec)
+    initial = step.target.flat_params()
+    np.testing.assert_array_equal(initial, step.online.flat_params())  # a copy at the start
+    held, copies = initial, []
+    for u in range(1, 11):
+        step.step(rec, w)
+        assert step.updates == u
+        online, target = step.online.flat_params(), step.target.flat_params()
+        assert not np.array_equal(online, held)  # every update changes the online network
+        if np.array_equal(target, online):
+            copies.append(u)
+            held = target
+        else:
+            np.testing.assert_array_equal(target, held)  # unchanged since the last copy
+    assert copies == [3, 6, 9]
+    step.updates = 10  # as a resumed learner sets it
+    held = step.target.flat_params()
+    step.step(rec, w)
+    np.testing.assert_array_equal(step.target.flat_params(), held)  # 11: no copy
+    step.step(rec, w)
+    np.testing.assert_array_equal(step.target.flat_params(), step.online.flat_params())  # 12

@@ -13,10 +13,26 @@ def test_bandwidth_serializes_back_to_back():
 
 
 def test_latency_and_fifo_with_jitter():
-    m = LinkModel(LinkProfile(latency_s=0.01, jitter_s=0.005), seed=1)
-    times = [m.delivery(t * 1e-4) for t in range(100)]
-    assert times == sorted(times)
-    assert all(t >= 0.005 for t in times)
+    import numpy as np
+
+    lat, jit = 0.01, 0.005
+    # arrivals 0.1 ms apart, far closer than the jitter: FIFO holds some messages back, yet
+    # none leaves the [latency - jitter, latency + jitter] window (a held message waits for an
+    # earlier one, which arrived earlier and was delayed at most latency + jitter)
+    m = LinkModel(LinkProfile(latency_s=lat, jitter_s=jit), seed=1)
+    arrivals = np.arange(200) * 1e-4
+    times = np.array([m.delivery(t) for t in arrivals])
+    assert (np.diff(times) >= 0).all()  # in order
+    delay = times - arrivals
+    assert delay.min() >= lat - jit - 1e-12 and delay.max() <= lat + jit + 1e-12, delay
+    # arrivals 20 ms apart (> 2 x jitter): FIFO never binds, each delay is latency + U(-j, j)
+    m = LinkModel(LinkProfile(latency_s=lat, jitter_s=jit), seed=2)
+    arrivals = np.arange(200) * 0.02
+    delay = np.array([m.delivery(t) for t in arrivals]) - arrivals
+    assert delay.min() >= lat - jit - 1e-12 and delay.max() <= lat + jit + 1e-12, delay
+    assert delay.max() - delay.min() > 1.5 * jit  # the jitter is there, over most of its range
+    assert delay.std() > 0.4 * jit  # uniform on [-j, j]: std j / sqrt(3) = 0.58 j
+    assert abs(delay.mean() - lat) < 0.2 * jit  # centred on the latency
     assert LinkModel(LinkProfile(latency_s=0.02)).delivery(1.0) == pytest.approx(1.02)
 
 

@@ -40,7 +40,7 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
     assert json.loads(attrs["config_json"])["replay_at"] == replay_at
     layout = json.loads(attrs["layout_json"])
     assert [x["role"] for x in layout].count("actor") == n_actors
-    assert "MPI" in json.loads(attrs["versions_json"])["mpi_library"] or True
+    assert "MPI" in json.loads(attrs["versions_json"])["mpi_library"]
     assert len(learner["updates/loss"]) == summary["updates"]
     assert np.isfinite(learner["updates/loss"]).all()
     xfer_kind = 5 if replay_at == "buffer" else 4
@@ -57,11 +57,34 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         if replay_at == "buffer":
             assert battrs["sampled"] > 0 and buf["site/replay_size"].max() > 0
             assert len(buf["batches/batch"]) > 0
+            # every priority update the learner sent (one per batch it trained on) reached the
+            # buffer and was applied or counted as dropped, and the applied ones changed the
+            # memory's priorities (what gets sampled)
+            sent = learner["transfers/n"][learner["transfers/buffer"] == b].sum()
+            site = {k: buf[f"site/{k}"][-1] for k in (
+                "prio_received", "prio_applied", "stale_dropped", "too_stale", "prio_moved")}
+            assert site["prio_received"] == sent > 0, site
+            assert site["prio_applied"] + site["stale_dropped"] + site["too_stale"] \
+                == site["prio_received"], site
+            assert site["prio_applied"] > 0 and site["prio_moved"] > 0, site
         else:
             assert battrs["sampled"] == 0
     steps = 0
+    cfg = json.loads(attrs["config_json"])
+    m, n_envs = cfg["envs_per_actor"], n_actors * cfg["envs_per_actor"]
+    # Ape-X exploration over ALL envs of ALL actors: eps_i = base^(1 + alpha * i / (N - 1)),
+    # i = 0..N-1, actor k holding envs k*m .. k*m+m-1 (computed here, not with mpirl's function)
+    apex = [cfg["eps_base"] ** (1 + cfg["eps_alpha"] * i / (n_envs - 1)) for i in range(n_envs)]
+    blocks = []
     for f in run_dir.glob("actor-*.h5"):
         act, aattrs = read(f)
+        eps = list(aattrs["epsilons"])
+        k = min(range(n_actors), key=lambda k: abs(apex[k * m] - eps[0]))
+        np.testing.assert_allclose(eps, apex[k * m:(k + 1) * m], rtol=1e-12)
+        blocks.append(k)
+        # every episode was logged with its env's rate
+        np.testing.assert_allclose(act["episodes/epsilon"],
+                                   np.float32(eps)[act["episodes/env"]], rtol=1e-6)
         assert act["actor/weights_version"].max() >= 1  # weights were refreshed, not only the first
         assert act["actor/msgs_sent"].max() > 0
         # start-up ends at the first env step: after the file was opened, before its last row
@@ -69,6 +92,7 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
         steps += aattrs["env_steps"]
     # everything the actors produced was counted by the buffers and reached the learner's stats
     assert steps == summary["env_steps"]
+    assert sorted(blocks) == list(range(n_actors))  # each block of the schedule exactly once
 
 
 def test_site_weights_share_the_learner(tmp_path):

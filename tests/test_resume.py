@@ -224,15 +224,17 @@ def resumed(trained):
     writing a checkpoint (between temp write and rename) 6 s into its loop."""
     run, _ = trained
     before = {p.name: _read(p) for p in run.glob("*.h5")}
-    ckpt_before = ck.select(run)[0]["id"]
+    manifest = ck.select(run)[0]
+    ckpt_before = manifest["id"]
+    saved = ck.load_part(run, manifest, "learner")  # read now: later checkpoints rotate it out
     p = run_mpirl(4, "--resume", str(run), "--max-seconds", "60", "--checkpoint-seconds", "2",
                   env={"MPIRL_FAULT": "actor:2:6:checkpoint", "MPIRL_TRACEBACK": "0"},
                   timeout=120)
-    return run, before, ckpt_before, p
+    return run, before, ckpt_before, p, saved
 
 
 def test_resume_continues_counters_logs_and_learning(resumed):
-    run, before, ckpt_before, p = resumed
+    run, before, ckpt_before, p, saved = resumed
     assert p.returncode != 0 and "injected fault: SIGKILL while writing a checkpoint" in p.stderr
     assert f"resuming {run} from checkpoint {ckpt_before}" in p.stdout
     learner, attrs = _read(run / "learner.h5")
@@ -246,6 +248,12 @@ def test_resume_continues_counters_logs_and_learning(resumed):
     # the update counter continues from the checkpoint (a clean stop: no rows past it)
     assert learner["updates/update"][n_old] == old["updates/update"][-1] + 1
     assert np.all(np.diff(learner["updates/update"]) == 1)
+    # the networks carried over: the files hold the networks the learner had at the save, and
+    # the resumed learner, before its first update, has exactly those (an eval after up to
+    # eval_every fresh updates could pass by relearning CartPole)
+    for net in ("online", "target"):
+        assert ck.params_sha256(saved.torch[net]) == saved.meta[f"{net}_sha256"]
+        assert attrs[f"resumed_{net}_sha256"] == saved.meta[f"{net}_sha256"], net
     # learning carries on: the first greedy eval after the resume is not back to random
     e = resumes[-1]["rows_before_resume"]["evals"]
     assert len(learner["evals/ret_mean"]) > e, p.stdout + p.stderr
@@ -264,7 +272,7 @@ def test_resume_continues_counters_logs_and_learning(resumed):
 
 
 def test_kill_during_checkpoint_leaves_previous_usable(resumed):
-    run, _, ckpt_before, _ = resumed
+    run, _, ckpt_before, _, _ = resumed
     man, folders = ck.ids(run)
     assert max(folders) > max(man)  # the interrupted attempt's folder, without a manifest
     manifest, skipped = ck.select(run)

@@ -181,6 +181,9 @@ class FrameReplay:
     def max_weight(self) -> float:
         return self.memory.max_weight()
 
+    def total_priority(self) -> float:
+        return self.memory.total_priority()
+
     @property
     def dtype(self) -> np.dtype:
         return self.memory.dtype
