@@ -84,6 +84,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
               "max_staleness batches"),
         Field("forward_dropped", "i8", "transitions", "dropped by --forward-overflow "
               "drop-oldest"),
+        Field("forwarded", "i8", "transitions", "sent toward the learner (replay_at=learner): "
+              "inserted = forwarded + forward_dropped + forward_queue"),
         Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
     ], doc="buffer counters, one row per interval")
     batch_log = log.stream("batches", [
@@ -106,7 +108,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     owed = {a: 0 for a in actors}  # tokens to give back to each actor
     inflight: dict[int, tuple[float, float]] = {}  # batch id -> (send time, queue wait)
     window = InflightWindow(cfg.inflight_fixed)
-    too_stale = fwd_dropped = throttled = 0
+    too_stale = fwd_dropped = throttled = forwarded = 0
     change = cfg.link_change_at()
     batch_id = fwd_seq = 0
     env_steps = inserted = sampled = episodes = 0
@@ -131,7 +133,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         meta = {"env_steps": env_steps, "inserted": inserted, "sampled": sampled,
                 "episodes": episodes, "batch_id": batch_id, "fwd_seq": fwd_seq,
                 "stale_dropped": stale, "too_stale": too_stale, "forward_dropped": fwd_dropped,
-                "throttled": throttled}
+                "throttled": throttled, "forwarded": forwarded}
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
         else:  # the forward queue: experiences received, not yet sent to the learner
@@ -154,6 +156,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                                                   r["episodes"])
         batch_id, fwd_seq, stale = r["batch_id"], r["fwd_seq"], r["stale_dropped"]
         too_stale, fwd_dropped, throttled = r["too_stale"], r["forward_dropped"], r["throttled"]
+        forwarded = r.get("forwarded", 0)
         if memory is not None:
             restore_memory(memory, resume.arrays, r["replay"])
         elif len(resume.arrays["forward_records"]):
@@ -322,6 +325,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                         fwd_records.appendleft((r[take:], t[take:], f))
                     k += take
                 fwd_len -= k
+                forwarded += k
                 table = None
                 if image:  # one frame table; frames of the parts not sent now are left out
                     rec_all, table = compact(*concat(zip(recs, tables)))
@@ -364,7 +368,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                             rtt_net_s=window.rtt_net if window.rtt_net is not None else np.nan,
                             step_s=window.step if window.step is not None else np.nan,
                             too_stale=too_stale, forward_dropped=fwd_dropped,
-                            throttled=throttled)
+                            forwarded=forwarded, throttled=throttled)
             rtts.clear()
             raw_out = 0
             t_log = now
@@ -375,7 +379,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             nd = link.next_departure()
             backoff.idle(until=nd)
     log.set_attrs(env_steps=env_steps, inserted=inserted, sampled=sampled,
-                  stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped, wall_s=time.monotonic() - t_start,
+                  stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped,
+                  forwarded=forwarded,
+                  wall_s=time.monotonic() - t_start,
                   link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
                   link_raw_bytes_out=link.sent.total_bytes + raw_total,
                   link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)
