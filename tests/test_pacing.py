@@ -202,3 +202,20 @@ def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_f
     assert frac == pytest.approx(attrs["forwarded"] / attrs["inserted"], abs=0.03)
     rows = np.isfinite(p["delivered_fraction"])
     assert rows.sum() >= 3 and (p["delivered_fraction"][rows] < 1.0).mean() >= 0.75
+
+
+def test_max_updates_continues_with_resume_and_never_overshoots(tmp_path):
+    run_dir = tmp_path / "budget"
+    base = ["--env", "CartPole-v1", "--hidden", "16", "--progress-seconds", "0",
+            "--target-return", "none", "--learning-starts", "100", "--eval-every", "10000",
+            "--learner-updates-per-s", "50", "--max-seconds", "60",
+            "--replay-at", "learner", "--replay-ratio", "0"]  # resumed: a batch in turn one
+    r = run_mpirl(3, "--run-dir", str(run_dir), *base, "--max-updates", "40", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for budget, want in (("70", 70), ("70", 70)):  # the second: reached already
+        r = run_mpirl(3, "--resume", str(run_dir), "--max-updates", budget, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stop_reason"] == "max_updates" and summary["updates"] == want
+    with h5py.File(run_dir / "learner.h5", "r", locking=False) as f:
+        assert list(read_stream(f, "updates")["update"]) == list(range(1, 71))
