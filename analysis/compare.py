@@ -38,7 +38,8 @@ __all__ = ["Group", "Profile", "compare", "group_runs", "load_experiment", "prof
 
 PROFILE_KEYS = ("env", "link", "latency_ms", "bandwidth_mbps", "jitter_ms", "link_change")
 # Keys that never split runs into groups: seeds, budgets, output and logging settings.
-NOT_A_VARIANT = {"seed", "run_dir", "config", "max_env_steps", "max_seconds", "target_return",
+NOT_A_VARIANT = {"seed", "run_dir", "config", "max_env_steps", "max_seconds", "max_updates",
+                 "target_return",
                  "progress_seconds", "flush_seconds", "torch_threads", "replay_at",
                  *PROFILE_KEYS}
 PLACEMENT = {"learner": "existing", "buffer": "proposed"}

@@ -22,6 +22,16 @@ fewer than ``2 W`` updates, the loss has not settled within the run (it was stil
 rising at the end); then the window is the **last 25%** of the updates. `Convergence.method`
 says which rule gave the window (``"settled"`` or ``"fallback"``); the tables report it.
 
+Fixed window (the primary one, issue 14; docs/results.md "Plan")
+---------------------------------------------------------------
+With an update budget ``N`` per run (``--max-updates N``; without one, ``N`` is the updates the
+run made), "after convergence" is the fixed window of updates ``N/2 .. N``: update numbers
+``u`` with ``ceil(N / 2) <= u <= N``, and for transfers every row whose ``update`` column lies in
+that range. Every run of a cell then averages over the same updates, whatever its loss curve
+does. A run that stopped before ``N`` (target reached, failure) keeps the part of the window it
+has; ``fixed_complete`` says whether it ran to ``N``. The settle rule above is kept as a
+sensitivity check (the ``*_conv`` keys beside the ``*_fixed`` ones).
+
 Why these numbers: a 500-update average of a DQN loss still wanders by several percent, so a band
 of ±20% is not broken by noise but is broken by a trend; runs that stop at their return target
 while the loss is still falling (CartPole to 475 does) get the fallback, and say so.
@@ -36,8 +46,8 @@ import numpy as np
 
 from analysis.runs import Run
 
-__all__ = ["KNOWN_TARGETS", "Convergence", "convergence", "moving_average", "resolve_target",
-           "run_metrics", "settle_index"]
+__all__ = ["KNOWN_TARGETS", "Convergence", "convergence", "fixed_window", "moving_average",
+           "resolve_target", "run_metrics", "settle_index"]
 
 TOL = 0.2
 MIN_TAIL = 0.1
@@ -101,6 +111,18 @@ def settle_index(
     return start, "settled", w
 
 
+def fixed_window(update_numbers: np.ndarray, budget: int | None = None) -> tuple[np.ndarray, int]:
+    """``(mask, N)``: which of ``update_numbers`` lie in the fixed window ``ceil(N/2) .. N``.
+
+    ``N`` is ``budget`` when it is > 0 (the run's ``--max-updates``), else the largest update
+    number (the run's own length); with neither, the mask is all False and ``N`` is 0."""
+    u = np.asarray(update_numbers, "i8")
+    n = int(budget) if budget else (int(u.max()) if len(u) else 0)
+    if n <= 0:
+        return np.zeros(len(u), bool), 0
+    return (u >= -(-n // 2)) & (u <= n), n
+
+
 def convergence(run: Run, **kw: Any) -> Convergence:
     """The after-convergence window of ``run`` (keywords: see `settle_index`)."""
     upd = run.learner.stream("updates")
@@ -146,7 +168,11 @@ def _weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
 def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[str, Any]:
     """One flat dict of everything the tables need, for one run (NaN/None when unavailable).
 
-    - ``loss_conv``: mean loss over the after-convergence updates.
+    - ``loss_fixed``, ``prio_held_fixed``, ``prio_arrival_fixed``, ``td_arrival_fixed``: the same
+      means over the fixed window of updates ``N/2 .. N`` (`fixed_window`; ``budget_updates`` is
+      ``N``, ``fixed_complete`` whether the run reached it): the primary window.
+    - ``loss_conv``: mean loss over the after-convergence updates (settle rule: the sensitivity
+      check).
     - ``prio_held_conv``: transfers with ``t >= conv_t``, mean of ``priority_mean`` weighted by
       ``n`` (the priority the sender held); ``prio_arrival_conv`` the same for
       ``arrival_priority_mean``, ``td_arrival_conv`` for ``arrival_td_mean`` (under the
@@ -173,6 +199,18 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
         td = _weighted_mean(xf["arrival_td_mean"][after], w)
         n_after = int(np.sum(w))
     updates = int(s.get("updates") or 0) or len(loss)
+    budget = int(run.config.get("max_updates") or 0)
+    in_fixed, n_fixed = fixed_window(upd.get("update", np.arange(1, len(loss) + 1)), budget)
+    xf_fixed = (fixed_window(xf.get("update", np.zeros(0, "i8")), n_fixed)[0] if n_fixed
+                else np.zeros(len(xf.get("n", ())), bool))
+    if xf_fixed.any():
+        w = xf["n"][xf_fixed]
+        fixed = {k: _weighted_mean(xf[col][xf_fixed], w) for k, col in (
+            ("prio_held_fixed", "priority_mean"), ("prio_arrival_fixed", "arrival_priority_mean"),
+            ("td_arrival_fixed", "arrival_td_mean"))}
+    else:
+        fixed = dict.fromkeys(("prio_held_fixed", "prio_arrival_fixed", "td_arrival_fixed"),
+                              float("nan"))
     b_in = s.get("link_bytes_in")
     b_out = s.get("link_bytes_out")
     b_tot = (b_in or 0) + (b_out or 0) if b_in is not None or b_out is not None else None
@@ -203,6 +241,10 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
         "conv_update": conv.update,
         "conv_t": conv.t,
         "conv_window": conv.window,
+        "budget_updates": n_fixed,
+        "fixed_complete": bool(n_fixed) and updates >= n_fixed,
+        "loss_fixed": _nanmean(loss[in_fixed]),
+        **fixed,
         "loss_conv": _nanmean(loss[conv.start:]),
         "loss_final_w": _nanmean(loss[-conv.window:]) if conv.window else float("nan"),
         "prio_held_conv": held,

@@ -54,8 +54,8 @@ _COMMON = {
 }
 
 SUMMARY_DOCS = {
-    "stop_reason": "why the learner stopped: `target_return`, `max_env_steps`, `max_seconds`, "
-                   "`SIGTERM`, `SIGINT`",
+    "stop_reason": "why the learner stopped: `target_return`, `max_env_steps`, `max_updates`, "
+                   "`max_seconds`, `SIGTERM`, `SIGINT`",
     "updates": "learner updates in the run",
     "env_steps": "env steps of all actors (as last reported to the learner)",
     "wall_s": "seconds from the learner's loop start to its stop",
@@ -64,6 +64,9 @@ SUMMARY_DOCS = {
     "resumed_from": "checkpoint id this launch resumed from (null: a new run)",
     "best_eval": "best greedy evaluation mean return",
     "busy_fraction": "fraction of wall time the learner spent in updates",
+    "delivered_fraction": "replay_at=learner: transitions that reached the learner's memory / "
+                          "env steps produced (< 1 under --forward-overflow drop-oldest on a link "
+                          "slower than production); null for replay_at=buffer",
     "link_bytes_in": "bytes the learner received over the link (all buffers), toward the learner",
     "link_bytes_out": "bytes the learner sent over the link (weights, priority updates, credits)",
     "time_to_target_s": "seconds from the learner's loop start to the first eval >= target "
@@ -88,6 +91,7 @@ ATTR_DOCS: dict[str, dict[str, str]] = {
                "stale_dropped": "set at stop: priority updates dropped, slot overwritten",
                "too_stale": "set at stop: priority updates dropped, older than max_staleness",
                "forward_dropped": "set at stop: transitions dropped by --forward-overflow",
+               "forwarded": "set at stop: transitions sent toward the learner (replay_at=learner)",
                "wall_s": "set at stop: seconds the buffer loop ran",
                "link_bytes_out": "set at stop: bytes sent toward the learner",
                "link_raw_bytes_out": "set at stop: the same before compression (= "

@@ -36,6 +36,7 @@ from mpirl.checkpoint import restore_rng, rng_meta
 from mpirl.frames import FrameLog, stacks
 from mpirl.logs import Field, RunLog
 from mpirl.nstep import NStep
+from mpirl.pacing import TokenBucket
 from mpirl.qnet import make_q
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
@@ -81,6 +82,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         Field("msgs_sent", "i8", "messages", "experience messages sent"),
         Field("bytes_sent", "i8", "bytes", "experience bytes sent"),
         Field("throttled_s", "f8", "s", "time spent waiting for a token (backpressure)"),
+        Field("paced_s", "f8", "s", "time spent sleeping to hold --actor-steps-per-s"),
         Field("weights_version", "i8", "", "version of the weights in use"),
     ], doc="actor counters, about once per flush")
     log.set_attrs(epsilons=eps)
@@ -94,6 +96,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     stop = False
     env_steps = steps_reported = seq = msgs = nbytes = 0
     throttled = 0.0
+    paced_before = 0.0  # pacing sleep of earlier launches (resumed runs)
+    pace = None  # --actor-steps-per-s: a token per env step, started with the first weights
+
+    def paced_s() -> float:
+        return paced_before + (pace.waited_s if pace is not None else 0.0)
     done_episodes = 0
     out_obs, out_act, out_ret, out_next, out_disc, out_qsa = [], [], [], [], [], []
     # max_a Q(s', a) for each outgoing transition, in a one-element box: filled by the next acting
@@ -121,12 +128,14 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         ckpt.write(ckpt_id, {
             "env_steps": env_steps, "steps_reported": steps_reported, "seq": seq, "msgs": msgs,
             "bytes_sent": nbytes, "throttled_s": throttled, "episodes": done_episodes,
+            "paced_s": paced_s(),
             "epsilons": eps.tolist(), "rng": rng_meta(rng)}, arrays)
 
     if resume is not None:
         r = resume.meta
         env_steps, steps_reported, seq = r["env_steps"], r["steps_reported"], r["seq"]
         msgs, nbytes, throttled = r["msgs"], r["bytes_sent"], r["throttled_s"]
+        paced_before = r.get("paced_s", 0.0)
         done_episodes = r["episodes"]
         eps = np.asarray(r["epsilons"], np.float64)
         restore_rng(rng, r["rng"])
@@ -213,6 +222,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         receive_all()
         backoff.idle()
 
+    if cfg.actor_steps_per_s:  # P = actors x this, whatever the placement
+        pace = TokenBucket(cfg.actor_steps_per_s, take=m)
     first = [e.reset(seed=s) for s, e in zip(seed["envs"], envs)]
     obs = np.stack([o for o, _ in first])
     for j, (o, info) in enumerate(first):
@@ -240,6 +251,11 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             t0 = time.monotonic()
             backoff.idle()
             throttled += time.monotonic() - t0
+            continue
+        # [pacing] one token per env step of this turn; without them, sleep (at most the
+        # back-off ceiling, so stop and weights are still served)
+        if pace is not None and not pace.try_take(t_turn):
+            pace.wait(backoff.ceiling)
             continue
         backoff.work()
         # [algorithm] act: one batched forward, epsilon-greedy per env
@@ -307,7 +323,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         if now >= next_row:
             next_row = now + cfg.flush_seconds
             progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
-                            throttled_s=throttled, weights_version=weights_version)
+                            throttled_s=throttled, weights_version=weights_version,
+                            paced_s=paced_s())
         log.maybe_flush(now)
 
     # [comm] clean stop: ship what is left, say DONE, drain until the buffer's DONE comes back
@@ -327,7 +344,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         sends[:] = [(r, b) for r, b in sends if not r.Test()]
         backoff.idle()
     progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
-                    throttled_s=throttled, weights_version=weights_version)
+                    throttled_s=throttled, weights_version=weights_version, paced_s=paced_s())
     log.set_attrs(env_steps=env_steps, episodes=done_episodes)
     for e in envs:
         e.close()

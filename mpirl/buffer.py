@@ -84,6 +84,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
               "max_staleness batches"),
         Field("forward_dropped", "i8", "transitions", "dropped by --forward-overflow "
               "drop-oldest"),
+        Field("forwarded", "i8", "transitions", "sent toward the learner (replay_at=learner): "
+              "inserted = forwarded + forward_dropped + forward_queue"),
         Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
         Field("prio_received", "i8", "priorities", "priority updates received from the learner "
               "so far (= prio_applied + stale_dropped + too_stale)"),
@@ -112,7 +114,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
     owed = {a: 0 for a in actors}  # tokens to give back to each actor
     inflight: dict[int, tuple[float, float]] = {}  # batch id -> (send time, queue wait)
     window = InflightWindow(cfg.inflight_fixed)
-    too_stale = fwd_dropped = throttled = 0
+    too_stale = fwd_dropped = throttled = forwarded = 0
     change = cfg.link_change_at()
     batch_id = fwd_seq = 0
     env_steps = inserted = sampled = episodes = 0
@@ -140,7 +142,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                 "episodes": episodes, "batch_id": batch_id, "fwd_seq": fwd_seq,
                 "stale_dropped": stale, "too_stale": too_stale, "forward_dropped": fwd_dropped,
                 "throttled": throttled, "prio_received": prio_received,
-                "prio_applied": prio_applied, "prio_moved": prio_moved}
+                "prio_applied": prio_applied, "prio_moved": prio_moved, "forwarded": forwarded}
         if memory is not None:
             arrays, meta["replay"] = memory_state(memory)
         else:  # the forward queue: experiences received, not yet sent to the learner
@@ -165,6 +167,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
         too_stale, fwd_dropped, throttled = r["too_stale"], r["forward_dropped"], r["throttled"]
         prio_received, prio_applied = r.get("prio_received", 0), r.get("prio_applied", 0)
         prio_moved = r.get("prio_moved", 0.0)
+        forwarded = r.get("forwarded", 0)
         if memory is not None:
             restore_memory(memory, resume.arrays, r["replay"])
         elif len(resume.arrays["forward_records"]):
@@ -338,6 +341,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                         fwd_records.appendleft((r[take:], t[take:], f))
                     k += take
                 fwd_len -= k
+                forwarded += k
                 table = None
                 if image:  # one frame table; frames of the parts not sent now are left out
                     rec_all, table = compact(*concat(zip(recs, tables)))
@@ -381,7 +385,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
                             step_s=window.step if window.step is not None else np.nan,
                             too_stale=too_stale, forward_dropped=fwd_dropped,
                             throttled=throttled, prio_received=prio_received,
-                            prio_applied=prio_applied, prio_moved=prio_moved)
+                            prio_applied=prio_applied, prio_moved=prio_moved,
+                            forwarded=forwarded)
             rtts.clear()
             raw_out = 0
             t_log = now
@@ -392,7 +397,9 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> Non
             nd = link.next_departure()
             backoff.idle(until=nd)
     log.set_attrs(env_steps=env_steps, inserted=inserted, sampled=sampled,
-                  stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped, wall_s=time.monotonic() - t_start,
+                  stale_dropped=stale, too_stale=too_stale, forward_dropped=fwd_dropped,
+                  forwarded=forwarded,
+                  wall_s=time.monotonic() - t_start,
                   link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
                   link_raw_bytes_out=link.sent.total_bytes + raw_total,
                   link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)

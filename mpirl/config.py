@@ -54,6 +54,8 @@ class Config:
     seed: int = _f(0, "base random seed; each rank and env offsets it")
     max_env_steps: int = _f(2_000_000, "stop after this many env steps (all actors), 0 = no limit")
     max_seconds: float = _f(600.0, "stop after this many seconds of wall time, 0 = no limit")
+    max_updates: int = _f(0, "stop after this many learner updates (over every launch of a "
+                          "resumed run), 0 = no limit: a fixed update budget per run")
     target_return: float | None = _f(
         None,
         "stop when the greedy evaluation mean reaches this return (default: the env's "
@@ -99,6 +101,15 @@ class Config:
         "control) when the learner falls behind, sampling waits when the actors do "
         "(0 = never throttle)",
     )
+
+    # --- pacing (docs/design.md, "Pacing") ------------------------------------------------------
+    actor_steps_per_s: float = _f(
+        0.0, "env steps per second of each actor rank, all its envs together (a token bucket): "
+        "total production P = this x actors, the same in both placements (0 = unpaced)")
+    learner_updates_per_s: float = _f(
+        0.0, "cap on the learner's updates per second (a token bucket), so that samples per "
+        "produced transition rho = this x batch_size / P is set by the experiment; use with "
+        "--replay-ratio 0 (0 = no cap)")
 
     # --- actors --------------------------------------------------------------------------------
     episodic_life: bool = _f(False, "Atari: a lost life ends the n-step return (discount 0) "
@@ -197,11 +208,16 @@ class Config:
             v = getattr(c, name)
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be an integer > 0")
-        for name in ["max_env_steps", "learning_starts", "beta_steps", "seed", "max_staleness",
-                     "eval_max_steps"]:
+        for name in ["max_env_steps", "max_updates", "learning_starts", "beta_steps", "seed",
+                     "max_staleness", "eval_max_steps"]:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
+        for name in ["actor_steps_per_s", "learner_updates_per_s"]:
+            v = getattr(c, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
+                raise ConfigError(f"{name}={v!r} must be a rate >= 0 per second (0 = unpaced), "
+                                  f"e.g. --{name.replace('_', '-')} 500")
         for name in ["max_seconds", "progress_seconds", "grad_clip", "replay_ratio",
                      "checkpoint_seconds"]:
             if getattr(c, name) < 0:
@@ -353,7 +369,7 @@ def _from_toml(path: str) -> dict:
 #: The flags --resume accepts: when and how the run stops and reports, and the hardware the
 #: learner uses (a run checkpointed on a GPU continues on a CPU and the other way round), never
 #: what it learns.
-RESUME_FLAGS = ("max_seconds", "max_env_steps", "target_return", "checkpoint_seconds",
+RESUME_FLAGS = ("max_seconds", "max_env_steps", "max_updates", "target_return", "checkpoint_seconds",
                 "progress_seconds", "flush_seconds", "tensorboard",
                 "device", "amp", "evaluator")
 

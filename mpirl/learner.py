@@ -6,7 +6,7 @@ weights, gradient clipping, target copy every ``target_update`` updates; [link] 
 priority update back to its buffer (replay_at=buffer), tokens for more forwarded experiences
 (replay_at=learner, paced so the learner samples ``replay_ratio`` transitions per insert),
 weights to every buffer every ``weights_every`` updates; greedy evaluation every ``eval_every``
-updates; the stop decision (target return, env-step or time budget) and a progress line.
+updates; the stop decision (target return, env-step, update or time budget) and a progress line.
 
 Stop protocol: the learner sends STOP to every buffer and keeps serving the link until each
 buffer answers DONE (it has collected DONE from its actors and handed everything over), then
@@ -34,6 +34,7 @@ from mpirl.evaluation import make_runner
 from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import Field, RunLog
+from mpirl.pacing import TokenBucket
 from mpirl.qnet import make_learner_q
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
@@ -306,6 +307,14 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         Field("busy_fraction", "f4", "", "time training / wall time over the interval"),
         Field("link_bytes_per_s", "f8", "bytes/s", "both directions, all buffers"),
         Field("interval_s", "f8", "s", "length of the interval the rates are over"),
+        Field("rho", "f8", "", "samples per produced transition over the interval: updates x "
+              "batch_size / env steps (what --learner-updates-per-s and --actor-steps-per-s "
+              "set; NaN when no env steps were reported)"),
+        Field("delivered_fraction", "f8", "", "replay_at=learner: transitions inserted into "
+              "the learner's memory / env steps produced, over the interval (< 1: the link or "
+              "--forward-overflow drop-oldest lost some; NaN for replay_at=buffer)"),
+        Field("capped_s", "f8", "s", "time a batch was ready but --learner-updates-per-s held "
+              "the update back, over the interval (the cap, not the data, set the pace)"),
     ], doc="one row per progress interval")
     link_log = log.stream("link", [
         Field("buffer", "i4", "", "site"),
@@ -428,7 +437,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     t_start = time.monotonic()
     t_prog = t_link = t_start
     log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
-    prog_steps = prog_updates = 0
+    prog_steps = prog_updates = prog_inserted = 0
+    prog_capped = 0.0
+    # --learner-updates-per-s: a token per update (started with the loop, after start-up)
+    cap = TokenBucket(cfg.learner_updates_per_s) if cfg.learner_updates_per_s else None
+    capped_s = 0.0  # time a batch was staged but the cap held it (summed per loop turn)
+    t_turn = None  # start of the last turn the cap held an update, for capped_s
     prog_busy = 0.0
     prog_link = 0  # link bytes (both directions, all buffers) at the last progress row
     to_target: dict = {}
@@ -487,6 +501,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         beta = beta_now()
     env_steps = sum(site_steps.values())
     prog_steps, prog_updates = env_steps, updates  # rates of the first interval: this launch
+    prog_inserted = inserted
 
     send_weights()
     if at_learner:
@@ -582,12 +597,18 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
             trained = False
             if staged is None:
                 staged = next_batch()
-            if staged is not None and at_learner:
+            # the budget and the cap (a token per update) may hold a batch that is ready
+            go = staged is not None and not (cfg.max_updates and updates >= cfg.max_updates)
+            held = go and cap is not None and not cap.try_take(now)
+            if t_turn is not None:  # the cap held the batch from the last turn until now
+                capped_s += now - t_turn
+            t_turn, go = (now, False) if held else (None, go)
+            if go and at_learner:
                 s = staged[0]
                 td, _ = train(staged[1])
                 memory.update(s.indices, s.generations, td)
                 did = trained = True
-            elif staged is not None:
+            elif go:
                 (b, m, nbytes, arrived), batch = staged
                 td, spent = train(batch)
                 t_done = time.monotonic()
@@ -617,6 +638,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 evaluated(res)
             if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
                 stop_reason = "max_env_steps"
+            if stop_reason is None and cfg.max_updates and updates >= cfg.max_updates:
+                stop_reason = "max_updates"
             if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
                 stop_reason = "max_seconds"
             if stop_reason is None and stop_signal is not None and stop_signal.requested:
@@ -632,6 +655,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         # progress line and link accounting
         if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
             dt = now - t_prog
+            d_steps = env_steps - prog_steps
             # from the totals: the /link rows reset the interval counters (take()) every
             # flush_seconds / 2, so those held only the bytes since the last /link row
             link_total = sum(lk.sent.total_bytes + lk.received.total_bytes
@@ -643,7 +667,12 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                        recent_return=float(np.mean(recent)) if recent else np.nan,
                        loss=loss_sum / loss_n if loss_n else np.nan,
                        busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt,
-                       interval_s=dt)
+                       interval_s=dt,
+                       rho=((updates - prog_updates) * cfg.batch_size / d_steps if d_steps > 0
+                            else np.nan),
+                       delivered_fraction=((inserted - prog_inserted) / d_steps
+                                           if at_learner and d_steps > 0 else np.nan),
+                       capped_s=capped_s - prog_capped)
             prog_log.append(**row)
             say(f"[{now - t_start:7.1f}s] env steps {env_steps:>10,} ({row['env_steps_per_s']:,.0f}/s)"
                 f" | updates {updates:>8,} ({row['updates_per_s']:,.0f}/s, busy "
@@ -651,6 +680,7 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                 f" | eval {best_eval:7.1f} | loss {row['loss']:.4f}"
                 f" | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
             t_prog, prog_steps, prog_updates, prog_busy = now, env_steps, updates, busy
+            prog_inserted, prog_capped = inserted, capped_s
             loss_sum, loss_n = 0.0, 0
         finished = len(done) == len(buffers) and not any(lk.backlog for lk in links.values())
         if now - t_link >= cfg.flush_seconds / 2 or finished:  # and a last row at the end
@@ -666,8 +696,10 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
         if did:
             backoff.work()
         else:
-            backoff.idle(until=min((d for d in (lk.next_departure() for lk in links.values())
-                                    if d is not None), default=None))
+            wake = [d for d in (lk.next_departure() for lk in links.values()) if d is not None]
+            if t_turn is not None:  # the cap holds a ready batch: wake when its token is there
+                wake.append(cap.ready_at())
+            backoff.idle(until=min(wake, default=None))
 
     if final_ckpt >= 0:  # every buffer's DONE says its part (and its actors') is on disk
         t0 = time.monotonic()
@@ -681,6 +713,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
                "checkpoint": final_ckpt if final_ckpt >= 0 else None,
                "resumed_from": resume.id if resume is not None else None,
                "best_eval": best_eval, "busy_fraction": busy / wall,
+               "delivered_fraction": (inserted / env_steps if at_learner and env_steps
+                                      else None),
                "link_bytes_in": sum(lk.received.total_bytes for lk in links.values()),
                "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
                **to_target}
