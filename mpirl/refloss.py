@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RefSet", "collect", "content_sha256", "load", "reference_loss", "save"]
+__all__ = ["RefSet", "auto_path", "collect", "content_sha256", "load", "reference_loss",
+           "resolve", "save"]
 
 FORMAT = 1
 ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -152,6 +153,50 @@ def load(path: str | Path, sha256: str | None = None) -> RefSet:
                          "changed; collect it again or point to the original")
     meta = json.loads(str(arrays.pop("meta_json")))
     return RefSet(meta=meta, **{k: arrays[k] for k in ARRAYS})
+
+
+def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
+              gamma: float) -> Path:
+    """Where ``--reference-set auto`` keeps the set of (env, seed, size, n_step, gamma)."""
+    name = f"{env_id}-seed{seed}-n{n_step}-g{gamma:g}-{size}".replace("/", "_").replace(":", "_")
+    return Path(cache) / f"{name}.npz"
+
+
+def resolve(value: str, cfg, run_dir: str | Path) -> tuple[Path, str]:
+    """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
+
+    ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
+    of a sweep cell or of ``runs/``), collected there (random policy, seed
+    `mpirl.seeds.reference`, --reference-size transitions) when it is not there yet; written
+    to a temporary name and renamed, so runs starting together never read half a file. A
+    PATH: loaded and checked against the run (env, n_step, gamma). Raises ValueError naming
+    the mismatch."""
+    import os
+
+    from mpirl import seeds
+
+    if value == "auto":
+        seed = seeds.reference(cfg.seed)
+        path = auto_path(Path(run_dir).resolve().parent / ".refsets", cfg.env, seed,
+                         cfg.reference_size, cfg.n_step, cfg.gamma)
+        if not path.is_file():
+            rs = collect(cfg.env, seed, cfg.reference_size, cfg.n_step, cfg.gamma)
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+            save(rs, tmp)
+            os.replace(tmp, path)
+    else:
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(f"reference_set={value!r}: no such file; write one with python -m "
+                             "mpirl.refloss or pass --reference-set auto")
+    rs = load(path)
+    want = {"env": cfg.env, "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
+    bad = {k: rs.meta.get(k) for k, v in want.items() if rs.meta.get(k) != v}
+    if bad:
+        raise ValueError(f"reference_set={str(path)!r} was collected with {bad}, the run uses "
+                         f"{ {k: want[k] for k in bad} }: collect one for this run "
+                         "(python -m mpirl.refloss) or pass --reference-set auto")
+    return path, rs.sha256
 
 
 def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,

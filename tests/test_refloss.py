@@ -110,3 +110,66 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
     target = qnet.make_learner_q(spec, (16,), dueling=True)
     got = R.reference_loss(online, target, rs, chunk=20)
     assert got["n"] == 64 and np.isfinite(got["loss"]) and got["td_abs_mean"] > 0
+
+
+# --- --reference-set: resolution and the evaluation runners -----------------------------------
+
+def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
+    from mpirl import seeds
+    from mpirl.config import Config
+
+    cfg = Config(seed=3, reference_size=40)
+    path, sha = R.resolve("auto", cfg, tmp_path / "cell" / "seed3")
+    assert path == tmp_path / "cell" / ".refsets" / "CartPole-v1-seed500012-n5-g0.99-40.npz"
+    rs = R.load(path, sha256=sha)
+    assert len(rs) == 40 and rs.meta["seed"] == seeds.reference(3) == 500_012
+    assert (rs.meta["n_step"], rs.meta["gamma"]) == (cfg.n_step, cfg.gamma)
+    stamp = path.stat().st_mtime_ns
+    # the paired run of the other placement: the same file, not collected again
+    assert R.resolve("auto", cfg, tmp_path / "cell" / "seed3b") == (path, sha)
+    assert path.stat().st_mtime_ns == stamp
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    # a PATH is checked against the run
+    assert R.resolve(str(path), cfg, tmp_path / "x") == (path, sha)
+    with pytest.raises(ValueError, match="gamma"):
+        R.resolve(str(path), Config(gamma=0.9), tmp_path / "x")
+    with pytest.raises(ValueError, match="no such file"):
+        R.resolve(str(tmp_path / "nope.npz"), cfg, tmp_path / "x")
+
+
+@pytest.mark.parametrize("kind", ["inline", "process"])
+def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tmp_path):
+    """The runner's reference loss is the learner network's, with the evaluated weights as both
+    online and target (the flat WEIGHTS vector's order included); NaN without a set."""
+    import time
+
+    from mpirl import envs, qnet
+    from mpirl.config import Config
+    from mpirl.evaluation import make_runner
+
+    cfg = Config(eval_episodes=1, hidden=(16,), huber_delta=0.5, eval_max_steps=20)
+    spec = envs.inspect(cfg.env)
+    rs = R.collect(cfg.env, seed=5, size=50, n_step=cfg.n_step, gamma=cfg.gamma)
+    path = tmp_path / "ref.npz"
+    sha = R.save(rs, path)
+    nets = [qnet.make_learner_q(spec, cfg.hidden, cfg.dueling) for _ in range(2)]
+    want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
+    assert want[0]["loss"] != pytest.approx(want[1]["loss"])  # the test can tell them apart
+    for refset in ((str(path), sha), None):
+        r = make_runner(kind, cfg, spec, refset)
+        try:
+            for rnd, net in enumerate(nets):
+                r.request(net.flat_params(), rnd, rnd, 0)
+                for _ in range(3000):
+                    res = r.poll()
+                    if res is not None:
+                        break
+                    time.sleep(0.005)
+                assert res is not None
+                if refset is None:
+                    assert np.isnan(res.reference_loss) and np.isnan(res.reference_td)
+                else:
+                    assert res.reference_loss == pytest.approx(want[rnd]["loss"], rel=1e-5)
+                    assert res.reference_td == pytest.approx(want[rnd]["td_abs_mean"], rel=1e-5)
+        finally:
+            r.close()
