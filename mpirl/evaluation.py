@@ -22,8 +22,11 @@ With ``--reference-set`` every runner also computes the reference loss of the we
 their own target network.  The learner's target at that time is not used: it would need a
 second weight vector per request, and the value would then depend on where in the target-sync
 cycle (``--target-update``) the evaluation fell, a phase unrelated to the placement being
-compared.  The process runner appends the two numbers (loss, mean |td|) to its result as
-float64, so the reference loss never costs the learner's loop a forward pass.
+compared.  It is computed in numpy on the runner's own network (`mpirl.refloss.
+reference_loss_self`): a vector run's evaluation process stays free of torch (whose import
+would delay its first evaluations by seconds).  The process runner appends the two numbers
+(loss, mean |td|) to its result as float64, so the reference loss never costs the learner's loop
+a forward pass.
 """
 
 from __future__ import annotations
@@ -61,9 +64,7 @@ def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
     from mpirl import seeds
 
     return {"reference": None if refset is None else {
-                "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta,
-                "obs_scale": spec.obs_scale, "obs_shape": list(spec.obs_shape),
-                "n_actions": spec.n_actions, "image": spec.image},
+                "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
             "env": cfg.env, "episodes": cfg.eval_episodes,
             "seed": seeds.learner(cfg.seed, 0)["evaluation"], "max_steps": cfg.eval_max_steps,
             "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
@@ -71,33 +72,21 @@ def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
 
 
 class _Reference:
-    """The reference loss of evaluated weights (issue 14): `mpirl.refloss.reference_loss` with
-    the evaluated network as its own target (online = target = the weights evaluated), so the
-    value depends on those weights only, not on where the learner's target-sync cycle was."""
+    """The reference loss of evaluated weights (issue 14): `mpirl.refloss.reference_loss_self`
+    on the evaluator's own network, just loaded with the weights it played (online = target =
+    those weights), so the value depends on them only, not on where the learner's target-sync
+    cycle was; numpy, so a vector run's evaluation process still never imports torch."""
 
-    def __init__(self, r: dict, hidden, dueling: bool, threads: int | None):
-        import torch
-
+    def __init__(self, r: dict):
         from mpirl import refloss
-        from mpirl.qnet import make_torch_q
 
-        if threads is not None:
-            torch.set_num_threads(threads)
-        self.torch = torch
         self.refset = refloss.load(r["path"], sha256=r["sha256"])
         self.delta = r["huber_delta"]
-        shape = tuple(r["obs_shape"]) if r["image"] else r["obs_shape"][0]
-        self.net = make_torch_q(shape, r["n_actions"], tuple(hidden), dueling, r["obs_scale"])
-        self.net.eval()
 
-    def __call__(self, flat: np.ndarray) -> tuple[float, float]:
+    def __call__(self, q) -> tuple[float, float]:
         from mpirl import refloss
 
-        torch = self.torch
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(
-                torch.from_numpy(np.array(flat, np.float32, copy=True)), self.net.parameters())
-        out = refloss.reference_loss(self.net, self.net, self.refset, huber_delta=self.delta)
+        out = refloss.reference_loss_self(q, self.refset, huber_delta=self.delta)
         return out["loss"], out["td_abs_mean"]
 
 
@@ -107,7 +96,7 @@ def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
     q.load(flat)
     evaluator.round = rnd
     returns = evaluator.run(q)
-    rl, rt = ref(flat) if ref is not None else (float("nan"), float("nan"))
+    rl, rt = ref(q) if ref is not None else (float("nan"), float("nan"))
     return returns, time.monotonic() - t0, rl, rt
 
 
@@ -118,8 +107,7 @@ def _build(s: dict, threads: int | None):
     spec = envs.inspect(s["env"], s["kwargs"], s["wrappers"])
     evaluator = envs.Evaluator(s["env"], s["episodes"], seed=s["seed"], max_steps=s["max_steps"],
                                kwargs=s["kwargs"], wrappers=s["wrappers"])
-    ref = None if s.get("reference") is None else \
-        _Reference(s["reference"], s["hidden"], s["dueling"], threads)
+    ref = None if s.get("reference") is None else _Reference(s["reference"])
     return evaluator, make_q(spec, tuple(s["hidden"]), s["dueling"], threads=threads), ref
 
 

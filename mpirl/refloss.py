@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["RefSet", "auto_path", "collect", "content_sha256", "load", "reference_loss",
-           "resolve", "save"]
+           "reference_loss_self", "resolve", "save"]
 
 FORMAT = 1
 ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -222,6 +222,28 @@ def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
                                 torch.ones(j - i), huber_delta=huber_delta)
             loss_sum += float(loss) * (j - i)
             td_sum += float(td.sum())
+    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
+
+
+def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
+                        huber_delta: float = 1.0, chunk: int = 4096) -> dict[str, float]:
+    """`reference_loss` with one network as both online and target, in numpy on any
+    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.qnet.NumpyQ`, or the torch
+    CNN behind `mpirl.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
+    observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
+    Huber with ``huber_delta``, unweighted means."""
+    n = len(refset)
+    loss_sum = td_sum = 0.0
+    for i in range(0, n, chunk):
+        j = min(n, i + chunk)
+        rows = np.arange(j - i)
+        q_s = np.asarray(q(refset.obs[i:j]), np.float32)
+        q_n = np.asarray(q(refset.next_obs[i:j]), np.float32)
+        y = refset.reward[i:j] + refset.discount[i:j] * q_n[rows, q_n.argmax(axis=1)]
+        td = np.abs(q_s[rows, refset.action[i:j]] - y)
+        huber = np.where(td <= huber_delta, 0.5 * td * td, huber_delta * (td - 0.5 * huber_delta))
+        loss_sum += float(huber.sum(dtype=np.float64))
+        td_sum += float(td.sum(dtype=np.float64))
     return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
 
 

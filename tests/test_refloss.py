@@ -49,6 +49,23 @@ def test_reference_loss_equals_a_hand_computation():
     assert got["loss"] == pytest.approx((0.36 + 6.25 + 9.0) / 2 / 3, rel=1e-6)
 
 
+def test_reference_loss_with_the_network_as_its_own_target_by_hand():
+    """What the evaluation computes (numpy, one network as online and target)."""
+    net = linear([[1, 0], [0, 2]])  # Q(s) = [s0, 2 s1]
+    # 1: q = 2; Q([2,.5]) = [2, 1]: a* = 0, y = .5 + .9 * 2 = 2.3, td = .3, huber .045
+    # 2: q = 3; Q([0,1]) = [0, 2]: a* = 1, y = .5 * 2 = 1, td = 2, huber 1.5
+    # 3: q = -2; terminal: y = 1, td = 3, huber 2.5
+    def q(x):
+        with torch.no_grad():
+            return net(torch.from_numpy(x)).numpy()
+
+    for chunk in (4096, 2):
+        got = R.reference_loss_self(q, tiny(), huber_delta=1.0, chunk=chunk)
+        assert got["loss"] == pytest.approx((0.045 + 1.5 + 2.5) / 3, rel=1e-6)
+        assert got["td_abs_mean"] == pytest.approx((0.3 + 2 + 3) / 3, rel=1e-6)
+    assert got == pytest.approx(R.reference_loss(net, net, tiny(), huber_delta=1.0))
+
+
 def test_hash_is_over_contents_and_pinned(tmp_path):
     rs = tiny()
     # pinned: a change of the hashing scheme would orphan every stored set's recorded hash
