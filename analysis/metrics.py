@@ -150,7 +150,8 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
     - ``prio_held_conv``: transfers with ``t >= conv_t``, mean of ``priority_mean`` weighted by
       ``n`` (the priority the sender held); ``prio_arrival_conv`` the same for
       ``arrival_priority_mean``, ``td_arrival_conv`` for ``arrival_td_mean`` (under the
-      learner's network on arrival).
+      learner's network on arrival), weighted by ``arrival_n`` (the subsample they are over;
+      ``n`` in logs older than --arrival-sample).
     - ``link_bytes_*``: summary (learner side: ``in`` = toward the learner); per update =
       (in + out) / updates.
     - ``time_to_target_s`` / ``env_steps_to_target``: the summary's when it has them and no
@@ -169,8 +170,9 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
     else:
         w = xf["n"][after]
         held = _weighted_mean(xf["priority_mean"][after], w)
-        arrival = _weighted_mean(xf["arrival_priority_mean"][after], w)
-        td = _weighted_mean(xf["arrival_td_mean"][after], w)
+        wa = xf["arrival_n"][after] if "arrival_n" in xf else w  # the subsample's size
+        arrival = _weighted_mean(xf["arrival_priority_mean"][after], wa)
+        td = _weighted_mean(xf["arrival_td_mean"][after], wa)
         n_after = int(np.sum(w))
     updates = int(s.get("updates") or 0) or len(loss)
     b_in = s.get("link_bytes_in")
