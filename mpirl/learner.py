@@ -221,11 +221,19 @@ def _mean(x: np.ndarray) -> float:
 
 
 def _spread(p: np.ndarray) -> dict:
-    """Median and p90 of one message's priorities (/transfers): one partition for both."""
+    """Median and p90 of one message's priorities (/transfers), as np.percentile's default
+    (linear) method gives them, from one sort: ~1 us for a batch of 64 where np.percentile
+    costs ~30 us, once per update in the proposed placement."""
     if not p.size:
         return {"priority_median": np.nan, "priority_p90": np.nan}
-    med, p90 = np.percentile(p, (50, 90))
-    return {"priority_median": med, "priority_p90": p90}
+    s = np.sort(p, axis=None)
+    out = []
+    for q in (0.5, 0.9):
+        h = (s.size - 1) * q
+        lo = int(h)
+        hi = min(lo + 1, s.size - 1)
+        out.append(float(s[lo]) + (h - lo) * (float(s[hi]) - float(s[lo])))
+    return {"priority_median": out[0], "priority_p90": out[1]}
 
 
 CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
