@@ -127,6 +127,14 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
     target = qnet.make_learner_q(spec, (16,), dueling=True)
     got = R.reference_loss(online, target, rs, chunk=20)
     assert got["n"] == 64 and np.isfinite(got["loss"]) and got["td_abs_mean"] > 0
+    # what the evaluation computes: the acting network (numpy MLP / torch CNN on numpy) loaded
+    # with the learner's flat weights, as its own target
+    q = qnet.make_q(spec, (16,), True, threads=None)
+    q.load(online.flat_params())
+    mine = R.reference_loss_self(q, rs, chunk=20)
+    want = R.reference_loss(online, online, rs)
+    assert mine["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert mine["td_abs_mean"] == pytest.approx(want["td_abs_mean"], rel=1e-5)
 
 
 # --- --reference-set: resolution and the evaluation runners -----------------------------------
