@@ -14,6 +14,10 @@ once per environment and seed and stored as ``.npz``.
     refloss.reference_loss(online, target, rs, huber_delta=cfg.huber_delta)
     # -> {"loss": mean Huber, "td_abs_mean": mean |td|, "n": transitions}
 
+A run computes it with ``--reference-set PATH|auto`` (`resolve`) at every greedy evaluation, in
+the evaluation runner, on the weights evaluated used as their own target network
+(`reference_loss_self`, numpy): ``/evals/reference_loss``.
+
 Collection: one environment made as the actors make it (`mpirl.envs.make`, image rewards clipped
 to [-1, 1]), reset with ``seed``, and a policy that is uniform random (default) or
 epsilon-greedy with a given Q-function; actions come from ``numpy.random.default_rng(seed)``,
