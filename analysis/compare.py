@@ -24,6 +24,7 @@ import math
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -605,11 +606,71 @@ def plot_return_vs_link(c: Cell, runs: list[Run], path: Path) -> Path:
     return path
 
 
+CURVES = [  # (stream, x field, y field, weight field, axis label)
+    ("evals", "update", "reference_loss", None, "reference loss"),
+    ("updates", "update", "loss", None, "training loss (weighted)"),
+    ("transfers", "update", "priority_mean", "n", "transferred priority (held by sender)"),
+]
+
+
+def curves(runs: list[Run], bins: int = 40) -> tuple[np.ndarray, dict]:
+    """Per placement and curve: (median, 25th, 75th percentile) across seeds on a common grid
+    of learner updates (bin centres; each run's rows averaged per bin, weighted by ``n`` for
+    transfers, gaps inside a run's span interpolated: `analysis.plots.binned_mean`)."""
+    from analysis.plots import binned_mean
+
+    top = max((float(np.max(u)) for r in runs
+               if len(u := r.learner.stream("updates").get("update", ()))), default=0.0)
+    edges = np.linspace(0.0, max(top, 1.0), bins + 1)
+    out: dict = {}
+    for stream, xk, yk, wk, _ in CURVES:
+        for place in ("learner", "buffer"):
+            rows = []
+            for r in (r for r in runs if r.replay_at == place):
+                s = r.learner.stream(stream)
+                if len(s.get(xk, ())) and yk in s:
+                    rows.append(binned_mean(s[xk], s[yk], edges, s.get(wk) if wk else None))
+            if rows:
+                a = np.vstack(rows)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins
+                    out[(yk, place)] = tuple(np.nanpercentile(a, q, axis=0) for q in (50, 25, 75))
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
+def plot_curves(c: "Cell", runs: list[Run], path: Path) -> Path:
+    """Reference loss, training loss and transferred priority against learner updates: median
+    across seeds (line) and interquartile range (band) per placement."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    x, cv = curves(runs)
+    fig = Figure(figsize=(12, 3.6))
+    FigureCanvasAgg(fig)
+    for i, (_, _, yk, _, label) in enumerate(CURVES):
+        ax = fig.add_subplot(1, len(CURVES), i + 1)
+        for place, color in (("learner", "C0"), ("buffer", "C1")):
+            if (yk, place) not in cv:
+                continue
+            med, lo, hi = cv[(yk, place)]
+            ax.plot(x, med, color=color, label=PLACEMENT[place])
+            ax.fill_between(x, lo, hi, color=color, alpha=0.25, lw=0)
+        ax.set_xlabel("learner updates")
+        ax.set_title(label, fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{c.label}: median and IQR across seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def paper_report(exp_dir: str | Path, report: str | Path, target: float | None = None,
                  plots: bool = True) -> list[Cell]:
     """The Plan's report of docs/results.md from the HDF5 files under ``exp_dir``: writes
     ``paper.md`` (per-cell tables, decisions, crossover map), ``paper-cells.csv`` (every run's
-    metrics), ``paper-forest.png`` and ``paper-<cell>-return-vs-link.png`` into ``report``."""
+    metrics), ``paper-forest.png``, ``paper-<cell>-return-vs-link.png`` and
+    ``paper-<cell>-curves.png`` (loss and priority curves, median and IQR) into ``report``."""
     from analysis import stats as S
 
     exp_dir, report = Path(exp_dir), Path(report)
@@ -635,6 +696,9 @@ def paper_report(exp_dir: str | Path, report: str | Path, target: float | None =
             png = report / f"paper-{slugify(c.label)}-return-vs-link.png"
             plot_return_vs_link(c, rs, png)
             lines += [f"![return vs link MB: {c.label}]({png.name})", ""]
+            png = report / f"paper-{slugify(c.label)}-curves.png"
+            plot_curves(c, rs, png)
+            lines += [f"![loss and priority curves: {c.label}]({png.name})", ""]
         rows += [{"cell": c.label, **m} for ms in c.metrics.values() for m in ms]
     if rows:
         keys = list(dict.fromkeys(k for m in rows for k in m))

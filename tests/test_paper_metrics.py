@@ -180,3 +180,20 @@ def test_paper_report_writes_tables_and_plots(tmp_path):
     if HAVE_MPL:
         assert (tmp_path / "rep" / "paper-forest.png").stat().st_size > 0
         assert (tmp_path / "rep" / "paper-bandwidth-mbps-1-rho-4-return-vs-link.png").is_file()
+
+
+def test_curves_median_and_iqr_across_seeds(tmp_path):
+    """Per placement: the median and quartiles across seeds of each run's binned series."""
+    root = sweep(tmp_path / "out", {("1", "1"): {
+        "learner": [dict(ref=r) for r in (1.0, 2.0, 3.0, 4.0)],
+        "buffer": [dict(ref=0.5)]}})
+    runs, _ = C.load_experiment(root)
+    x, cv = C.curves(runs, bins=10)  # updates 0..100 in bins of 10; evals at 10, 20, .., 100
+    assert x == pytest.approx(np.arange(5, 100, 10))
+    med, lo, hi = cv[("reference_loss", "learner")]
+    assert med[1:] == pytest.approx(np.full(9, 2.5))  # median of 1, 2, 3, 4
+    assert lo[1:] == pytest.approx(np.full(9, 1.75)) and hi[1:] == pytest.approx(np.full(9, 3.25))
+    assert cv[("reference_loss", "buffer")][0][1:] == pytest.approx(np.full(9, 0.5))
+    # training loss: 1 before update 50, 3 from it on, in every run
+    med = cv[("loss", "learner")][0]
+    assert med[0] == pytest.approx(1.0) and med[-1] == pytest.approx(3.0)
