@@ -198,3 +198,14 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
                     assert res.reference_td == pytest.approx(want[rnd]["td_abs_mean"], rel=1e-5)
         finally:
             r.close()
+
+
+def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
+    from mpirun import run_mpirl
+
+    p = run_mpirl(3, "--reference-set", str(tmp_path / "nope.npz"), "--run-dir",
+                  str(tmp_path / "run"), timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("mpirl: error: reference_set=") == 1, p.stderr
+    assert "no such file" in p.stderr
+    assert not (tmp_path / "run" / "learner.h5").exists()
