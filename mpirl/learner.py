@@ -527,7 +527,8 @@ def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, c
     if at_learner:
         for b in buffers:
             links[b].post(wire.credit(cfg.forward_credits), Tag.CREDIT)
-    eval_runner = make_runner(cfg.evaluator, cfg, spec, refset)  # after the first weights: off start-up
+    # after the first weights: off start-up
+    eval_runner = make_runner(cfg.evaluator, cfg, spec, refset)
 
     while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
         now = time.monotonic()
