@@ -532,6 +532,39 @@ def _vals(ms: list[dict], key: str) -> str:
                      for m in sorted(ms, key=lambda m: str(m["seed"])))
 
 
+DECIDING = 0.9  # a cell is in the paper's regime when the existing placement delivers less
+
+
+def deciding(c: Cell) -> bool:
+    """The cell is in the paper's regime: the median delivered fraction of its existing runs
+    is below `DECIDING` (docs/results.md, Plan)."""
+    v = [m["delivered_fraction"] for m in c.metrics["learner"]
+         if np.isfinite(m["delivered_fraction"])]
+    return bool(v) and float(np.median(v)) < DECIDING
+
+
+def headline(cells: list[Cell]) -> str:
+    """The verdict over the deciding cells: "reproduced" or "refuted in this regime" only when
+    every deciding cell says so, else "holds only where ..." naming the cells that reproduce."""
+    from analysis import stats as S
+
+    dec = [c for c in cells if deciding(c)]
+    if not dec:
+        return (f"no cell is in the paper's regime (the existing placement delivered >= "
+                f"{DECIDING:.0%} of production everywhere): no verdict")
+    verdicts = {c.decision.verdict for c in dec}
+    names = ", ".join(c.label for c in dec)
+    if verdicts == {S.REPRODUCED}:
+        return f"**reproduced** in every deciding cell ({names})"
+    if verdicts == {S.REFUTED}:
+        return f"**refuted in this regime** in every deciding cell ({names})"
+    yes = [c.label for c in dec if c.decision.verdict == S.REPRODUCED]
+    return ("**holds only where** " + ("; ".join(yes) if yes else "no deciding cell") +
+            f" (deciding cells: {names}; the others: " + "; ".join(
+                f"{c.label}: {c.decision.verdict}" for c in dec
+                if c.decision.verdict != S.REPRODUCED) + ")")
+
+
 def cell_table(c: Cell) -> str:
     """Markdown: every metric's per-seed values in each placement and the ratio with its CI."""
     lines = ["| metric | existing (seed: value) | proposed (seed: value) | "
@@ -549,8 +582,12 @@ def cell_table(c: Cell) -> str:
         f"{_vals(c.metrics['buffer'], 'time_to_target_s')}; reached "
         f"{t['buffer'].reached}/{t['buffer'].n}, median {t['buffer'].median_text()} | "
         f"{r.text()} | {r.method} |")
+    lines.append(f"| delivered fraction of production (existing) | "
+                 f"{_vals(c.metrics['learner'], 'delivered_fraction')} | | | |")
     d = c.decision
-    return "\n".join(lines) + (f"\n\nDecision: **{d.verdict}** ({d.reason}).\n")
+    regime = "deciding (the paper's regime)" if deciding(c) else \
+        f"not deciding (existing delivered >= {DECIDING:.0%})"
+    return "\n".join(lines) + (f"\n\nDecision: **{d.verdict}** ({d.reason}); {regime}.\n")
 
 
 def crossover_map(cells: list[Cell]) -> str:
@@ -684,7 +721,8 @@ def paper_report(exp_dir: str | Path, report: str | Path, target: float | None =
              "and censoring: `analysis.stats` (docs/results.md, Plan).", ""]
     if errors:
         lines += ["**Unreadable run folders:**", "", *[f"- {e}" for e in errors], ""]
-    lines += ["## Crossover map", "", crossover_map(cells), ""]
+    lines += ["## Verdict", "", headline(cells), "", "## Crossover map", "",
+              crossover_map(cells), ""]
     forest = [c.ratios[k] for c in cells for k, _, f in CELL_METRICS if f]
     if plots and forest:
         S.forest_plot(forest, report / "paper-forest.png", title="proposed / existing per cell")

@@ -268,6 +268,9 @@ def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
     - ``arrival_prio``, ``arrival_td``: ``/transfers/arrival_*_mean`` weighted by ``arrival_n``.
     - ``return_window``: mean ``/evals/ret_mean`` over the window; ``return_per_mb`` that over
       the run's link MB (both directions, summary ``link_bytes_in + link_bytes_out``).
+    - ``delivered_fraction`` (existing placement only, else NaN): forwarded transitions that
+      reached the learner (``/transfers/n`` of kind 4, the whole run) over the env steps the
+      actors produced (summary ``env_steps``); each env step yields one n-step transition.
     - ``time_to_target_s``, ``updates_to_target``, ``link_mb_to_target``: at the first
       evaluation with ``ret_mean >= target`` (its ``t``, ``update``, cumulative link MB at
       ``t``); None = not reached (censored by the caller, `analysis.stats.time_to_target`).
@@ -307,9 +310,15 @@ def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
             t_hit = float(ev["t"][hit[0]])
             tt, ut = t_hit, int(e_upd[hit[0]])
             mbt = float(link_mb_at(run, np.array([t_hit]))[0])
+    steps = s.get("env_steps")
+    n_all = np.asarray(xf.get("n", np.zeros(0)), "f8")
+    fwd = np.asarray(xf["kind"], "i8") == 4 if "kind" in xf else np.ones(len(n_all), bool)
+    delivered = float(np.sum(n_all[fwd]) / steps) \
+        if run.replay_at == "learner" and steps else float("nan")
     return {
         "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
         "window_start_update": start,
+        "delivered_fraction": delivered,
         "ref_loss": _nanmean(col(ev, "reference_loss", in_e)),
         "train_loss": _nanmean(col(upd, "loss", in_u)),
         "batch_td": _nanmean(col(upd, "td_abs_mean", in_u)),

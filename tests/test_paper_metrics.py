@@ -20,7 +20,8 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
               transfers: dict | None = None, ref: float = 1.0, prio: float = 1.0,
               hit_t: float | None = None, bytes_per_s: float = 1e5, max_seconds: float = 10.0,
-              evals: dict | None = None, config: dict | None = None) -> Path:
+              evals: dict | None = None, config: dict | None = None,
+              env_steps: int = 640) -> Path:
     """A run folder as mpirl writes it, reduced to what analysis reads: the learner's loop
     starts at t = 0 (first /link row at t = 1 over 1 s); one /link row per second for 10 s;
     evaluations at t = 1..10 (updates 10..100) returning 500 from ``hit_t`` on, else 100."""
@@ -32,6 +33,7 @@ def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
                     "td_abs_mean": np.where(u >= 50, 0.5, 5.0)},
         "transfers": transfers or {
             "t": np.array([6.0]), "update": np.array([60]), "n": np.array([64]),
+            "kind": np.array([4 if replay_at == "learner" else 5]),
             "nbytes": np.array([1000]), "priority_mean": np.array([prio]),
             "priority_median": np.array([prio]), "priority_p90": np.array([prio]),
             "arrival_td_mean": np.array([1.0]), "arrival_priority_mean": np.array([prio]),
@@ -57,6 +59,7 @@ def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
     total = float(np.sum(streams["link"]["bytes_in"]))
     (path / "summary.json").write_text(json.dumps({
         "stop_reason": "max_seconds", "updates": n_updates, "wall_s": 10.0,
+        "env_steps": env_steps,
         "link_bytes_in": total, "link_bytes_out": 0, "target_return": None}))
     return path
 
@@ -89,6 +92,7 @@ def test_paper_metrics_by_hand(tmp_path):
     # CartPole-v1's 475: first reached at t = 4, update 50, after 4 link rows (0.4 MB)
     assert (m["time_to_target_s"], m["updates_to_target"]) == (4.0, 50)
     assert m["link_mb_to_target"] == pytest.approx(0.4)
+    assert m["delivered_fraction"] == pytest.approx(140 / 640)  # every row (no kind): forwarded
     # an update budget in the config fixes the window, whatever the run reached
     run = load_run(write_run(tmp_path / "b", replay_at="learner", seed=0, transfers=xf,
                              evals=ev, config={"max_updates": 160}))
@@ -121,7 +125,10 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
                                   dict(prio=8.0, ref=0.5, hit_t=2.0, bytes_per_s=1e4),
                                   dict(prio=18.0, ref=1.2, hit_t=5.0, bytes_per_s=1e4)]},
         # the opposite: priority x0.5 in every seed (a degenerate interval below 1)
-        ("100", "1"): {"learner": [dict(prio=2.0, hit_t=3.0), dict(prio=4.0, hit_t=3.0)],
+        # ... where the existing placement delivers all production (64 transitions in 64 steps):
+        # not a cell of the paper's regime
+        ("100", "1"): {"learner": [dict(prio=2.0, hit_t=3.0, env_steps=64),
+                                   dict(prio=4.0, hit_t=3.0, env_steps=64)],
                        "buffer": [dict(prio=1.0, hit_t=3.0), dict(prio=2.0, hit_t=3.0)]},
     })
     runs, errors = C.load_experiment(root)
@@ -156,6 +163,14 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
     assert fast.ratios["prio_held"].per_seed == pytest.approx((0.5, 0.5))
     assert fast.crossover["time to target"].startswith("no clear winner")
     assert fast.crossover["return per MB"].startswith("no clear winner")  # equal bytes
+
+    # delivered: 64 forwarded transitions of 640 env steps in the slow cell, of 64 in the fast
+    assert [m["delivered_fraction"] for m in slow.metrics["learner"]] == [0.1, 0.1, 0.1]
+    assert np.isnan(slow.metrics["buffer"][0]["delivered_fraction"])
+    assert C.deciding(slow) and not C.deciding(fast)
+    assert C.headline([slow, fast]) == \
+        "**reproduced** in every deciding cell (bandwidth_mbps=0.4, rho=1)"
+    assert C.headline([fast]).startswith("no cell is in the paper's regime")
 
     grid = C.crossover_map([slow, fast])
     assert grid.splitlines()[0] == "| bandwidth_mbps \\ rho | 1 |"
