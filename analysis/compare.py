@@ -24,6 +24,7 @@ import math
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ import numpy as np
 from analysis import metrics as M
 from analysis.runs import Run, find_runs, load_run
 
-__all__ = ["Group", "Profile", "compare", "group_runs", "load_experiment", "profile_table",
+__all__ = ["Cell", "Group", "Profile", "analyse_cell", "compare", "crossover_map",
+           "group_cells", "group_runs", "load_experiment", "paper_report", "profile_table",
            "ratio"]
 
 PROFILE_KEYS = ("env", "link", "latency_ms", "bandwidth_mbps", "jitter_ms", "link_change")
@@ -402,6 +404,351 @@ def report_markdown(exp_dir: Path, out: Path, profiles: list[Profile], errors: l
     return "\n".join(lines) + "\n"
 
 
+# --- the paper experiment: cells, ratios with intervals, the decision, the crossover map ------
+#
+# A *cell* is one combination of the sweep's axes other than the placement: the folder names
+# ``OUT/<axis>=<v>,<axis>=<v>/seed<k>`` of mpirl.sweep (``replay_at=...`` dropped), or, for run
+# folders without ``=`` in their names, the config keys that differ between runs (placement-only
+# and output settings left out). Within a cell the two placements are paired by ``seed``.
+
+PLACEMENT_ONLY = {"inflight", "max_staleness", "forward_chunk", "forward_credits",
+                  "forward_overflow"}
+# (metric key, label, in the forest plot): ratios proposed / existing, geometric means
+CELL_METRICS = [
+    ("ref_loss", "reference loss (window)", True),
+    ("prio_held", "transferred priority, held by sender (window)", True),
+    ("prio_per_mb", "priority delivered per MB", True),
+    ("prio_msg_median", "per-message priority median", False),
+    ("prio_msg_p90", "per-message priority p90", False),
+    ("arrival_prio", "priority on arrival (subsample)", False),
+    ("train_loss", "training loss, weighted (window)", False),
+    ("batch_td", "batch mean \\|td\\| (window)", False),
+    ("return_per_mb", "greedy return per link MB", False),
+]
+
+
+def cell_of(run: Run, root: Path) -> tuple[tuple[str, str], ...] | None:
+    """The cell from the sweep's folder names (None when no folder of the path has ``k=v``)."""
+    try:
+        parts = run.path.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        parts = run.path.parts
+    pairs = []
+    for part in parts:
+        for item in part.split(","):
+            k, eq, v = item.partition("=")
+            if eq and k != "replay_at":
+                pairs.append((k, v))
+    return tuple(pairs) if any("=" in p for p in parts) else None
+
+
+def group_cells(runs: list[Run], root: Path) -> dict[tuple, list[Run]]:
+    """``{cell: runs}``; the cell is a tuple of (axis, value) pairs (see above)."""
+    from_names = {id(r): cell_of(r, root) for r in runs}
+    if any(v is None for v in from_names.values()):
+        keys = sorted({k for r in runs for k in r.config} - NOT_A_VARIANT - PLACEMENT_ONLY
+                      - {"reference_set"})
+        varying = [k for k in keys if len({_fmt_key(r.config.get(k)) for r in runs}) > 1]
+        from_names = {id(r): tuple((k, _fmt_key(r.config.get(k))) for k in varying)
+                      for r in runs}
+    cells: dict[tuple, list[Run]] = {}
+    for r in runs:
+        cells.setdefault(from_names[id(r)], []).append(r)
+    return dict(sorted(cells.items(), key=lambda kv: [_sort_key(v) for _, v in kv[0]]))
+
+
+def _sort_key(v: str):
+    try:
+        return (0, float(v), "")
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def cell_label(cell: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cell) or "all runs"
+
+
+def _budget_s(runs: list[Run]) -> float:
+    """The time budget that censors time to target: config max_seconds when every run has one,
+    else the longest run's wall time."""
+    ms = [float(r.config.get("max_seconds") or 0) for r in runs]
+    if ms and all(m > 0 for m in ms):
+        return max(ms)
+    return max((float(r.summary.get("wall_s") or 0) for r in runs), default=1.0) or 1.0
+
+
+@dataclass
+class Cell:
+    key: tuple
+    label: str
+    metrics: dict[str, list[dict[str, Any]]]  # placement -> per-run paper_metrics
+    ratios: dict[str, Any] = field(default_factory=dict)  # metric -> stats.Ratio
+    ttt: dict[str, Any] = field(default_factory=dict)  # placement -> stats.TimeToTarget
+    budget_s: float = float("nan")
+    decision: Any = None
+    crossover: dict[str, str] = field(default_factory=dict)
+
+
+def analyse_cell(key: tuple, runs: list[Run], target: float | None = None) -> Cell:
+    """Per-seed metrics of both placements, every ratio with its paired interval, censored
+    time to target, the decision rule and the crossover verdicts of one cell."""
+    from analysis import stats as S
+
+    by = {"learner": [], "buffer": []}
+    for r in runs:
+        by.setdefault(r.replay_at, []).append(M.paper_metrics(r, target=target))
+    c = Cell(key, cell_label(key), by, budget_s=_budget_s(runs))
+    p, e = by["buffer"], by["learner"]
+    for k, label, _ in CELL_METRICS:
+        c.ratios[k] = S.ratio_ci(S.seed_values(p, k), S.seed_values(e, k),
+                                 label=f"{c.label}: {label}")
+    for place, ms in by.items():
+        c.ttt[place] = S.time_to_target([m["time_to_target_s"] for m in ms], c.budget_s)
+    # time to target with censored seeds at the budget (conservative for a win), paired
+    censored = {place: {m["seed"]: min(m["time_to_target_s"], c.budget_s)
+                        if m["time_to_target_s"] is not None else c.budget_s for m in ms}
+                for place, ms in by.items()}
+    c.ratios["time_to_target"] = S.ratio_ci(censored["buffer"], censored["learner"],
+                                            label=f"{c.label}: time to target (censored)")
+    c.decision = S.decide(c.ratios["ref_loss"], c.ratios["prio_held"])
+    c.crossover = {"time to target": _winner(c.ratios["time_to_target"], lower_is_better=True),
+                   "return per MB": _winner(c.ratios["return_per_mb"], lower_is_better=False)}
+    return c
+
+
+def _winner(r, lower_is_better: bool) -> str:
+    """Which placement wins a cell on one ratio proposed / existing: the one its interval
+    favours when the interval excludes 1, else "no clear winner"."""
+    if r.below(1):
+        w = "proposed" if lower_is_better else "existing"
+    elif r.above(1):
+        w = "existing" if lower_is_better else "proposed"
+    else:
+        return f"no clear winner ({r.text()})"
+    return f"{w} ({r.text()})"
+
+
+def _vals(ms: list[dict], key: str) -> str:
+    return ", ".join(f"{m['seed']}: {_num(m[key]) if m[key] is not None else 'n/a'}"
+                     for m in sorted(ms, key=lambda m: str(m["seed"])))
+
+
+DECIDING = 0.9  # a cell is in the paper's regime when the existing placement delivers less
+
+
+def deciding(c: Cell) -> bool:
+    """The cell is in the paper's regime: the median delivered fraction of its existing runs
+    is below `DECIDING` (docs/results.md, Plan)."""
+    v = [m["delivered_fraction"] for m in c.metrics["learner"]
+         if np.isfinite(m["delivered_fraction"])]
+    return bool(v) and float(np.median(v)) < DECIDING
+
+
+def headline(cells: list[Cell]) -> str:
+    """The verdict over the deciding cells: "reproduced" or "refuted in this regime" only when
+    every deciding cell says so, else "holds only where ..." naming the cells that reproduce."""
+    from analysis import stats as S
+
+    dec = [c for c in cells if deciding(c)]
+    if not dec:
+        return (f"no cell is in the paper's regime (the existing placement delivered >= "
+                f"{DECIDING:.0%} of production everywhere): no verdict")
+    verdicts = {c.decision.verdict for c in dec}
+    names = ", ".join(c.label for c in dec)
+    if verdicts == {S.REPRODUCED}:
+        return f"**reproduced** in every deciding cell ({names})"
+    if verdicts == {S.REFUTED}:
+        return f"**refuted in this regime** in every deciding cell ({names})"
+    yes = [c.label for c in dec if c.decision.verdict == S.REPRODUCED]
+    return ("**holds only where** " + ("; ".join(yes) if yes else "no deciding cell") +
+            f" (deciding cells: {names}; the others: " + "; ".join(
+                f"{c.label}: {c.decision.verdict}" for c in dec
+                if c.decision.verdict != S.REPRODUCED) + ")")
+
+
+def cell_table(c: Cell) -> str:
+    """Markdown: every metric's per-seed values in each placement and the ratio with its CI."""
+    lines = ["| metric | existing (seed: value) | proposed (seed: value) | "
+             "proposed / existing [95% CI] | CI method |", "|---|---|---|---|---|"]
+    for k, label, _ in CELL_METRICS:
+        r = c.ratios[k]
+        lines.append(f"| {label} | {_vals(c.metrics['learner'], k)} | "
+                     f"{_vals(c.metrics['buffer'], k)} | {r.text()} | {r.method} |")
+    r = c.ratios["time_to_target"]
+    t = {p: c.ttt[p] for p in ("learner", "buffer")}
+    lines.append(
+        f"| time to target (s; censored at {_num(c.budget_s)}) | "
+        f"{_vals(c.metrics['learner'], 'time_to_target_s')}; reached "
+        f"{t['learner'].reached}/{t['learner'].n}, median {t['learner'].median_text()} | "
+        f"{_vals(c.metrics['buffer'], 'time_to_target_s')}; reached "
+        f"{t['buffer'].reached}/{t['buffer'].n}, median {t['buffer'].median_text()} | "
+        f"{r.text()} | {r.method} |")
+    lines.append(f"| delivered fraction of production (existing) | "
+                 f"{_vals(c.metrics['learner'], 'delivered_fraction')} | | | |")
+    d = c.decision
+    regime = "deciding (the paper's regime)" if deciding(c) else \
+        f"not deciding (existing delivered >= {DECIDING:.0%})"
+    return "\n".join(lines) + (f"\n\nDecision: **{d.verdict}** ({d.reason}); {regime}.\n")
+
+
+def crossover_map(cells: list[Cell]) -> str:
+    """Markdown: per cell, which placement wins on time to target and on return per MB; as a
+    grid when the cells have exactly two axes (rows: the first, columns: the second)."""
+    axes = {tuple(k for k, _ in c.key) for c in cells}
+    if len(axes) == 1 and len(next(iter(axes))) == 2:
+        a, b = next(iter(axes))
+        rows = sorted({c.key[0][1] for c in cells}, key=_sort_key)
+        cols = sorted({c.key[1][1] for c in cells}, key=_sort_key)
+        at = {(c.key[0][1], c.key[1][1]): c for c in cells}
+        lines = [f"| {a} \\ {b} | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for rv in rows:
+            cells_txt = []
+            for cv in cols:
+                c = at.get((rv, cv))
+                cells_txt.append("" if c is None else
+                                 "<br>".join(f"{k}: {v}" for k, v in c.crossover.items()))
+            lines.append(f"| {rv} | " + " | ".join(cells_txt) + " |")
+        return "\n".join(lines) + "\n"
+    lines = ["| cell | time to target | return per MB |", "|---|---|---|"]
+    for c in cells:
+        lines.append(f"| {c.label} | {c.crossover['time to target']} | "
+                     f"{c.crossover['return per MB']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_return_vs_link(c: Cell, runs: list[Run], path: Path) -> Path:
+    """Greedy return against cumulative link MB, one line per run (colour: placement)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    seen = set()
+    for r in runs:
+        ev = r.learner.stream("evals")
+        if not len(ev.get("t", ())):
+            continue
+        color = {"learner": "C0", "buffer": "C1"}.get(r.replay_at, "C2")
+        name = PLACEMENT.get(r.replay_at, r.replay_at)
+        ax.plot(M.link_mb_at(r, ev["t"]), ev["ret_mean"], "-", color=color, lw=1, alpha=0.8,
+                label=None if name in seen else name)
+        seen.add(name)
+    ax.set_xlabel("cumulative link MB (both directions)")
+    ax.set_ylabel("greedy return")
+    ax.set_title(c.label)
+    if seen:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+CURVES = [  # (stream, x field, y field, weight field, axis label)
+    ("evals", "update", "reference_loss", None, "reference loss"),
+    ("updates", "update", "loss", None, "training loss (weighted)"),
+    ("transfers", "update", "priority_mean", "n", "transferred priority (held by sender)"),
+]
+
+
+def curves(runs: list[Run], bins: int = 40) -> tuple[np.ndarray, dict]:
+    """Per placement and curve: (median, 25th, 75th percentile) across seeds on a common grid
+    of learner updates (bin centres; each run's rows averaged per bin, weighted by ``n`` for
+    transfers, gaps inside a run's span interpolated: `analysis.plots.binned_mean`)."""
+    from analysis.plots import binned_mean
+
+    top = max((float(np.max(u)) for r in runs
+               if len(u := r.learner.stream("updates").get("update", ()))), default=0.0)
+    edges = np.linspace(0.0, max(top, 1.0), bins + 1)
+    out: dict = {}
+    for stream, xk, yk, wk, _ in CURVES:
+        for place in ("learner", "buffer"):
+            rows = []
+            for r in (r for r in runs if r.replay_at == place):
+                s = r.learner.stream(stream)
+                if len(s.get(xk, ())) and yk in s:
+                    rows.append(binned_mean(s[xk], s[yk], edges, s.get(wk) if wk else None))
+            if rows:
+                a = np.vstack(rows)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins
+                    out[(yk, place)] = tuple(np.nanpercentile(a, q, axis=0) for q in (50, 25, 75))
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
+def plot_curves(c: "Cell", runs: list[Run], path: Path) -> Path:
+    """Reference loss, training loss and transferred priority against learner updates: median
+    across seeds (line) and interquartile range (band) per placement."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    x, cv = curves(runs)
+    fig = Figure(figsize=(12, 3.6))
+    FigureCanvasAgg(fig)
+    for i, (_, _, yk, _, label) in enumerate(CURVES):
+        ax = fig.add_subplot(1, len(CURVES), i + 1)
+        for place, color in (("learner", "C0"), ("buffer", "C1")):
+            if (yk, place) not in cv:
+                continue
+            med, lo, hi = cv[(yk, place)]
+            ax.plot(x, med, color=color, label=PLACEMENT[place])
+            ax.fill_between(x, lo, hi, color=color, alpha=0.25, lw=0)
+        ax.set_xlabel("learner updates")
+        ax.set_title(label, fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{c.label}: median and IQR across seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def paper_report(exp_dir: str | Path, report: str | Path, target: float | None = None,
+                 plots: bool = True) -> list[Cell]:
+    """The Plan's report of docs/results.md from the HDF5 files under ``exp_dir``: writes
+    ``paper.md`` (per-cell tables, decisions, crossover map), ``paper-cells.csv`` (every run's
+    metrics), ``paper-forest.png``, ``paper-<cell>-return-vs-link.png`` and
+    ``paper-<cell>-curves.png`` (loss and priority curves, median and IQR) into ``report``."""
+    from analysis import stats as S
+
+    exp_dir, report = Path(exp_dir), Path(report)
+    runs, errors = load_experiment(exp_dir)
+    report.mkdir(parents=True, exist_ok=True)
+    grouped = group_cells(runs, exp_dir)
+    cells = [analyse_cell(k, rs, target) for k, rs in grouped.items()]
+    lines = ["# The paper experiment: proposed / existing per cell", "",
+             f"Experiment `{exp_dir}`: {len(runs)} runs in {len(cells)} cell(s). Metric "
+             "definitions: `analysis.metrics.paper_metrics`; ratios, intervals, the decision "
+             "and censoring: `analysis.stats` (docs/results.md, Plan).", ""]
+    if errors:
+        lines += ["**Unreadable run folders:**", "", *[f"- {e}" for e in errors], ""]
+    lines += ["## Verdict", "", headline(cells), "", "## Crossover map", "",
+              crossover_map(cells), ""]
+    forest = [c.ratios[k] for c in cells for k, _, f in CELL_METRICS if f]
+    if plots and forest:
+        S.forest_plot(forest, report / "paper-forest.png", title="proposed / existing per cell")
+        lines += ["![forest plot](paper-forest.png)", ""]
+    rows = []
+    for c, rs in zip(cells, grouped.values()):
+        lines += [f"## {c.label}", "", cell_table(c), ""]
+        if plots:
+            png = report / f"paper-{slugify(c.label)}-return-vs-link.png"
+            plot_return_vs_link(c, rs, png)
+            lines += [f"![return vs link MB: {c.label}]({png.name})", ""]
+            png = report / f"paper-{slugify(c.label)}-curves.png"
+            plot_curves(c, rs, png)
+            lines += [f"![loss and priority curves: {c.label}]({png.name})", ""]
+        rows += [{"cell": c.label, **m} for ms in c.metrics.values() for m in ms]
+    if rows:
+        keys = list(dict.fromkeys(k for m in rows for k in m))
+        with open(report / "paper-cells.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+    (report / "paper.md").write_text("\n".join(lines) + "\n")
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -414,6 +761,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tol", type=float, default=M.TOL, help="settling band around the final "
                     "loss level, relative (default %(default)s)")
     ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
+    ap.add_argument("--report", help="also write the paper experiment's report (per-cell "
+                    "tables with per-seed values and ratio CIs, decisions, crossover map, forest "
+                    "plot, return vs link MB) into this folder: paper.md and its files")
     a = ap.parse_args(argv)
     if not Path(a.experiment_dir).is_dir():
         ap.error(f"experiment_dir={a.experiment_dir!r} is not a folder")
@@ -426,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in profiles:
         print(f"## {p.label}\n\n{p.table}")
     print(f"wrote {out / 'report.md'}")
+    if a.report:
+        paper_report(a.experiment_dir, a.report, target=a.target, plots=not a.no_plots)
+        print(f"wrote {Path(a.report) / 'paper.md'}")
     return 0
 
 

@@ -176,7 +176,8 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
     - ``prio_held_conv``: transfers with ``t >= conv_t``, mean of ``priority_mean`` weighted by
       ``n`` (the priority the sender held); ``prio_arrival_conv`` the same for
       ``arrival_priority_mean``, ``td_arrival_conv`` for ``arrival_td_mean`` (under the
-      learner's network on arrival).
+      learner's network on arrival), weighted by ``arrival_n`` (the subsample they are over;
+      ``n`` in logs older than --arrival-sample).
     - ``link_bytes_*``: summary (learner side: ``in`` = toward the learner); per update =
       (in + out) / updates.
     - ``time_to_target_s`` / ``env_steps_to_target``: the summary's when it has them and no
@@ -195,8 +196,9 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
     else:
         w = xf["n"][after]
         held = _weighted_mean(xf["priority_mean"][after], w)
-        arrival = _weighted_mean(xf["arrival_priority_mean"][after], w)
-        td = _weighted_mean(xf["arrival_td_mean"][after], w)
+        wa = xf["arrival_n"][after] if "arrival_n" in xf else w  # the subsample's size
+        arrival = _weighted_mean(xf["arrival_priority_mean"][after], wa)
+        td = _weighted_mean(xf["arrival_td_mean"][after], wa)
         n_after = int(np.sum(w))
     updates = int(s.get("updates") or 0) or len(loss)
     budget = int(run.config.get("max_updates") or 0)
@@ -262,4 +264,121 @@ def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[s
         "to_target_source": tt_src,
         "final_eval": float(rets[-1]) if len(rets) else None,
         "best_eval": float(np.max(rets)) if len(rets) else None,
+    }
+
+
+# --- the paper experiment's metrics (issue 14, item 3): the same definition in both placements ---
+
+def budget_window_start(run: Run) -> int:
+    """First update of the fixed window "after convergence" = updates N/2 .. N, with N the run's
+    update budget (config ``max_updates`` when the run has one, else the updates it made)."""
+    n = run.config.get("max_updates") or run.summary.get("updates") or 0
+    if not n:
+        upd = run.learner.stream("updates").get("update", np.zeros(0))
+        n = int(upd[-1]) if len(upd) else 0
+    return int(n) // 2
+
+
+def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
+    """Cumulative link MB (both directions, learner side: ``/link`` ``bytes_in + bytes_out``)
+    at times ``t`` (learner loop clock): each ``/link`` row closes an interval at its ``t``, so
+    the bytes are known at those times and linearly interpolated in between (0 at the loop
+    start)."""
+    link = run.learner.stream("link")
+    t = np.asarray(t, "f8")
+    if not len(link.get("t", ())):
+        return np.full(t.shape, np.nan)
+    order = np.argsort(link["t"], kind="stable")
+    lt = np.asarray(link["t"], "f8")[order]
+    b = (np.asarray(link["bytes_in"], "f8") + np.asarray(link["bytes_out"], "f8"))[order]
+    return np.interp(t, np.concatenate([[0.0], lt]), np.concatenate([[0.0], np.cumsum(b)])) / 1e6
+
+
+def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
+    """The per-run metrics of the Plan in docs/results.md, each defined the same way in both
+    placements. Window: updates N/2 .. N (`budget_window_start`); rows of ``/transfers`` and
+    ``/evals`` count by their ``update``.
+
+    - ``ref_loss``: mean ``/evals/reference_loss`` of the window's evaluations (NaN: no set).
+    - ``train_loss``, ``batch_td``: mean ``/updates/loss`` (importance weighted) and
+      ``/updates/td_abs_mean`` over the window.
+    - ``prio_held``: mean of ``/transfers/priority_mean`` weighted by ``n`` (per transition);
+      ``prio_msg_median`` / ``prio_msg_p90``: the median over the window's messages of each
+      message's ``priority_median`` / ``priority_p90``.
+    - ``prio_per_mb``: priority delivered per MB over the link = sum(n * priority_mean) /
+      sum(nbytes) * 1e6, the window's messages toward the learner (their size on the link).
+    - ``arrival_prio``, ``arrival_td``: ``/transfers/arrival_*_mean`` weighted by ``arrival_n``.
+    - ``return_window``: mean ``/evals/ret_mean`` over the window; ``return_per_mb`` that over
+      the run's link MB (both directions, summary ``link_bytes_in + link_bytes_out``).
+    - ``delivered_fraction`` (existing placement only, else NaN): forwarded transitions that
+      reached the learner (``/transfers/n`` of kind 4, the whole run) over the env steps the
+      actors produced (summary ``env_steps``); each env step yields one n-step transition.
+    - ``time_to_target_s``, ``updates_to_target``, ``link_mb_to_target``: at the first
+      evaluation with ``ret_mean >= target`` (its ``t``, ``update``, cumulative link MB at
+      ``t``); None = not reached (censored by the caller, `analysis.stats.time_to_target`).
+    """
+    start = budget_window_start(run)
+    upd = run.learner.stream("updates")
+    u_no = np.asarray(upd.get("update", np.zeros(0)), "i8")
+    in_u = u_no >= start
+    xf = run.learner.stream("transfers")
+    in_x = np.asarray(xf.get("update", np.zeros(0)), "i8") >= start
+    ev = run.learner.stream("evals")
+    e_upd = np.asarray(ev.get("update", np.zeros(0)), "i8")
+    in_e = e_upd >= start
+
+    def col(s, k, mask):
+        return np.asarray(s.get(k, np.full(len(mask), np.nan)), "f8")[mask]
+
+    n = col(xf, "n", in_x)
+    nbytes = col(xf, "nbytes", in_x)
+    pm = col(xf, "priority_mean", in_x)
+    ok = np.isfinite(pm) & (n > 0)
+    per_mb = float(np.sum(n[ok] * pm[ok]) / np.sum(nbytes[ok]) * 1e6) \
+        if ok.any() and np.sum(nbytes[ok]) > 0 else float("nan")
+    an = col(xf, "arrival_n", in_x) if "arrival_n" in xf else n
+
+    s = run.summary
+    b_in, b_out = s.get("link_bytes_in"), s.get("link_bytes_out")
+    link_mb = ((b_in or 0) + (b_out or 0)) / 1e6 if b_in is not None or b_out is not None \
+        else float("nan")
+    ret_w = _nanmean(col(ev, "ret_mean", in_e))
+    tgt, _ = resolve_target(run, target)
+    rets = np.asarray(ev.get("ret_mean", np.zeros(0)), "f8")
+    tt = ut = mbt = None
+    if tgt is not None:
+        hit = np.flatnonzero(rets >= tgt)
+        if len(hit):
+            t_hit = float(ev["t"][hit[0]])
+            tt, ut = t_hit, int(e_upd[hit[0]])
+            mbt = float(link_mb_at(run, np.array([t_hit]))[0])
+    steps = s.get("env_steps")
+    n_all = np.asarray(xf.get("n", np.zeros(0)), "f8")
+    fwd = np.asarray(xf["kind"], "i8") == 4 if "kind" in xf else np.ones(len(n_all), bool)
+    delivered = float(np.sum(n_all[fwd]) / steps) \
+        if run.replay_at == "learner" and steps else float("nan")
+    return {
+        "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
+        "window_start_update": start,
+        "delivered_fraction": delivered,
+        "ref_loss": _nanmean(col(ev, "reference_loss", in_e)),
+        "train_loss": _nanmean(col(upd, "loss", in_u)),
+        "batch_td": _nanmean(col(upd, "td_abs_mean", in_u)),
+        "prio_held": _weighted_mean(pm, n),
+        "prio_msg_median": float(np.nanmedian(col(xf, "priority_median", in_x)))
+        if np.isfinite(col(xf, "priority_median", in_x)).any() else float("nan"),
+        "prio_msg_p90": float(np.nanmedian(col(xf, "priority_p90", in_x)))
+        if np.isfinite(col(xf, "priority_p90", in_x)).any() else float("nan"),
+        "prio_per_mb": per_mb,
+        "arrival_prio": _weighted_mean(col(xf, "arrival_priority_mean", in_x), an),
+        "arrival_td": _weighted_mean(col(xf, "arrival_td_mean", in_x), an),
+        "link_mb": link_mb,
+        "return_window": ret_w,
+        "return_per_mb": ret_w / link_mb if link_mb and np.isfinite(link_mb) else float("nan"),
+        "target": tgt,
+        "wall_s": s.get("wall_s"),
+        "updates": s.get("updates"),
+        "time_to_target_s": tt,
+        "updates_to_target": ut,
+        "link_mb_to_target": mbt,
     }

@@ -51,6 +51,11 @@ _COMMON = {
     "seeds_json": "JSON: the random seeds this rank derived from `--seed` in its latest launch "
                   "(mpirl/seeds.py): learner `torch`, `replay`, `evaluation`, `link` (per site); "
                   "buffer `replay`, `link`; actor `exploration`, `envs` (one per env)",
+    "reference_set": "learner, with --reference-set: path of the reference set (.npz, "
+                     "mpirl.refloss) behind /evals/reference_loss",
+    "reference_set_sha256": "learner, with --reference-set: sha256 of that set's contents "
+                            "(mpirl.refloss.content_sha256; `refloss.load(path, sha256=...)` "
+                            "checks it)",
 }
 
 SUMMARY_DOCS = {

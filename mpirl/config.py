@@ -145,6 +145,9 @@ class Config:
                                choices=("block", "drop-oldest"))
     forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
     forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
+    arrival_sample: int = _f(64, "transitions per message whose |td| under the learner's "
+                             "network is logged on arrival (/transfers/arrival_*): the same "
+                             "subsample size in both placements; 0 = not logged")
     compress: str = _f("auto", "zstd-compress the experiences that cross the link (FORWARD and "
                        "BATCH): 'auto' = on for image observations, off for vectors",
                        choices=("auto", "on", "off"))
@@ -158,6 +161,13 @@ class Config:
                         "of the learner, off the update loop), 'thread' (a thread of the "
                         "learner; shares its GIL) or 'inline' (in the update loop, which waits "
                         "for it); see docs/design.md", choices=("process", "thread", "inline"))
+
+    reference_set: str | None = _f(
+        None, "the reference loss at every greedy evaluation (logged as /evals/reference_loss): "
+        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env, "
+        "--seed, --n-step, --gamma and --reference-size with a random policy, cached in "
+        "<run folder's parent>/.refsets/); default off")
+    reference_size: int = _f(10_000, "transitions of an --reference-set auto set")
 
     # --- resources -----------------------------------------------------------------------------
     torch_threads: int = _f(1, "torch threads per rank")
@@ -203,13 +213,13 @@ class Config:
         pos_int = ["buffers", "n_step", "batch_size", "target_update", "replay_capacity",
                    "envs_per_actor", "actor_chunk", "actor_credits", "weights_every",
                    "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
-                   "torch_threads"]
+                   "torch_threads", "reference_size"]
         for name in pos_int:
             v = getattr(c, name)
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be an integer > 0")
         for name in ["max_env_steps", "max_updates", "learning_starts", "beta_steps", "seed",
-                     "max_staleness", "eval_max_steps"]:
+                     "max_staleness", "eval_max_steps", "arrival_sample"]:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")

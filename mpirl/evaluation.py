@@ -16,6 +16,17 @@ another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with 
 * ``inline``: in the update loop, which waits for it (the behaviour before issue 16).
 
 docs/design.md ("Evaluation off the update loop") has the measurement behind the default.
+
+With ``--reference-set`` every runner also computes the reference loss of the weights it played
+(issue 14: `mpirl.refloss.reference_loss` over the whole set, unweighted), with those weights as
+their own target network.  The learner's target at that time is not used: it would need a
+second weight vector per request, and the value would then depend on where in the target-sync
+cycle (``--target-update``) the evaluation fell, a phase unrelated to the placement being
+compared.  It is computed in numpy on the runner's own network (`mpirl.refloss.
+reference_loss_self`): a vector run's evaluation process stays free of torch (whose import
+would delay its first evaluations by seconds).  The process runner appends the two numbers
+(loss, mean |td|) to its result as float64, so the reference loss never costs the learner's loop
+a forward pass.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import numpy as np
 
 _REQ = 2  # int64 header of a request: round, n_params
 _RES = 3  # int64 header of a result: round, n_episodes, eval time in ns
+_REF = 2  # float64 after the returns: reference loss, reference mean |td| (NaN: no set)
 
 
 class EvalResult(NamedTuple):
@@ -42,23 +54,50 @@ class EvalResult(NamedTuple):
     returns: np.ndarray  # undiscounted return of each episode (float64)
     eval_s: float  # seconds the evaluation itself ran
     params: np.ndarray  # the flat weights evaluated
+    reference_loss: float = float("nan")  # on the --reference-set (NaN: none)
+    reference_td: float = float("nan")  # mean |td| on it
 
 
-def settings(cfg, spec) -> dict:
-    """What an evaluation runner needs to build its envs and network (JSON-able)."""
+def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
+    """What an evaluation runner needs to build its envs and network (JSON-able); ``refset``:
+    (path, sha256) of the reference set (mpirl.refloss), or None."""
     from mpirl import seeds
 
-    return {"env": cfg.env, "episodes": cfg.eval_episodes,
+    return {"reference": None if refset is None else {
+                "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
+            "env": cfg.env, "episodes": cfg.eval_episodes,
             "seed": seeds.learner(cfg.seed, 0)["evaluation"], "max_steps": cfg.eval_max_steps,
             "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
             "wrappers": cfg.wrapper_specs()}
 
 
-def _play(evaluator, q, flat: np.ndarray, rnd: int) -> tuple[np.ndarray, float]:
+class _Reference:
+    """The reference loss of evaluated weights (issue 14): `mpirl.refloss.reference_loss_self`
+    on the evaluator's own network, just loaded with the weights it played (online = target =
+    those weights), so the value depends on them only, not on where the learner's target-sync
+    cycle was; numpy, so a vector run's evaluation process still never imports torch."""
+
+    def __init__(self, r: dict):
+        from mpirl import refloss
+
+        self.refset = refloss.load(r["path"], sha256=r["sha256"])
+        self.delta = r["huber_delta"]
+
+    def __call__(self, q) -> tuple[float, float]:
+        from mpirl import refloss
+
+        out = refloss.reference_loss_self(q, self.refset, huber_delta=self.delta)
+        return out["loss"], out["td_abs_mean"]
+
+
+def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
+    """(returns, seconds, reference loss, reference mean |td|) of one evaluation round."""
     t0 = time.monotonic()
     q.load(flat)
     evaluator.round = rnd
-    return evaluator.run(q), time.monotonic() - t0
+    returns = evaluator.run(q)
+    rl, rt = ref(q) if ref is not None else (float("nan"), float("nan"))
+    return returns, time.monotonic() - t0, rl, rt
 
 
 def _build(s: dict, threads: int | None):
@@ -68,7 +107,8 @@ def _build(s: dict, threads: int | None):
     spec = envs.inspect(s["env"], s["kwargs"], s["wrappers"])
     evaluator = envs.Evaluator(s["env"], s["episodes"], seed=s["seed"], max_steps=s["max_steps"],
                                kwargs=s["kwargs"], wrappers=s["wrappers"])
-    return evaluator, make_q(spec, tuple(s["hidden"]), s["dueling"], threads=threads)
+    ref = None if s.get("reference") is None else _Reference(s["reference"])
+    return evaluator, make_q(spec, tuple(s["hidden"]), s["dueling"], threads=threads), ref
 
 
 class _Runner:
@@ -87,20 +127,21 @@ class _Runner:
         self._pending = (rnd, update, env_steps, params)
         self._start(params, rnd)
 
-    def _finish(self, returns: np.ndarray, eval_s: float) -> EvalResult:
+    def _finish(self, returns: np.ndarray, eval_s: float, ref_loss: float = float("nan"),
+                ref_td: float = float("nan")) -> EvalResult:
         rnd, update, steps, params = self._pending
         self._pending = None
-        return EvalResult(rnd, update, steps, returns, eval_s, params)
+        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td)
 
 
 class InlineRunner(_Runner):
     def __init__(self, s: dict):
         super().__init__()
-        self.evaluator, self.q = _build(s, threads=None)
+        self.evaluator, self.q, self.ref = _build(s, threads=None)
         self._done = None
 
     def _start(self, params, rnd):
-        self._done = _play(self.evaluator, self.q, params, rnd)
+        self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
     def poll(self) -> EvalResult | None:
         if self._done is None:
@@ -115,13 +156,13 @@ class InlineRunner(_Runner):
 class ThreadRunner(_Runner):
     def __init__(self, s: dict):
         super().__init__()
-        self.evaluator, self.q = _build(s, threads=None)
+        self.evaluator, self.q, self.ref = _build(s, threads=None)
         self._thread: threading.Thread | None = None
         self._done = None
 
     def _start(self, params, rnd):
         def work():
-            self._done = _play(self.evaluator, self.q, params, rnd)
+            self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
         self._thread = threading.Thread(target=work, name="mpirl-eval", daemon=True)
         self._thread.start()
@@ -172,15 +213,16 @@ class ProcessRunner(_Runner):
         if len(self._buf) < 8 * _RES:
             return None
         rnd, n, ns = np.frombuffer(bytes(self._buf[: 8 * _RES]), np.int64)
-        end = 8 * _RES + 8 * int(n)
+        end = 8 * _RES + 8 * (int(n) + _REF)
         if len(self._buf) < end:
             return None
-        returns = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64).copy()
+        tail = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64)
+        returns, (ref_loss, ref_td) = tail[: int(n)].copy(), tail[int(n):]
         del self._buf[:end]
         if rnd != self._pending[0]:
             raise RuntimeError(f"evaluation process answered round {rnd}, expected "
                                f"{self._pending[0]}")
-        return self._finish(returns, ns / 1e9)
+        return self._finish(returns, ns / 1e9, float(ref_loss), float(ref_td))
 
     def close(self) -> None:
         try:
@@ -194,8 +236,8 @@ class ProcessRunner(_Runner):
 RUNNERS = {"process": ProcessRunner, "thread": ThreadRunner, "inline": InlineRunner}
 
 
-def make_runner(kind: str, cfg, spec):
-    return RUNNERS[kind](settings(cfg, spec))
+def make_runner(kind: str, cfg, spec, refset: tuple[str, str] | None = None):
+    return RUNNERS[kind](settings(cfg, spec, refset))
 
 
 def _read(f, n: int) -> bytes | None:
@@ -233,7 +275,7 @@ def child(argv: list[str], parent: int) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     s = json.loads(argv[0])
-    evaluator, q = _build(s, threads=1)
+    evaluator, q, ref = _build(s, threads=1)
     fin = sys.stdin.buffer
     while True:
         head = _read(fin, 8 * _REQ)
@@ -243,10 +285,12 @@ def child(argv: list[str], parent: int) -> int:
         raw = _read(fin, 4 * int(n))
         if raw is None:
             break
-        returns, secs = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd))
+        returns, secs, rl, rt = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd),
+                                      ref)
         try:
             fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
-                       + returns.astype(np.float64).tobytes())
+                       + returns.astype(np.float64).tobytes()
+                       + np.array([rl, rt], np.float64).tobytes())
             fout.flush()
         except BrokenPipeError:  # the learner is gone
             break

@@ -107,6 +107,27 @@ def _bcast_text(world, text: str | None) -> str:
     return bytes(buf).decode()
 
 
+def _reference_set(world, cfg, run_dir: Path) -> tuple[str, str]:
+    """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once, see
+    mpirl.refloss.resolve); every rank gets ``(path, sha256)`` or the same ConfigError."""
+    from mpirl.config import ConfigError
+
+    text = None
+    if world.Get_rank() == 0:
+        from mpirl import refloss
+
+        try:
+            path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir)
+            text = f"P{path}\n{sha}"
+        except (ValueError, OSError) as e:
+            text = f"E{e}"
+    got = _bcast_text(world, text)
+    if got[:1] != "P":
+        raise ConfigError(got[1:])
+    path, sha = got[1:].rsplit("\n", 1)
+    return path, sha
+
+
 def _resume_manifest(world, run_dir: str) -> dict:
     """Rank 0 selects and checks the checkpoint; every rank gets its manifest or the error."""
     from mpirl import checkpoint
@@ -249,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(cfg.run_dir)
             part = _resume_parts(world, run_dir, manifest,
                                  topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
+        refset = _reference_set(world, cfg, run_dir) if cfg.reference_set else None
     except (ConfigError, topology.LayoutError) as e:
         if rank == 0:
             sys.stderr.write(f"mpirl: error: {e}\n")
@@ -344,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         if topo.role == "learner":
             from mpirl import learner
 
+            if refset is not None:
+                log.set_attrs(reference_set=refset[0], reference_set_sha256=refset[1])
             summary = learner.run(cfg, topo, spec, wire, log,
                                   say=lambda s: print(s, flush=True), stop_signal=stop_signal,
-                                  ckpt=ckpt, resume=part)
+                                  ckpt=ckpt, resume=part, refset=refset)
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         elif topo.role == "buffer":
             from mpirl import buffer

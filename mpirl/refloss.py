@@ -14,6 +14,10 @@ once per environment and seed and stored as ``.npz``.
     refloss.reference_loss(online, target, rs, huber_delta=cfg.huber_delta)
     # -> {"loss": mean Huber, "td_abs_mean": mean |td|, "n": transitions}
 
+A run computes it with ``--reference-set PATH|auto`` (`resolve`) at every greedy evaluation, in
+the evaluation runner, on the weights evaluated used as their own target network
+(`reference_loss_self`, numpy): ``/evals/reference_loss``.
+
 Collection: one environment made as the actors make it (`mpirl.envs.make`, image rewards clipped
 to [-1, 1]), reset with ``seed``, and a policy that is uniform random (default) or
 epsilon-greedy with a given Q-function; actions come from ``numpy.random.default_rng(seed)``,
@@ -40,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RefSet", "collect", "content_sha256", "load", "reference_loss", "save"]
+__all__ = ["RefSet", "auto_path", "collect", "content_sha256", "load", "reference_loss",
+           "reference_loss_self", "resolve", "save"]
 
 FORMAT = 1
 ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -154,6 +159,50 @@ def load(path: str | Path, sha256: str | None = None) -> RefSet:
     return RefSet(meta=meta, **{k: arrays[k] for k in ARRAYS})
 
 
+def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
+              gamma: float) -> Path:
+    """Where ``--reference-set auto`` keeps the set of (env, seed, size, n_step, gamma)."""
+    name = f"{env_id}-seed{seed}-n{n_step}-g{gamma:g}-{size}".replace("/", "_").replace(":", "_")
+    return Path(cache) / f"{name}.npz"
+
+
+def resolve(value: str, cfg, run_dir: str | Path) -> tuple[Path, str]:
+    """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
+
+    ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
+    of a sweep cell or of ``runs/``), collected there (random policy, seed
+    `mpirl.seeds.reference`, --reference-size transitions) when it is not there yet; written
+    to a temporary name and renamed, so runs starting together never read half a file. A
+    PATH: loaded and checked against the run (env, n_step, gamma). Raises ValueError naming
+    the mismatch."""
+    import os
+
+    from mpirl import seeds
+
+    if value == "auto":
+        seed = seeds.reference(cfg.seed)
+        path = auto_path(Path(run_dir).resolve().parent / ".refsets", cfg.env, seed,
+                         cfg.reference_size, cfg.n_step, cfg.gamma)
+        if not path.is_file():
+            rs = collect(cfg.env, seed, cfg.reference_size, cfg.n_step, cfg.gamma)
+            tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+            save(rs, tmp)
+            os.replace(tmp, path)
+    else:
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(f"reference_set={value!r}: no such file; write one with python -m "
+                             "mpirl.refloss or pass --reference-set auto")
+    rs = load(path)
+    want = {"env": cfg.env, "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
+    bad = {k: rs.meta.get(k) for k, v in want.items() if rs.meta.get(k) != v}
+    if bad:
+        raise ValueError(f"reference_set={str(path)!r} was collected with {bad}, the run uses "
+                         f"{ {k: want[k] for k in bad} }: collect one for this run "
+                         "(python -m mpirl.refloss) or pass --reference-set auto")
+    return path, rs.sha256
+
+
 def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
                    chunk: int = 4096) -> dict[str, float]:
     """The unweighted `mpirl.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
@@ -177,6 +226,28 @@ def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
                                 torch.ones(j - i), huber_delta=huber_delta)
             loss_sum += float(loss) * (j - i)
             td_sum += float(td.sum())
+    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
+
+
+def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
+                        huber_delta: float = 1.0, chunk: int = 4096) -> dict[str, float]:
+    """`reference_loss` with one network as both online and target, in numpy on any
+    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.qnet.NumpyQ`, or the torch
+    CNN behind `mpirl.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
+    observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
+    Huber with ``huber_delta``, unweighted means."""
+    n = len(refset)
+    loss_sum = td_sum = 0.0
+    for i in range(0, n, chunk):
+        j = min(n, i + chunk)
+        rows = np.arange(j - i)
+        q_s = np.asarray(q(refset.obs[i:j]), np.float32)
+        q_n = np.asarray(q(refset.next_obs[i:j]), np.float32)
+        y = refset.reward[i:j] + refset.discount[i:j] * q_n[rows, q_n.argmax(axis=1)]
+        td = np.abs(q_s[rows, refset.action[i:j]] - y)
+        huber = np.where(td <= huber_delta, 0.5 * td * td, huber_delta * (td - 0.5 * huber_delta))
+        loss_sum += float(huber.sum(dtype=np.float64))
+        td_sum += float(td.sum(dtype=np.float64))
     return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
 
 

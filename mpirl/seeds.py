@@ -11,6 +11,9 @@ learner                    seed + 10,000, reset with + 7919 * round    greedy ev
 learner, link to site s    seed + 17 (s + 1) (+ 1 inbound)             emulated link jitter
 buffer at world rank r     seed + r (+ 1 inbound on the link)          replay memory sampling,
                                                                        emulated link jitter
+learner (rank 0)           seed + 500,009                              --reference-set auto: the
+                                                                       held-out set's env and
+                                                                       random policy
 actor at world rank r      seed + 1000 r                               exploration draws
 actor at world rank r,     seed + 1000 r + j (+ 7919 * checkpoint id   env resets, action space
 env j                      after --resume: fresh episodes)
@@ -27,6 +30,12 @@ from __future__ import annotations
 
 EVAL_OFFSET = 10_000
 RESUME_STRIDE = 7919
+REFERENCE_OFFSET = 500_009  # no actor's (seed + 1000 r + j) below rank 500
+
+
+def reference(seed: int) -> int:
+    """The seed of the reference set that ``--reference-set auto`` collects (mpirl.refloss)."""
+    return seed + REFERENCE_OFFSET
 
 
 def learner(seed: int, sites: int) -> dict:

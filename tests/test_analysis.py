@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None  # the optional analysis extra
 SHORT = ["--max-seconds", "8", "--target-return", "none", "--flush-seconds", "1",
          "--progress-seconds", "2", "--hidden", "32", "32", "--learning-starts", "200",
-         "--eval-every", "100", "--eval-episodes", "3"]
+         "--eval-every", "100", "--eval-episodes", "3", "--reference-set", "auto",
+         "--reference-size", "500"]
 
 
 @pytest.fixture(scope="session")
@@ -310,6 +311,30 @@ def test_reads_a_run_while_the_writer_holds_its_file_open(experiment, tmp_path):
         w.stdin.write("go\n")
         w.stdin.close()
         assert w.wait(timeout=30) == 0
+
+
+# --- metrics defined the same way in both placements (issue 14, item 3) -----------------------
+
+def test_reference_loss_and_arrival_subsample_are_logged_alike(experiment):
+    """Both placements: the same reference set contents (hash checked), a finite reference loss
+    at every evaluation; arrival |td| over min(n, 64) transitions of every message (forwarded
+    chunks of 256 and batches of 64 alike); median <= p90 of each message's priorities."""
+    from mpirl import refloss
+
+    shas = set()
+    for run in (experiment / "existing", experiment / "proposed" / "seed0"):
+        with h5py.File(run / "learner.h5", "r") as f:
+            path, sha = f.attrs["reference_set"], f.attrs["reference_set_sha256"]
+            assert len(refloss.load(path, sha256=sha)) == 500
+            shas.add(sha)
+            ev = {k: f["evals"][k][:] for k in ("reference_loss", "reference_td_abs_mean")}
+            tr = {k: f["transfers"][k][:] for k in f["transfers"]}
+        assert len(ev["reference_loss"]) and np.isfinite(ev["reference_loss"]).all()
+        assert (ev["reference_loss"] > 0).all() and (ev["reference_td_abs_mean"] > 0).all()
+        assert len(tr["n"]) and (tr["arrival_n"] == np.minimum(tr["n"], 64)).all()
+        assert np.isfinite(tr["arrival_td_mean"]).all()
+        assert (tr["priority_median"] <= tr["priority_p90"] + 1e-6).all()
+    assert len(shas) == 1  # same env, seed, size, n_step, gamma: the same contents
 
 
 # --- the schema doc ------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ def test_cli_values():
     (["--link", "moon"], "link='moon'"),
     (["--lr", "-1"], "lr=-1.0 must be > 0"),
     (["--hidden", "0"], "hidden=(0,)"),
+    (["--arrival-sample", "-1"], "arrival_sample=-1 must be an integer >= 0"),
+    (["--reference-size", "0"], "reference_size=0 must be an integer > 0"),
 ])
 def test_bad_values(argv, match):
     with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):

@@ -123,3 +123,18 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
     for got, b in zip(trained, (1, 2)):
         np.testing.assert_allclose(got, site_w[b] * site_max[b] / top, rtol=1e-6,
                                    err_msg=f"site {b - 1}'s weights")
+
+
+def test_priority_spread_is_numpys_linear_percentile():
+    """/transfers/priority_median and priority_p90 (issue 14): np.percentile's values, by hand
+    on a small case, and on random messages of several sizes."""
+    got = learner._spread(np.array([4.0, 1.0, 3.0, 2.0], np.float32))
+    # sorted 1 2 3 4: median at h = 1.5 -> 2.5; p90 at h = 2.7 -> 3 + 0.7 * (4 - 3) = 3.7
+    assert got["priority_median"] == 2.5 and abs(got["priority_p90"] - 3.7) < 1e-12
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 64, 256):
+        p = rng.random(n).astype(np.float32) ** 3
+        got = learner._spread(p)
+        np.testing.assert_allclose([got["priority_median"], got["priority_p90"]],
+                                   np.percentile(p.astype(np.float64), (50, 90)), rtol=1e-6)
+    assert np.isnan(learner._spread(np.zeros(0, np.float32))["priority_p90"])

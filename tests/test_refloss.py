@@ -49,6 +49,23 @@ def test_reference_loss_equals_a_hand_computation():
     assert got["loss"] == pytest.approx((0.36 + 6.25 + 9.0) / 2 / 3, rel=1e-6)
 
 
+def test_reference_loss_with_the_network_as_its_own_target_by_hand():
+    """What the evaluation computes (numpy, one network as online and target)."""
+    net = linear([[1, 0], [0, 2]])  # Q(s) = [s0, 2 s1]
+    # 1: q = 2; Q([2,.5]) = [2, 1]: a* = 0, y = .5 + .9 * 2 = 2.3, td = .3, huber .045
+    # 2: q = 3; Q([0,1]) = [0, 2]: a* = 1, y = .5 * 2 = 1, td = 2, huber 1.5
+    # 3: q = -2; terminal: y = 1, td = 3, huber 2.5
+    def q(x):
+        with torch.no_grad():
+            return net(torch.from_numpy(x)).numpy()
+
+    for chunk in (4096, 2):
+        got = R.reference_loss_self(q, tiny(), huber_delta=1.0, chunk=chunk)
+        assert got["loss"] == pytest.approx((0.045 + 1.5 + 2.5) / 3, rel=1e-6)
+        assert got["td_abs_mean"] == pytest.approx((0.3 + 2 + 3) / 3, rel=1e-6)
+    assert got == pytest.approx(R.reference_loss(net, net, tiny(), huber_delta=1.0))
+
+
 def test_hash_is_over_contents_and_pinned(tmp_path):
     rs = tiny()
     # pinned: a change of the hashing scheme would orphan every stored set's recorded hash
@@ -110,3 +127,85 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
     target = qnet.make_learner_q(spec, (16,), dueling=True)
     got = R.reference_loss(online, target, rs, chunk=20)
     assert got["n"] == 64 and np.isfinite(got["loss"]) and got["td_abs_mean"] > 0
+    # what the evaluation computes: the acting network (numpy MLP / torch CNN on numpy) loaded
+    # with the learner's flat weights, as its own target
+    q = qnet.make_q(spec, (16,), True, threads=None)
+    q.load(online.flat_params())
+    mine = R.reference_loss_self(q, rs, chunk=20)
+    want = R.reference_loss(online, online, rs)
+    assert mine["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert mine["td_abs_mean"] == pytest.approx(want["td_abs_mean"], rel=1e-5)
+
+
+# --- --reference-set: resolution and the evaluation runners -----------------------------------
+
+def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
+    from mpirl import seeds
+    from mpirl.config import Config
+
+    cfg = Config(seed=3, reference_size=40)
+    path, sha = R.resolve("auto", cfg, tmp_path / "cell" / "seed3")
+    assert path == tmp_path / "cell" / ".refsets" / "CartPole-v1-seed500012-n5-g0.99-40.npz"
+    rs = R.load(path, sha256=sha)
+    assert len(rs) == 40 and rs.meta["seed"] == seeds.reference(3) == 500_012
+    assert (rs.meta["n_step"], rs.meta["gamma"]) == (cfg.n_step, cfg.gamma)
+    stamp = path.stat().st_mtime_ns
+    # the paired run of the other placement: the same file, not collected again
+    assert R.resolve("auto", cfg, tmp_path / "cell" / "seed3b") == (path, sha)
+    assert path.stat().st_mtime_ns == stamp
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    # a PATH is checked against the run
+    assert R.resolve(str(path), cfg, tmp_path / "x") == (path, sha)
+    with pytest.raises(ValueError, match="gamma"):
+        R.resolve(str(path), Config(gamma=0.9), tmp_path / "x")
+    with pytest.raises(ValueError, match="no such file"):
+        R.resolve(str(tmp_path / "nope.npz"), cfg, tmp_path / "x")
+
+
+@pytest.mark.parametrize("kind", ["inline", "process"])
+def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tmp_path):
+    """The runner's reference loss is the learner network's, with the evaluated weights as both
+    online and target (the flat WEIGHTS vector's order included); NaN without a set."""
+    import time
+
+    from mpirl import envs, qnet
+    from mpirl.config import Config
+    from mpirl.evaluation import make_runner
+
+    cfg = Config(eval_episodes=1, hidden=(16,), huber_delta=0.5, eval_max_steps=20)
+    spec = envs.inspect(cfg.env)
+    rs = R.collect(cfg.env, seed=5, size=50, n_step=cfg.n_step, gamma=cfg.gamma)
+    path = tmp_path / "ref.npz"
+    sha = R.save(rs, path)
+    nets = [qnet.make_learner_q(spec, cfg.hidden, cfg.dueling) for _ in range(2)]
+    want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
+    assert want[0]["loss"] != pytest.approx(want[1]["loss"])  # the test can tell them apart
+    for refset in ((str(path), sha), None):
+        r = make_runner(kind, cfg, spec, refset)
+        try:
+            for rnd, net in enumerate(nets):
+                r.request(net.flat_params(), rnd, rnd, 0)
+                for _ in range(3000):
+                    res = r.poll()
+                    if res is not None:
+                        break
+                    time.sleep(0.005)
+                assert res is not None
+                if refset is None:
+                    assert np.isnan(res.reference_loss) and np.isnan(res.reference_td)
+                else:
+                    assert res.reference_loss == pytest.approx(want[rnd]["loss"], rel=1e-5)
+                    assert res.reference_td == pytest.approx(want[rnd]["td_abs_mean"], rel=1e-5)
+        finally:
+            r.close()
+
+
+def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
+    from mpirun import run_mpirl
+
+    p = run_mpirl(3, "--reference-set", str(tmp_path / "nope.npz"), "--run-dir",
+                  str(tmp_path / "run"), timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("mpirl: error: reference_set=") == 1, p.stderr
+    assert "no such file" in p.stderr
+    assert not (tmp_path / "run" / "learner.h5").exists()

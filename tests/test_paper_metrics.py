@@ -1,0 +1,214 @@
+"""analysis: the paper experiment's metrics (issue 14, item 3) and the per-cell report, on small
+synthetic HDF5 runs whose every value is computed by hand."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from analysis import compare as C
+from analysis import metrics as M
+from analysis.runs import load_run
+
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
+              transfers: dict | None = None, ref: float = 1.0, prio: float = 1.0,
+              hit_t: float | None = None, bytes_per_s: float = 1e5, max_seconds: float = 10.0,
+              evals: dict | None = None, config: dict | None = None,
+              env_steps: int = 640) -> Path:
+    """A run folder as mpirl writes it, reduced to what analysis reads: the learner's loop
+    starts at t = 0 (first /link row at t = 1 over 1 s); one /link row per second for 10 s;
+    evaluations at t = 1..10 (updates 10..100) returning 500 from ``hit_t`` on, else 100."""
+    path.mkdir(parents=True)
+    u = np.arange(1, n_updates + 1)
+    t_ev = np.arange(1.0, 11.0)
+    streams = {
+        "updates": {"t": u / 10.0, "update": u, "loss": np.where(u >= 50, 3.0, 1.0),
+                    "td_abs_mean": np.where(u >= 50, 0.5, 5.0)},
+        "transfers": transfers or {
+            "t": np.array([6.0]), "update": np.array([60]), "n": np.array([64]),
+            "kind": np.array([4 if replay_at == "learner" else 5]),
+            "nbytes": np.array([1000]), "priority_mean": np.array([prio]),
+            "priority_median": np.array([prio]), "priority_p90": np.array([prio]),
+            "arrival_td_mean": np.array([1.0]), "arrival_priority_mean": np.array([prio]),
+            "arrival_n": np.array([64])},
+        "evals": evals or {"t": t_ev, "update": (t_ev * 10).astype(int),
+                           "env_steps": (t_ev * 1000).astype(int),
+                           "ret_mean": np.where(t_ev >= (hit_t or 99), 500.0, 100.0),
+                           "reference_loss": np.full(10, ref)},
+        "link": {"t": t_ev, "bytes_in": np.full(10, bytes_per_s), "bytes_out": np.zeros(10),
+                 "interval_s": np.ones(10)},
+    }
+    cfg = {"env": "CartPole-v1", "replay_at": replay_at, "seed": seed,
+           "max_seconds": max_seconds, "target_return": None, **(config or {})}
+    with h5py.File(path / "learner.h5", "w") as f:
+        f.attrs["config_json"] = json.dumps(cfg)
+        f.attrs["role"] = "learner"
+        f.attrs["t0_unix"] = 1000.0
+        for name, cols in streams.items():
+            g = f.create_group(name)
+            g.attrs["fields"] = list(cols)
+            for k, v in cols.items():
+                g[k] = np.asarray(v)
+    total = float(np.sum(streams["link"]["bytes_in"]))
+    (path / "summary.json").write_text(json.dumps({
+        "stop_reason": "max_seconds", "updates": n_updates, "wall_s": 10.0,
+        "env_steps": env_steps,
+        "link_bytes_in": total, "link_bytes_out": 0, "target_return": None}))
+    return path
+
+
+def test_paper_metrics_by_hand(tmp_path):
+    xf = {"t": np.array([1.0, 6.0, 8.0]), "update": np.array([10, 60, 80]),
+          "n": np.array([100, 10, 30]), "nbytes": np.array([1, 100_000, 300_000]),
+          "priority_mean": np.array([9.0, 1.0, 2.0]),
+          "priority_median": np.array([9.0, 1.0, 3.0]), "priority_p90": np.array([9.0, 2.0, 5.0]),
+          "arrival_td_mean": np.array([9.0, 1.0, 3.0]),
+          "arrival_priority_mean": np.array([9.0, 2.0, 4.0]), "arrival_n": np.array([64, 10, 30])}
+    t = np.array([2.0, 4.0, 6.0, 8.0])
+    ev = {"t": t, "update": np.array([25, 50, 75, 100]), "env_steps": np.array([1, 2, 3, 4]),
+          "ret_mean": np.array([100.0, 480.0, 200.0, 500.0]),
+          "reference_loss": np.array([9.0, 2.0, 4.0, 6.0])}
+    run = load_run(write_run(tmp_path / "r", replay_at="learner", seed=0, transfers=xf,
+                             evals=ev))
+    m = M.paper_metrics(run)
+    assert m["window_start_update"] == 50  # N = 100 updates: the window is 50..100
+    assert m["ref_loss"] == pytest.approx(4.0)  # (2 + 4 + 6) / 3: the eval at update 25 is out
+    assert m["train_loss"] == pytest.approx(3.0) and m["batch_td"] == pytest.approx(0.5)
+    assert m["prio_held"] == pytest.approx((10 * 1 + 30 * 2) / 40)  # per transition
+    assert m["prio_per_mb"] == pytest.approx((10 * 1 + 30 * 2) / 400_000 * 1e6)  # 175
+    assert m["prio_msg_median"] == pytest.approx(2.0)  # median of 1, 3
+    assert m["prio_msg_p90"] == pytest.approx(3.5)  # median of 2, 5
+    assert m["arrival_prio"] == pytest.approx((10 * 2 + 30 * 4) / 40)  # weighted by arrival_n
+    assert m["link_mb"] == pytest.approx(1.0)  # 10 rows of 100 kB
+    assert m["return_window"] == pytest.approx((480 + 200 + 500) / 3)
+    assert m["return_per_mb"] == pytest.approx((480 + 200 + 500) / 3)
+    # CartPole-v1's 475: first reached at t = 4, update 50, after 4 link rows (0.4 MB)
+    assert (m["time_to_target_s"], m["updates_to_target"]) == (4.0, 50)
+    assert m["link_mb_to_target"] == pytest.approx(0.4)
+    assert m["delivered_fraction"] == pytest.approx(140 / 640)  # every row (no kind): forwarded
+    # an update budget in the config fixes the window, whatever the run reached
+    run = load_run(write_run(tmp_path / "b", replay_at="learner", seed=0, transfers=xf,
+                             evals=ev, config={"max_updates": 160}))
+    m = M.paper_metrics(run)
+    assert m["window_start_update"] == 80 and m["ref_loss"] == pytest.approx(6.0)
+    assert m["prio_held"] == pytest.approx(2.0)
+    # cumulative link MB: 0 at the loop start, 0.1 MB at each second, linear in between
+    assert M.link_mb_at(run, np.array([0.5, 1.5, 10.0])) == pytest.approx([0.05, 0.15, 1.0])
+
+
+def sweep(root: Path, cells: dict) -> Path:
+    """``cells``: {(bw, rho): {placement: [per-seed kwargs]}} as mpirl.sweep names folders."""
+    for (bw, rho), places in cells.items():
+        for place, seeds in places.items():
+            for seed, kw in enumerate(seeds):
+                write_run(root / f"bandwidth_mbps={bw},rho={rho},replay_at={place}" / f"seed{seed}",
+                          replay_at=place, seed=seed, config={"bandwidth_mbps": bw}, **kw)
+    return root
+
+
+def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
+    root = sweep(tmp_path / "out", {
+        # the paper's figures: priority x3.5..4.5, reference loss x0.2..0.3; the proposed
+        # placement reaches 475 at 1, 2, 5 s, the existing one at 2, 4 s and never (censored
+        # at the 10 s budget): time ratios 0.5, 0.5, 0.5
+        ("0.4", "1"): {"learner": [dict(prio=1.0, ref=1.0, hit_t=2.0),
+                                   dict(prio=2.0, ref=2.0, hit_t=4.0),
+                                   dict(prio=4.0, ref=4.0, hit_t=None)],
+                       "buffer": [dict(prio=3.5, ref=0.2, hit_t=1.0, bytes_per_s=1e4),
+                                  dict(prio=8.0, ref=0.5, hit_t=2.0, bytes_per_s=1e4),
+                                  dict(prio=18.0, ref=1.2, hit_t=5.0, bytes_per_s=1e4)]},
+        # the opposite: priority x0.5 in every seed (a degenerate interval below 1)
+        # ... where the existing placement delivers all production (64 transitions in 64 steps):
+        # not a cell of the paper's regime
+        ("100", "1"): {"learner": [dict(prio=2.0, hit_t=3.0, env_steps=64),
+                                   dict(prio=4.0, hit_t=3.0, env_steps=64)],
+                       "buffer": [dict(prio=1.0, hit_t=3.0), dict(prio=2.0, hit_t=3.0)]},
+    })
+    runs, errors = C.load_experiment(root)
+    assert not errors
+    grouped = C.group_cells(runs, root)
+    assert list(grouped) == [(("bandwidth_mbps", "0.4"), ("rho", "1")),
+                             (("bandwidth_mbps", "100"), ("rho", "1"))]
+    slow, fast = (C.analyse_cell(k, rs) for k, rs in grouped.items())
+    p = slow.ratios["prio_held"]
+    assert p.per_seed == pytest.approx((3.5, 4.0, 4.5))
+    assert p.estimate == pytest.approx((3.5 * 4.0 * 4.5) ** (1 / 3))
+    assert p.low <= 3.92 <= p.high and p.low > 1
+    assert slow.ratios["ref_loss"].per_seed == pytest.approx((0.2, 0.25, 0.3))
+    assert slow.decision.verdict == "reproduced"
+    # priority per MB counts the messages toward the learner (64 transitions in 1000 B in
+    # both), not the /link rows: the ratio is the priority ratio
+    assert slow.ratios["prio_per_mb"].per_seed == pytest.approx((3.5, 4.0, 4.5))
+    # return per MB: the window's (updates 50..100, t = 5..10) mean return over the run's link
+    # MB (proposed 0.1, existing 1): 500/0.1 / (500/1) for seeds 0 and 1; seed 2's existing
+    # run never reached 475, so 500/0.1 / (100/1)
+    assert slow.ratios["return_per_mb"].per_seed == pytest.approx((10.0, 10.0, 50.0))
+    # censored time to target
+    assert slow.budget_s == 10.0
+    tl, tb = slow.ttt["learner"], slow.ttt["buffer"]
+    assert (tl.reached, tl.n, tl.median) == (2, 3, 4.0)
+    assert (tb.reached, tb.median) == (3, 2.0)
+    tr = slow.ratios["time_to_target"]
+    assert tr.per_seed == pytest.approx((0.5, 0.5, 0.5)) and tr.method == "degenerate"
+    assert slow.crossover["time to target"].startswith("proposed")
+    assert slow.crossover["return per MB"].startswith("proposed")
+    assert fast.decision.verdict == "refuted in this regime"
+    assert fast.ratios["prio_held"].per_seed == pytest.approx((0.5, 0.5))
+    assert fast.crossover["time to target"].startswith("no clear winner")
+    assert fast.crossover["return per MB"].startswith("no clear winner")  # equal bytes
+
+    # delivered: 64 forwarded transitions of 640 env steps in the slow cell, of 64 in the fast
+    assert [m["delivered_fraction"] for m in slow.metrics["learner"]] == [0.1, 0.1, 0.1]
+    assert np.isnan(slow.metrics["buffer"][0]["delivered_fraction"])
+    assert C.deciding(slow) and not C.deciding(fast)
+    assert C.headline([slow, fast]) == \
+        "**reproduced** in every deciding cell (bandwidth_mbps=0.4, rho=1)"
+    assert C.headline([fast]).startswith("no cell is in the paper's regime")
+
+    grid = C.crossover_map([slow, fast])
+    assert grid.splitlines()[0] == "| bandwidth_mbps \\ rho | 1 |"
+    assert grid.splitlines()[2].startswith("| 0.4 | time to target: proposed")
+
+
+def test_paper_report_writes_tables_and_plots(tmp_path):
+    root = sweep(tmp_path / "out", {("1", "4"): {
+        "learner": [dict(prio=1.0, hit_t=2.0), dict(prio=1.0, hit_t=None)],
+        "buffer": [dict(prio=2.0, hit_t=1.0), dict(prio=3.0, hit_t=3.0)]}})
+    rc = C.main([str(root), "--out", str(tmp_path / "a"), "--report", str(tmp_path / "rep")]
+                + ([] if HAVE_MPL else ["--no-plots"]))
+    assert rc == 0
+    md = (tmp_path / "rep" / "paper.md").read_text()
+    assert "## Crossover map" in md and "## bandwidth_mbps=1, rho=4" in md
+    assert "| transferred priority, held by sender (window) | 0: 1.00, 1: 1.00 | 0: 2.00, 1: " \
+           "3.00 |" in md
+    # the existing placement: one seed censored at the 10 s budget; half reached by 2 s
+    assert "| 0: 2.00, 1: n/a; reached 1/2, median 2 |" in md
+    rows = (tmp_path / "rep" / "paper-cells.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4
+    if HAVE_MPL:
+        assert (tmp_path / "rep" / "paper-forest.png").stat().st_size > 0
+        assert (tmp_path / "rep" / "paper-bandwidth-mbps-1-rho-4-return-vs-link.png").is_file()
+
+
+def test_curves_median_and_iqr_across_seeds(tmp_path):
+    """Per placement: the median and quartiles across seeds of each run's binned series."""
+    root = sweep(tmp_path / "out", {("1", "1"): {
+        "learner": [dict(ref=r) for r in (1.0, 2.0, 3.0, 4.0)],
+        "buffer": [dict(ref=0.5)]}})
+    runs, _ = C.load_experiment(root)
+    x, cv = C.curves(runs, bins=10)  # updates 0..100 in bins of 10; evals at 10, 20, .., 100
+    assert x == pytest.approx(np.arange(5, 100, 10))
+    med, lo, hi = cv[("reference_loss", "learner")]
+    assert med[1:] == pytest.approx(np.full(9, 2.5))  # median of 1, 2, 3, 4
+    assert lo[1:] == pytest.approx(np.full(9, 1.75)) and hi[1:] == pytest.approx(np.full(9, 3.25))
+    assert cv[("reference_loss", "buffer")][0][1:] == pytest.approx(np.full(9, 0.5))
+    # training loss: 1 before update 50, 3 from it on, in every run
+    med = cv[("loss", "learner")][0]
+    assert med[0] == pytest.approx(1.0) and med[-1] == pytest.approx(3.0)
