@@ -355,8 +355,12 @@ def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
     steps = s.get("env_steps")
     n_all = np.asarray(xf.get("n", np.zeros(0)), "f8")
     fwd = np.asarray(xf["kind"], "i8") == 4 if "kind" in xf else np.ones(len(n_all), bool)
-    delivered = float(np.sum(n_all[fwd]) / steps) \
-        if run.replay_at == "learner" and steps else float("nan")
+    if run.replay_at != "learner":
+        delivered = float("nan")
+    elif s.get("delivered_fraction") is not None:  # the learner's own figure (summary.json)
+        delivered = float(s["delivered_fraction"])
+    else:  # runs from before it was logged: forwarded transitions per env step
+        delivered = float(np.sum(n_all[fwd]) / steps) if steps else float("nan")
     return {
         "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
         "window_start_update": start,
