@@ -560,10 +560,11 @@ def headline(cells: list[Cell]) -> str:
     if verdicts == {S.REFUTED}:
         return f"**refuted in this regime** in every deciding cell ({names})"
     yes = [c.label for c in dec if c.decision.verdict == S.REPRODUCED]
-    return ("**holds only where** " + ("; ".join(yes) if yes else "no deciding cell") +
-            f" (deciding cells: {names}; the others: " + "; ".join(
-                f"{c.label}: {c.decision.verdict}" for c in dec
-                if c.decision.verdict != S.REPRODUCED) + ")")
+    others = "; ".join(f"{c.label}: {c.decision.verdict}" for c in dec
+                       if c.decision.verdict != S.REPRODUCED)
+    if not yes:  # nothing reproduced and not everything refuted: no claim either way
+        return f"**inconclusive**: no deciding cell reproduces it ({others})"
+    return f"**holds only where** {'; '.join(yes)} (the other deciding cells: {others})"
 
 
 def cell_table(c: Cell) -> str:

@@ -2,6 +2,7 @@
 synthetic HDF5 runs whose every value is computed by hand."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -171,6 +172,11 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
     assert C.headline([slow, fast]) == \
         "**reproduced** in every deciding cell (bandwidth_mbps=0.4, rho=1)"
     assert C.headline([fast]).startswith("no cell is in the paper's regime")
+    # a deciding cell that neither reproduces nor refutes: "inconclusive", not "holds only
+    # where no deciding cell" (the pilot's report said that)
+    slow.decision = dataclasses.replace(slow.decision, verdict="inconclusive")
+    assert C.headline([slow, fast]) == \
+        "**inconclusive**: no deciding cell reproduces it (bandwidth_mbps=0.4, rho=1: inconclusive)"
 
     grid = C.crossover_map([slow, fast])
     assert grid.splitlines()[0] == "| bandwidth_mbps \\ rho | 1 |"
