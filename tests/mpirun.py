@@ -50,3 +50,14 @@ def run_mpirl(n: int, *args: str, timeout: float = 300, env: dict | None = None,
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+
+
+def read_h5(path) -> tuple[dict, dict]:
+    """Every dataset of an HDF5 file by its path, and the file's attributes."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        out = {}
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+        return out, dict(f.attrs)

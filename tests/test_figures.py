@@ -4,23 +4,14 @@ learner made, the progress line's link rate and the /link rows.  One real 2-site
 these checks."""
 import json
 
-import h5py
 import numpy as np
 import pytest
 
-from mpirun import run_mpirl
+from mpirun import read_h5 as read, run_mpirl
 
 WEIGHTS_EVERY = 5
 BETA0, BETA_STEPS = 0.4, 1000
 INFLIGHT = 2
-
-
-def read(path):
-    with h5py.File(path, "r") as f:
-        out = {}
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
-        return out, dict(f.attrs)
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,13 @@
 """The pipeline under real mpirun: experiences, priorities and weights move; every rank exits 0."""
 import json
 
-import h5py
 import numpy as np
 import pytest
 
-from mpirun import run_mpirl
+from mpirun import read_h5 as read, run_mpirl
 
 SHORT = ["--max-seconds", "12", "--progress-seconds", "2", "--target-return", "none",
          "--learning-starts", "200", "--flush-seconds", "1", "--hidden", "32", "32"]
-
-
-def read(path):
-    with h5py.File(path, "r") as f:
-        out = {}
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
-        return out, dict(f.attrs)
 
 
 @pytest.mark.parametrize("n, buffers, replay_at", [
