@@ -120,7 +120,12 @@ def fixed_window(update_numbers: np.ndarray, budget: int | None = None) -> tuple
     n = int(budget) if budget else (int(u.max()) if len(u) else 0)
     if n <= 0:
         return np.zeros(len(u), bool), 0
-    return (u >= -(-n // 2)) & (u <= n), n
+    return (u >= window_start(n)) & (u <= n), n
+
+
+def window_start(n: int) -> int:
+    """First update of the fixed window of a budget of ``n`` updates: ceil(n/2) (0 for none)."""
+    return -(-int(n) // 2) if n > 0 else 0
 
 
 def convergence(run: Run, **kw: Any) -> Convergence:
@@ -276,7 +281,7 @@ def budget_window_start(run: Run) -> int:
     if not n:
         upd = run.learner.stream("updates").get("update", np.zeros(0))
         n = int(upd[-1]) if len(upd) else 0
-    return int(n) // 2
+    return window_start(int(n))  # the same window as `fixed_window`
 
 
 def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
