@@ -21,7 +21,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-__all__ = ["ATTR_DOCS", "SUMMARY_DOCS", "describe_file", "describe_run"]
+__all__ = ["ATTR_DOCS", "SUMMARY_DOCS", "declared_tables", "describe_file", "describe_run",
+           "stream_table"]
 
 _COMMON = {
     "config_json": "the run's full config as JSON (every `python -m mpirl.main --help` option: "
@@ -147,17 +148,32 @@ def describe_file(path: str | Path, role: str) -> str:
             if not isinstance(g, h5py.Group):
                 continue
             fields = [_s(x) for x in g.attrs.get("fields", list(g.keys()))]
-            out += ["", f"**`/{name}`**: {_cell(_s(g.attrs.get('doc', '')))}", "",
-                    "| field | dtype | shape per row | units | meaning |", "|---|---|---|---|---|"]
-            for k in fields:
-                if k not in g:
-                    continue
-                d = g[k]
-                shape = "scalar" if d.shape[1:] == () else "×".join(map(str, d.shape[1:]))
-                out.append(f"| `{k}` | {d.dtype.str.lstrip('<>|=')} | {shape} | "
-                           f"{_cell(_s(d.attrs.get('units', ''))) or '-'} | "
-                           f"{_cell(_s(d.attrs.get('doc', '')))} |")
+            out += stream_table(name, _s(g.attrs.get("doc", "")), [
+                (k, g[k].dtype.str.lstrip("<>|="), g[k].shape[1:],
+                 _s(g[k].attrs.get("units", "")), _s(g[k].attrs.get("doc", "")))
+                for k in fields if k in g])
     return "\n".join(out) + "\n"
+
+
+def stream_table(name: str, doc: str, rows) -> list[str]:
+    """The markdown lines of one stream: ``rows`` of (field, dtype, per-row shape, units, doc)."""
+    out = ["", f"**`/{name}`**: {_cell(doc)}", "",
+           "| field | dtype | shape per row | units | meaning |", "|---|---|---|---|---|"]
+    for k, dtype, shape, units, doc_k in rows:
+        shape = "scalar" if tuple(shape) == () else "×".join(map(str, shape))
+        out.append(f"| `{k}` | {dtype} | {shape} | {_cell(units) or '-'} | {_cell(doc_k)} |")
+    return out
+
+
+def declared_tables(role: str) -> dict[str, str]:
+    """Each stream of ``role`` as `mpirl.schema` declares it (``t`` first, as the writer adds
+    it), rendered as `describe_file` renders the files: stream name -> markdown."""
+    from mpirl.logs import T_FIELD
+    from mpirl.schema import ROLES
+
+    return {s.name: "\n".join(stream_table(s.name, s.doc, [
+        (f.name, f.dtype, f.shape, f.unit, f.doc) for f in (T_FIELD, *s.fields)]))
+        for s in ROLES[role]}
 
 
 def describe_run(run_dir: str | Path) -> str:

@@ -73,7 +73,7 @@ def one(mode: str, seconds: float, eval_every: int, cfg, spec, data) -> dict:
     import torch
 
     from mpirl.evaluation import make_runner
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
 
     torch.set_num_threads(1)
     step = TrainStep(cfg, spec)

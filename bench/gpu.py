@@ -5,7 +5,7 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
                         [--cpu-threads 1] [--out FILE.md]
     python bench/gpu.py --dry-run        # CPU only, tiny counts: checks the paths (CI runs it)
 
-1. **Train step** -- the learner's own ``mpirl.learner.TrainStep`` in a loop on prepared batches
+1. **Train step** -- the learner's own ``mpirl.train_step.TrainStep`` in a loop on prepared batches
    of the form the learner receives (structured records; image batches as a frame table plus
    indices, stacked by the learner), for ``--seconds`` per point after a warm-up:
 
@@ -95,7 +95,7 @@ def train_rate(cfg, spec, batch: int, device: str, mode: str, seconds: float,
     """Updates/s of TrainStep on ``device``: mode 'serial' (step) or 'prefetch' (as the loop)."""
     import torch
 
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
 
     step = TrainStep(cfg, spec, device, amp)
     data = make_batches(cfg, spec, batch)

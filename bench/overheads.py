@@ -15,7 +15,7 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
 2. **learner** -- updates/s of the learner rank of the same job, learner the bottleneck (actors
    unthrottled, ``--replay-ratio 0``, as bench/link.py), with greedy evaluation off
    (``--eval-every`` 10**9: the reference does not evaluate either), against a loop of
-   ``mpirl.learner.TrainStep`` -- the learner's own train step, not a copy (same network,
+   ``mpirl.train_step.TrainStep`` -- the learner's own train step, not a copy (same network,
    batch size, Adam, gradient clip, target copy every ``target_update``) -- on batches of the same
    form the learner gets (structured records viewed out of a BATCH message).  Target >= 0.9.
    Evaluation's share is reported beside it, from a second run of the same job with the default
@@ -284,14 +284,14 @@ def ref_actor_mode(argv: list[str]) -> int:
 
 
 def ref_learner_mode(argv: list[str]) -> int:
-    """``_ref_learner CPU SECONDS``: mpirl.learner.TrainStep in a loop, one process."""
+    """``_ref_learner CPU SECONDS``: mpirl.train_step.TrainStep in a loop, one process."""
     pin(argv[0])
     seconds = float(argv[1])
     import numpy as np
     import torch
 
     from mpirl import envs as envs_mod
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
     from mpirl.qnet import param_count
     from mpirl.replay.build import make_replay, record_dtype
     from mpirl.wire import Tag, Wire

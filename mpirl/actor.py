@@ -1,19 +1,26 @@
 """Actor rank: steps gymnasium environments and sends n-step experiences to its site's buffer.
 
-Per loop turn: [comm] take what the buffer sent (weights, tokens, stop) without blocking;
-[algorithm] one batched greedy forward over this actor's envs, Ape-X epsilon per env, one step
-each, n-step accumulation; [comm] when a chunk is full and a token is free, compute the chunk's
-initial priorities with this actor's network copy and ``Isend`` it.
+`Actor.run` is the loop; each turn is a list of named steps, each a method:
+
+    receive      weights, tokens, checkpoint, stop from the buffer, without blocking (at most
+                 every POLL_S while tokens last): one handler per kind (``on_<kind>``)
+    held_back    no token and too much waiting (backpressure), or --actor-steps-per-s: wait
+    act          one batched greedy forward over this actor's envs, Ape-X epsilon per env
+    step_envs    one env step each, n-step accumulation, finished episodes
+    ship         when a chunk is full and a token is free: initial priorities with this
+                 actor's network copy, ``Isend`` to the buffer (`send_chunk`)
+    report       an /actor row per flush interval
+and after the loop ``hand_over``: the rest, the final checkpoint part, DONE, drain.
 
 Flow control (token control): an actor may have ``actor_credits`` experience messages that the
 buffer has not yet granted back.  Without a token it keeps stepping until ``4 * actor_chunk``
 transitions are waiting, then waits for a token (backpressure; the wait is counted as throttled
 time and the CPU goes to other ranks).
 
-Checkpoints: on CHECKPOINT the actor writes its part (counters, epsilons, RNG state and the
-transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it writes its
-final part before DONE.  Resumed, it continues those counters with fresh episodes (env states
-are not saved: the episodes in progress and their incomplete n-step windows are dropped).
+Checkpoints (`mpirl.cut`): on CHECKPOINT the actor writes its part (counters, epsilons, RNG
+state and the transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it
+writes its final part before DONE.  Resumed, it continues those counters with fresh episodes (env
+states are not saved: the episodes in progress and their incomplete n-step windows are dropped).
 
 Image observations (see mpirl.frames): every frame gets an id in this actor's ``FrameLog``; the
 n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
@@ -31,10 +38,10 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl import envs as envs_mod
-from mpirl import failure, seeds
+from mpirl import failure, schema, seeds
 from mpirl.checkpoint import restore_rng, rng_meta
 from mpirl.frames import FrameLog, stacks
-from mpirl.logs import Field, RunLog
+from mpirl.logs import RunLog
 from mpirl.nstep import NStep
 from mpirl.pacing import TokenBucket
 from mpirl.qnet import make_q
@@ -51,303 +58,369 @@ def epsilon(i: int, n: int, base: float, alpha: float) -> float:
     return base ** (1 + alpha * i / (n - 1)) if n > 1 else base
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None) -> None:
-    comm = topo.site
-    me = topo.place
-    m = cfg.envs_per_actor
-    n_total = topo.n_actors * m
-    fault = failure.FAULT
-    # a resumed run starts fresh episodes, seeded apart from those of earlier launches
-    seed = seeds.actor(cfg.seed, me.rank, m, None if resume is None else resume.id)
-    rng = np.random.default_rng(seed["exploration"])
-    envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
-            for s in seed["envs"]]
-    eps = np.array([epsilon(me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
-                    for j in range(m)])
-    nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
-    q = make_q(spec, cfg.hidden, cfg.dueling)
-    flog = FrameLog(spec.stack, spec.frame_shape) if spec.image else None
-    ids: list = [None] * m  # image runs: the current stack of frame ids per env
-    lives = np.zeros(m, np.int64)
-    episodic_life = cfg.episodic_life and spec.family == "atari"
+class Outgoing:
+    """Transitions made, not yet sent, as parallel lists (appending to lists is the cheapest per
+    env step).  ``boot`` holds, per transition, a one-element box for max_a Q(s', a): filled by
+    the next acting forward of its env (s' is the observation acted on next), so an image run
+    does not run the CNN twice over every state; boxes still NaN at send time (s' ended the
+    episode, or the chunk leaves before the next forward) are computed then."""
 
-    episodes = log.stream("episodes", [
-        Field("env", "i4", "", "env index within this actor"),
-        Field("ret", "f8", "reward", "undiscounted episode return"),
-        Field("length", "i8", "steps", "episode length"),
-        Field("epsilon", "f4", "", "exploration rate of this env"),
-    ], doc="episodes finished by this actor's envs")
-    progress = log.stream("actor", [
-        Field("env_steps", "i8", "steps", "env steps by this actor so far"),
-        Field("msgs_sent", "i8", "messages", "experience messages sent"),
-        Field("bytes_sent", "i8", "bytes", "experience bytes sent"),
-        Field("throttled_s", "f8", "s", "time spent waiting for a token (backpressure)"),
-        Field("paced_s", "f8", "s", "time spent sleeping to hold --actor-steps-per-s"),
-        Field("weights_version", "i8", "", "version of the weights in use"),
-    ], doc="actor counters, about once per flush")
-    log.set_attrs(epsilons=eps)
+    NAMES = ("obs", "act", "ret", "next", "disc", "qsa")
 
-    status = MPI.Status()
-    wbuf = np.empty(wire_nbytes_weights(wire), np.uint8)
-    sends: list = []  # (request, buffer) in flight
-    tokens = cfg.actor_credits
-    backoff = Backoff()
-    weights_version = -1
-    stop = False
-    env_steps = steps_reported = seq = msgs = nbytes = 0
-    throttled = 0.0
-    paced_before = 0.0  # pacing sleep of earlier launches (resumed runs)
-    pace = None  # --actor-steps-per-s: a token per env step, started with the first weights
+    def __init__(self):
+        self.obs, self.act, self.ret, self.next, self.disc, self.qsa = [], [], [], [], [], []
+        self.boot: list = []
 
-    def paced_s() -> float:
-        return paced_before + (pace.waited_s if pace is not None else 0.0)
-    done_episodes = 0
-    out_obs, out_act, out_ret, out_next, out_disc, out_qsa = [], [], [], [], [], []
-    # max_a Q(s', a) for each outgoing transition, in a one-element box: filled by the next acting
-    # forward of its env (s' is the observation acted on next), so an image run does not run the
-    # CNN twice over every state; boxes still NaN at send time (s' ended the episode, or the
-    # chunk leaves before the next forward) are computed then.
-    out_boot: list = []
-    waiting: list[list] = [[] for _ in range(m)]  # per env: boxes its next forward fills
-    returns_to_send: list[float] = []
-    final_ckpt = -1
-    outs = ("obs", "act", "ret", "next", "disc", "qsa")
+    def __len__(self) -> int:
+        return len(self.obs)
 
-    def save(ckpt_id: int) -> None:
-        """This actor's part of checkpoint ``ckpt_id``: everything needed to continue."""
-        k = len(out_obs)
-        lists = (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)
-        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(outs, lists)}
-        if flog is not None:  # image run: frame ids -> indices into a saved frame table
-            idx, arrays["out_frames"] = flog.pack(out_obs, out_next)
-            arrays["out_obs"], arrays["out_next"] = idx[:, :spec.stack], idx[:, spec.stack:]
-        else:
-            arrays["out_obs"] = np.asarray(out_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
-            arrays["out_next"] = np.asarray(out_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
-        arrays["returns_to_send"] = np.asarray(returns_to_send, np.float64)
-        ckpt.write(ckpt_id, {
-            "env_steps": env_steps, "steps_reported": steps_reported, "seq": seq, "msgs": msgs,
-            "bytes_sent": nbytes, "throttled_s": throttled, "episodes": done_episodes,
-            "paced_s": paced_s(),
-            "epsilons": eps.tolist(), "rng": rng_meta(rng)}, arrays)
+    def lists(self) -> tuple[list, ...]:
+        return self.obs, self.act, self.ret, self.next, self.disc, self.qsa
 
-    if resume is not None:
-        r = resume.meta
-        env_steps, steps_reported, seq = r["env_steps"], r["steps_reported"], r["seq"]
-        msgs, nbytes, throttled = r["msgs"], r["bytes_sent"], r["throttled_s"]
-        paced_before = r.get("paced_s", 0.0)
-        done_episodes = r["episodes"]
-        eps = np.asarray(r["epsilons"], np.float64)
-        restore_rng(rng, r["rng"])
-        for n, lst in zip(outs, (out_obs, out_act, out_ret, out_next, out_disc, out_qsa)):
-            lst.extend(resume.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
-                       else list(resume.arrays[f"out_{n}"]))
-        out_boot.extend([np.nan] for _ in out_obs)  # bootstraps computed when sent
-        if flog is not None:  # frame ids again, in this actor's new FrameLog
-            first = flog.adopt(resume.arrays["out_frames"])
-            out_obs[:] = [tuple(int(first + i) for i in row) for row in out_obs]
-            out_next[:] = [tuple(int(first + i) for i in row) for row in out_next]
-        returns_to_send.extend(resume.arrays["returns_to_send"].tolist())
-
-    def receive_all() -> None:
-        nonlocal tokens, weights_version, stop, final_ckpt
-        while True:
-            msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
-            if msg is None:
-                return
-            tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
-            buf = wbuf if (tag == Tag.WEIGHTS and n == wbuf.nbytes) else np.empty(n, np.uint8)
-            msg.Recv([buf, MPI.BYTE])
-            m_ = wire.unpack(buf, tag, f"buffer of site {me.site}")
-            if m_.kind == Tag.WEIGHTS:
-                q.load(m_.arrays["params"])
-                weights_version = m_.seq
-            elif m_.kind == Tag.CREDIT:
-                tokens += m_.count
-            elif m_.kind == Tag.STOP:
-                stop = True
-                final_ckpt = m_.seq
-            elif m_.kind == Tag.CHECKPOINT:  # snapshot between two steps, then acknowledge
-                save(m_.seq)
-                ack = wire.checkpoint(m_.seq, env_steps)
-                sends.append((comm.Isend([ack, MPI.BYTE], dest=BUFFER, tag=Tag.CHECKPOINT), ack))
-            else:
-                raise RuntimeError(f"actor rank {me.rank}: unexpected {m_.kind.name} from buffer")
-
-    def send_chunk(final: bool = False) -> None:
-        """Pack up to actor_chunk transitions with initial priorities; Isend to the buffer."""
-        nonlocal tokens, seq, msgs, nbytes, steps_reported
-        k = len(out_obs) if final else cfg.actor_chunk
-        if k == 0 and not returns_to_send and env_steps == steps_reported:
-            return
-        rec = np.empty(k, wire.record)
-        rec["action"] = out_act[:k]
-        rec["reward"] = out_ret[:k]
-        rec["discount"] = out_disc[:k]
-        table = None
-        if flog is not None:  # image run: each frame once, records index the table
-            rec["frames"], table = flog.pack(out_obs[:k], out_next[:k])
-            next_obs = stacks(rec, table, spec.stack)[1]
-        elif k:  # a final message may carry only returns and step counts
-            rec["obs"] = out_obs[:k]
-            rec["next_obs"] = out_next[:k]
-            next_obs = rec["next_obs"]
-        # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
-        bootstrap = np.array([b[0] for b in out_boot[:k]], np.float64)
-        todo = np.flatnonzero(np.isnan(bootstrap))
-        if todo.size:
-            bootstrap[todo] = q(next_obs[todo]).max(axis=1)
-        td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out_qsa[:k]))
-        buf = wire.experience(rec, td_abs, returns_to_send, env_steps - steps_reported, seq,
-                              frames=table)
-        if fault.action == "wire" and fault.due("wire"):  # test hook: a wrong wire version
-            buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
-        sends.append((comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=Tag.EXPERIENCE), buf))
-        for lst in (out_obs, out_act, out_ret, out_next, out_disc, out_qsa, out_boot):
+    def drop(self, k: int) -> None:
+        for lst in (*self.lists(), self.boot):
             del lst[:k]
-        if flog is not None:  # forget frames nothing pending refers to any more
-            pending = [i[0] for i in ids] + [o[0] for o in out_obs]
-            pending += [st[0][0] for ns in nsteps for st in ns._steps]
-            flog.prune(min(pending))
-        returns_to_send.clear()
-        steps_reported = env_steps
-        seq += 1
-        msgs += 1
-        nbytes += buf.nbytes
-        if not final:
-            tokens -= 1
 
-    # [comm] wait for the first weights so no env step is taken with an untrained zero network
-    while weights_version < 0 and not stop:
-        receive_all()
-        backoff.idle()
 
-    if cfg.actor_steps_per_s:  # P = actors x this, whatever the placement
-        pace = TokenBucket(cfg.actor_steps_per_s, take=m)
-    first = [e.reset(seed=s) for s, e in zip(seed["envs"], envs)]
-    obs = np.stack([o for o, _ in first])
-    for j, (o, info) in enumerate(first):
-        lives[j] = info.get("lives", 0)
-        if flog is not None:
-            ids[j] = flog.reset(o)
-    ep_ret = [0.0] * m  # Python numbers: numpy scalar arithmetic per env step costs more
-    ep_len = [0] * m
-    rows = np.arange(m)
-    first_step = True
-    next_row = time.monotonic() + cfg.flush_seconds
-    t_polled = 0.0
-    while not stop:
-        fault.check()
-        # [comm] tokens, weights, stop: never blocks; while tokens last, at most every
-        # POLL_S (an Improbe per 4-env turn was ~5% of the actor's time)
-        t_turn = time.monotonic()
-        if tokens <= 0 or t_turn - t_polled >= POLL_S:
-            receive_all()
-            t_polled = t_turn
-        if sends:
-            sends[:] = [(r, b) for r, b in sends if not r.Test()]
-        # [comm] backpressure: too much waiting and no token -> wait for the buffer
-        if len(out_obs) >= 4 * cfg.actor_chunk and tokens <= 0:
+class Actor:
+    """One actor rank's envs, network copy, counters and loop."""
+
+    def __init__(self, cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None):
+        self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
+        self.comm, self.me = topo.site, topo.place
+        m = self.m = cfg.envs_per_actor
+        # a resumed run starts fresh episodes, seeded apart from those of earlier launches
+        self.seed = seeds.actor(cfg.seed, self.me.rank, m, None if resume is None else resume.id)
+        self.rng = np.random.default_rng(self.seed["exploration"])
+        self.envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs,
+                                   wrappers=cfg.wrapper_specs()) for s in self.seed["envs"]]
+        n_total = topo.n_actors * m
+        self.eps = np.array([epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
+                             for j in range(m)])
+        self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
+        self.q = make_q(spec, cfg.hidden, cfg.dueling)
+        self.flog = FrameLog(spec.stack, spec.frame_shape) if spec.image else None
+        self.ids: list = [None] * m  # image runs: the current stack of frame ids per env
+        self.lives = np.zeros(m, np.int64)
+        self.episodic_life = cfg.episodic_life and spec.family == "atari"
+        self.logs = schema.open_streams(log, "actor")
+        log.set_attrs(epsilons=self.eps)
+        self.handlers = {Tag.WEIGHTS: self.on_weights, Tag.CREDIT: self.on_credit,
+                         Tag.STOP: self.on_stop, Tag.CHECKPOINT: self.on_checkpoint}
+        self.status = MPI.Status()
+        self.wbuf = np.empty(wire_nbytes_weights(wire), np.uint8)
+        self.sends: list = []  # (request, buffer) in flight
+        self.tokens = cfg.actor_credits
+        self.backoff = Backoff()
+        self.fault = failure.FAULT
+        self.weights_version = -1
+        self.stop = False
+        self.final_ckpt = -1
+        # counters (checkpointed)
+        self.env_steps = self.steps_reported = self.seq = self.msgs = self.nbytes = 0
+        self.throttled = 0.0
+        self.paced_before = 0.0  # pacing sleep of earlier launches (resumed runs)
+        self.done_episodes = 0
+        self.pace = None  # --actor-steps-per-s: a token per env step, from the first weights
+        self.out = Outgoing()
+        self.waiting: list[list] = [[] for _ in range(m)]  # per env: boxes its next forward fills
+        self.returns_to_send: list[float] = []
+        self.t_polled = 0.0
+        self.next_row = 0.0
+        if resume is not None:
+            self.restore(resume)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.wait_for_weights()
+        self.start_episodes()
+        while not self.stop:
+            self.fault.check()
+            now = time.monotonic()
+            self.receive(now)
+            if self.held_back(now):
+                continue
+            self.backoff.work()
+            actions, q_sa = self.act()
+            self.step_envs(actions, q_sa)
+            self.ship()
+            self.report()
+        self.hand_over()
+
+    def wait_for_weights(self) -> None:
+        """No env step is taken with an untrained zero network."""
+        while self.weights_version < 0 and not self.stop:
+            self.receive(time.monotonic(), force=True)
+            self.backoff.idle()
+
+    def start_episodes(self) -> None:
+        if self.cfg.actor_steps_per_s:  # P = actors x this, whatever the placement
+            self.pace = TokenBucket(self.cfg.actor_steps_per_s, take=self.m)
+        first = [e.reset(seed=s) for s, e in zip(self.seed["envs"], self.envs)]
+        self.obs = np.stack([o for o, _ in first])
+        for j, (o, info) in enumerate(first):
+            self.lives[j] = info.get("lives", 0)
+            if self.flog is not None:
+                self.ids[j] = self.flog.reset(o)
+        self.ep_ret = [0.0] * self.m  # Python numbers: numpy scalar arithmetic costs more
+        self.ep_len = [0] * self.m
+        self.rows = np.arange(self.m)
+        self.first_step = True
+        self.next_row = time.monotonic() + self.cfg.flush_seconds
+        self.t_polled = 0.0  # poll at once
+
+    # ---- receive: one handler per message kind ------------------------------------------------
+    def receive(self, now: float, force: bool = False) -> None:
+        """What the buffer sent, never blocking; while tokens last at most every POLL_S (an
+        Improbe per 4-env turn was ~5% of the actor's time).  Then the sends that completed."""
+        if force or self.tokens <= 0 or now - self.t_polled >= POLL_S:
+            self.t_polled = now
+            comm, status = self.comm, self.status
+            while (msg := comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)) is not None:
+                tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
+                buf = (self.wbuf if (tag == Tag.WEIGHTS and n == self.wbuf.nbytes)
+                       else np.empty(n, np.uint8))
+                msg.Recv([buf, MPI.BYTE])
+                m = self.wire.unpack(buf, tag, f"buffer of site {self.me.site}")
+                handler = self.handlers.get(m.kind)
+                if handler is None:
+                    raise RuntimeError(f"actor rank {self.me.rank}: unexpected {m.kind.name} from "
+                                       "buffer")
+                handler(m)
+        if self.sends:
+            self.sends[:] = [(r, b) for r, b in self.sends if not r.Test()]
+
+    def on_weights(self, m) -> None:
+        self.q.load(m.arrays["params"])
+        self.weights_version = m.seq
+
+    def on_credit(self, m) -> None:
+        self.tokens += m.count
+
+    def on_stop(self, m) -> None:
+        self.stop = True
+        self.final_ckpt = m.seq
+
+    def on_checkpoint(self, m) -> None:
+        """Snapshot between two steps, then acknowledge (`mpirl.cut`)."""
+        self.save(m.seq)
+        self.isend(self.wire.checkpoint(m.seq, self.env_steps), Tag.CHECKPOINT)
+
+    def isend(self, buf: np.ndarray, tag: Tag) -> None:
+        self.sends.append((self.comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=tag), buf))
+
+    # ---- wait when held back ------------------------------------------------------------------
+    def held_back(self, now: float) -> bool:
+        """Backpressure (too much waiting and no token: wait for the buffer, counted as
+        throttled) or pacing (one token per env step of this turn; without them sleep at most
+        the back-off ceiling, so stop and weights are still served).  True: skip this turn."""
+        if len(self.out) >= 4 * self.cfg.actor_chunk and self.tokens <= 0:
             t0 = time.monotonic()
-            backoff.idle()
-            throttled += time.monotonic() - t0
-            continue
-        # [pacing] one token per env step of this turn; without them, sleep (at most the
-        # back-off ceiling, so stop and weights are still served)
-        if pace is not None and not pace.try_take(t_turn):
-            pace.wait(backoff.ceiling)
-            continue
-        backoff.work()
-        # [algorithm] act: one batched forward, epsilon-greedy per env
-        qv = q(obs)
+            self.backoff.idle()
+            self.throttled += time.monotonic() - t0
+            return True
+        if self.pace is not None and not self.pace.try_take(now):
+            self.pace.wait(self.backoff.ceiling)
+            return True
+        return False
+
+    # ---- act and step -------------------------------------------------------------------------
+    def act(self) -> tuple[list, list]:
+        """One batched forward, epsilon-greedy per env; fills the boxes waiting for this
+        forward's max_a Q.  Returns (actions, Q(s, a)) as Python lists."""
+        qv = self.q(self.obs)
         best = qv.max(axis=1).tolist()  # one reduction for every env's waiting boxes
-        for j in range(m):
-            if waiting[j]:
-                for box in waiting[j]:
+        for j, boxes in enumerate(self.waiting):
+            if boxes:
+                for box in boxes:
                     box[0] = best[j]
-                waiting[j].clear()
+                boxes.clear()
         actions = qv.argmax(axis=1)
-        explore = rng.random(m) < eps
+        explore = self.rng.random(self.m) < self.eps
         if explore.any():  # (Generator.integers' size handling costs more than the draw)
-            actions[explore] = rng.integers(0, spec.n_actions, int(explore.sum()))
-        q_sa = qv[rows, actions].tolist()
-        actions = actions.tolist()
-        for j, env in enumerate(envs):
+            actions[explore] = self.rng.integers(0, self.spec.n_actions, int(explore.sum()))
+        return actions.tolist(), qv[self.rows, actions].tolist()
+
+    def step_envs(self, actions: list, q_sa: list) -> None:
+        """One step of every env: n-step transitions into the outgoing lists, finished
+        episodes logged and reset."""
+        flog, obs, out, ids = self.flog, self.obs, self.out, self.ids
+        ep_ret, ep_len, lives = self.ep_ret, self.ep_len, self.lives
+        nsteps, waiting = self.nsteps, self.waiting
+        clip, episodic_life = self.spec.clip_rewards, self.episodic_life
+        o_obs, o_act, o_ret, o_next, o_disc, o_qsa = out.lists()
+        o_boot = out.boot
+        for j, env in enumerate(self.envs):
             a = actions[j]
             nxt, r, term, trunc, info = env.step(a)
-            env_steps += 1
             ep_ret[j] += float(r)  # float64 sums whatever the env's reward type
             ep_len[j] += 1
-            if spec.clip_rewards:
+            if clip:
                 r = float(np.clip(r, -1.0, 1.0))
             life_lost = False
             if episodic_life:
                 life_lost = 0 < info.get("lives", 0) < lives[j]
                 lives[j] = info.get("lives", 0)
             if flog is not None:
-                s_ids, ids[j] = ids[j], flog.step(ids[j], nxt)
-                here, there = s_ids, ids[j]
+                here = ids[j]
+                there = ids[j] = flog.step(here, nxt)
             else:
                 here, there = obs[j].copy(), nxt
-            for t in nsteps[j].push(here, a, r, there, term or life_lost, trunc,
-                                    q_sa[j]):
-                out_obs.append(t[0])
-                out_act.append(t[1])
-                out_ret.append(t[2])
-                out_next.append(t[3])
-                out_disc.append(t[4])
-                out_qsa.append(t[5])
+            for t in nsteps[j].push(here, a, r, there, term or life_lost, trunc, q_sa[j]):
+                o_obs.append(t[0])
+                o_act.append(t[1])
+                o_ret.append(t[2])
+                o_next.append(t[3])
+                o_disc.append(t[4])
+                o_qsa.append(t[5])
                 box = [0.0 if t[4] == 0.0 else np.nan]
                 if t[4] != 0.0 and not (term or trunc):
                     waiting[j].append(box)  # s' = nxt, acted on at the next forward
-                out_boot.append(box)
+                o_boot.append(box)
             if term or trunc:
-                episodes.append(env=j, ret=ep_ret[j], length=ep_len[j], epsilon=eps[j])
-                returns_to_send.append(ep_ret[j])
-                done_episodes += 1
-                ep_ret[j], ep_len[j] = 0.0, 0
+                self.end_episode(j)
                 nxt, info = env.reset()
                 lives[j] = info.get("lives", 0)
                 if flog is not None:
                     ids[j] = flog.reset(nxt)
             obs[j] = nxt
-        if first_step:  # where start-up ends, on the wall clock (bench/overheads.py reads it)
-            log.set_attrs(first_step_unix=time.time())
-            first_step = False
-        # [comm] ship full chunks while tokens last
-        while len(out_obs) >= cfg.actor_chunk and tokens > 0:
-            send_chunk()
-        # [log] one /actor row per flush interval, on its own clock: an episode row that
-        # triggered the flush must not make this row skip a turn
-        now = time.monotonic()
-        if now >= next_row:
-            next_row = now + cfg.flush_seconds
-            progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
-                            throttled_s=throttled, weights_version=weights_version,
-                            paced_s=paced_s())
-        log.maybe_flush(now)
+        self.env_steps += len(actions)
+        if self.first_step:  # where start-up ends, on the wall clock (bench/overheads.py reads it)
+            self.log.set_attrs(first_step_unix=time.time())
+            self.first_step = False
 
-    # [comm] clean stop: ship what is left, say DONE, drain until the buffer's DONE comes back
-    send_chunk(final=True)
-    if final_ckpt >= 0:  # everything is sent: the part holds final counters only
-        save(final_ckpt)
-    done = wire.done(env_steps, done_episodes)
-    sends.append((comm.Isend([done, MPI.BYTE], dest=BUFFER, tag=Tag.DONE), done))
-    acked = False
-    while not acked or sends:
-        msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
-        if msg is not None:
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            msg.Recv([buf, MPI.BYTE])
-            acked = acked or status.Get_tag() == Tag.DONE
-            continue
-        sends[:] = [(r, b) for r, b in sends if not r.Test()]
-        backoff.idle()
-    progress.append(env_steps=env_steps, msgs_sent=msgs, bytes_sent=nbytes,
-                    throttled_s=throttled, weights_version=weights_version, paced_s=paced_s())
-    log.set_attrs(env_steps=env_steps, episodes=done_episodes)
-    for e in envs:
-        e.close()
+    def end_episode(self, j: int) -> None:
+        self.logs["episodes"].append(env=j, ret=self.ep_ret[j], length=self.ep_len[j],
+                                     epsilon=self.eps[j])
+        self.returns_to_send.append(self.ep_ret[j])
+        self.done_episodes += 1
+        self.ep_ret[j], self.ep_len[j] = 0.0, 0
+
+    # ---- ship ---------------------------------------------------------------------------------
+    def ship(self) -> None:
+        """Full chunks while tokens last."""
+        while len(self.out) >= self.cfg.actor_chunk and self.tokens > 0:
+            self.send_chunk()
+
+    def send_chunk(self, final: bool = False) -> None:
+        """Pack up to actor_chunk transitions with initial priorities; Isend to the buffer."""
+        spec, flog, out = self.spec, self.flog, self.out
+        k = len(out) if final else self.cfg.actor_chunk
+        if k == 0 and not self.returns_to_send and self.env_steps == self.steps_reported:
+            return
+        rec = np.empty(k, self.wire.record)
+        rec["action"] = out.act[:k]
+        rec["reward"] = out.ret[:k]
+        rec["discount"] = out.disc[:k]
+        table = None
+        if flog is not None:  # image run: each frame once, records index the table
+            rec["frames"], table = flog.pack(out.obs[:k], out.next[:k])
+            next_obs = stacks(rec, table, spec.stack)[1]
+        elif k:  # a final message may carry only returns and step counts
+            rec["obs"] = out.obs[:k]
+            rec["next_obs"] = out.next[:k]
+            next_obs = rec["next_obs"]
+        # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
+        bootstrap = np.array([b[0] for b in out.boot[:k]], np.float64)
+        todo = np.flatnonzero(np.isnan(bootstrap))
+        if todo.size:
+            bootstrap[todo] = self.q(next_obs[todo]).max(axis=1)
+        td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out.qsa[:k]))
+        buf = self.wire.experience(rec, td_abs, self.returns_to_send,
+                                   self.env_steps - self.steps_reported, self.seq, frames=table)
+        if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
+            buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
+        self.isend(buf, Tag.EXPERIENCE)
+        out.drop(k)
+        if flog is not None:  # forget frames nothing pending refers to any more
+            pending = [i[0] for i in self.ids] + [o[0] for o in out.obs]
+            pending += [st[0][0] for ns in self.nsteps for st in ns._steps]
+            flog.prune(min(pending))
+        self.returns_to_send.clear()
+        self.steps_reported = self.env_steps
+        self.seq += 1
+        self.msgs += 1
+        self.nbytes += buf.nbytes
+        if not final:
+            self.tokens -= 1
+
+    # ---- report -------------------------------------------------------------------------------
+    def paced_s(self) -> float:
+        return self.paced_before + (self.pace.waited_s if self.pace is not None else 0.0)
+
+    def report(self) -> None:
+        """One /actor row per flush interval, on its own clock: an episode row that triggered
+        the flush must not make this row skip a turn."""
+        now = time.monotonic()
+        if now >= self.next_row:
+            self.next_row = now + self.cfg.flush_seconds
+            self.actor_row()
+        self.log.maybe_flush(now)
+
+    def actor_row(self) -> None:
+        self.logs["actor"].append(env_steps=self.env_steps, msgs_sent=self.msgs,
+                                  bytes_sent=self.nbytes, throttled_s=self.throttled,
+                                  weights_version=self.weights_version, paced_s=self.paced_s())
+
+    # ---- checkpoint and stop ------------------------------------------------------------------
+    def save(self, ckpt_id: int) -> None:
+        """This actor's part of checkpoint ``ckpt_id``: everything needed to continue."""
+        spec, out = self.spec, self.out
+        k = len(out)
+        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, out.lists())}
+        if self.flog is not None:  # image run: frame ids -> indices into a saved frame table
+            idx, arrays["out_frames"] = self.flog.pack(out.obs, out.next)
+            arrays["out_obs"], arrays["out_next"] = idx[:, :spec.stack], idx[:, spec.stack:]
+        else:
+            arrays["out_obs"] = np.asarray(out.obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
+            arrays["out_next"] = np.asarray(out.next, spec.obs_dtype).reshape(k, *spec.obs_shape)
+        arrays["returns_to_send"] = np.asarray(self.returns_to_send, np.float64)
+        self.ckpt.write(ckpt_id, {
+            "env_steps": self.env_steps, "steps_reported": self.steps_reported, "seq": self.seq,
+            "msgs": self.msgs, "bytes_sent": self.nbytes, "throttled_s": self.throttled,
+            "episodes": self.done_episodes, "paced_s": self.paced_s(),
+            "epsilons": self.eps.tolist(), "rng": rng_meta(self.rng)}, arrays)
+
+    def restore(self, part) -> None:
+        r, out = part.meta, self.out
+        self.env_steps, self.steps_reported, self.seq = (r["env_steps"], r["steps_reported"],
+                                                         r["seq"])
+        self.msgs, self.nbytes, self.throttled = r["msgs"], r["bytes_sent"], r["throttled_s"]
+        self.paced_before = r.get("paced_s", 0.0)
+        self.done_episodes = r["episodes"]
+        self.eps = np.asarray(r["epsilons"], np.float64)
+        restore_rng(self.rng, r["rng"])
+        for n, lst in zip(Outgoing.NAMES, out.lists()):
+            lst.extend(part.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
+                       else list(part.arrays[f"out_{n}"]))
+        out.boot.extend([np.nan] for _ in out.obs)  # bootstraps computed when sent
+        if self.flog is not None:  # frame ids again, in this actor's new FrameLog
+            first = self.flog.adopt(part.arrays["out_frames"])
+            out.obs[:] = [tuple(int(first + i) for i in row) for row in out.obs]
+            out.next[:] = [tuple(int(first + i) for i in row) for row in out.next]
+        self.returns_to_send.extend(part.arrays["returns_to_send"].tolist())
+
+    def hand_over(self) -> None:
+        """Clean stop: ship what is left, the final part, DONE; drain until the buffer's DONE
+        comes back."""
+        self.send_chunk(final=True)
+        if self.final_ckpt >= 0:  # everything is sent: the part holds final counters only
+            self.save(self.final_ckpt)
+        self.isend(self.wire.done(self.env_steps, self.done_episodes), Tag.DONE)
+        comm, status, acked = self.comm, self.status, False
+        while not acked or self.sends:
+            msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
+            if msg is not None:
+                buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                msg.Recv([buf, MPI.BYTE])
+                acked = acked or status.Get_tag() == Tag.DONE
+                continue
+            self.sends[:] = [(r, b) for r, b in self.sends if not r.Test()]
+            self.backoff.idle()
+        self.actor_row()
+        self.log.set_attrs(env_steps=self.env_steps, episodes=self.done_episodes)
+        for e in self.envs:
+            e.close()
 
 
 def wire_nbytes_weights(wire: Wire) -> int:

@@ -19,9 +19,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from mpirl.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the value and the fix."""
+__all__ = ["Config", "ConfigError", "build_parser", "parse", "resume_dir", "to_dict"]
 
 
 def _f(default, help: str, **kw):

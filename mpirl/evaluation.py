@@ -2,7 +2,7 @@
 
 The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an evaluation runner and
 keeps training; it polls for the result once per loop turn and handles it in one place
-(``learner.run``'s ``evaluated``).  At most one evaluation is in flight: one that is due while
+(``Learner.evaluated``).  At most one evaluation is in flight: one that is due while
 another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
 ``seed + 7919 k + i`` (mpirl.envs.Evaluator), whichever runner plays it.
 

@@ -1,223 +1,48 @@
 """Learner rank (the cloud): trains the DQN and decides when the run stops.
 
-Per loop turn: [link] take what every buffer sent (batches or forwarded experiences, stats,
-done); [algorithm] one update when there is data: double DQN, Huber loss weighted by importance
-weights, gradient clipping, target copy every ``target_update`` updates; [link] the batch's
-priority update back to its buffer (replay_at=buffer), tokens for more forwarded experiences
-(replay_at=learner, paced so the learner samples ``replay_ratio`` transitions per insert),
-weights to every buffer every ``weights_every`` updates; greedy evaluation every ``eval_every``
-updates; the stop decision (target return, env-step, update or time budget) and a progress line.
+`Learner.run` is the loop; each turn is a list of named steps, each a method:
+
+    receive        take what every buffer sent; one handler per message kind (``on_<kind>``)
+    checkpoint     advance the consistent cut (`mpirl.cut.Cut`): start one, write when complete
+    grant_tokens   replay_at=learner: tokens for more forwarded experiences (rate limiter)
+    train          one double-DQN update (`mpirl.train_step.TrainStep`) on the next batch, its
+                   priorities back to the buffer (replay_at=buffer) or into the memory here
+    evaluate       greedy evaluation off the update loop (``--evaluator``); the best weights
+    decide_stop    target return, env-step / update / time budget, SIGTERM
+    send_stop      STOP to every buffer, once, after any checkpoint in progress
+    report         the progress line and /progress, /link rows
+    wait           yield the core when the turn did nothing
 
 Stop protocol: the learner sends STOP to every buffer and keeps serving the link until each
 buffer answers DONE (it has collected DONE from its actors and handed everything over), then
 acknowledges with DONE.  No rank is left waiting; every file is closed.
 
-Checkpoints (``checkpoint_seconds``, and always at a clean stop): the learner sends CHECKPOINT
-to every buffer, holds each buffer's later messages once it has acknowledged (its part is on
-disk), and when all have, writes its own part (networks, optimizer, counters, RNG states, the
-replay memory at the learner) and the manifest last.  A stop waits for a checkpoint in progress;
-STOP then carries the id of a final checkpoint that every rank writes before its DONE.
+Checkpoints (``checkpoint_seconds``, and always at a clean stop): see `mpirl.cut`.  The learner's
+part holds the networks, optimizer, counters, RNG states and the replay memory at the learner;
+the manifest is written last.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import deque
 
 import numpy as np
 
-from mpirl import best_model, failure, seeds
+from mpirl import best_model, failure, schema, seeds
 from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
+from mpirl.cut import Cut
 from mpirl.evaluation import make_runner
-from mpirl.frames import stacks
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
-from mpirl.logs import Field, RunLog
+from mpirl.logs import RunLog
 from mpirl.pacing import TokenBucket
-from mpirl.qnet import make_learner_q
 from mpirl.replay.build import beta_at, make_replay
+from mpirl.train_step import TrainStep
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
-
-def _batch_tensors(torch, records, frames=None, stack: int = 1):
-    """Structured records (possibly an unaligned view of a message) -> torch tensors.
-
-    Image runs: ``obs`` / ``next_obs`` are rebuilt from the frame table and stay uint8 (the
-    network casts and scales them)."""
-    if frames is not None:
-        obs, nxt = (torch.from_numpy(x) for x in stacks(records, frames, stack))
-    else:
-        obs = torch.from_numpy(np.ascontiguousarray(records["obs"], np.float32))
-        nxt = torch.from_numpy(np.ascontiguousarray(records["next_obs"], np.float32))
-    return (obs,
-            torch.from_numpy(np.ascontiguousarray(records["action"], np.int64)),
-            torch.from_numpy(np.ascontiguousarray(records["reward"], np.float32)),
-            nxt,
-            torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
-
-
-class Pending:
-    """An update launched on the device: ``result()`` waits for it and returns ``(loss, |td|)``.
-
-    On CUDA the loss and |td| come back in one non-blocking copy into pinned memory (one
-    device -> host transfer per batch), so the host is free between ``launch`` and ``result``;
-    on CPU the update has already run."""
-
-    __slots__ = ("_event", "_out")
-
-    def __init__(self, out, event=None):
-        self._out, self._event = out, event
-
-    def result(self) -> tuple[float, np.ndarray]:
-        if self._event is not None:
-            self._event.synchronize()
-        out = self._out.numpy()
-        return float(out[0]), out[1:].copy()
-
-
-class TrainStep:
-    """The learner's train step, callable on its own (no MPI, no logging; bench/overheads.py
-    and bench/gpu.py time it standalone): the online and target networks on ``device``, Adam,
-    and one update on a batch.
-
-    ``step(records, weights, frames)`` is one double-DQN update (Huber loss weighted by the
-    importance weights, gradient clipping) and returns ``(loss, |td| per sample)``; it counts
-    updates (``updates``; a resumed learner sets it) and copies the online network into the
-    target after every ``target_update``-th.  It is
-    ``put`` (host arrays -> device tensors: on CUDA through pinned staging buffers with
-    non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
-    calls them apart to put the next batch on its way while the current one trains."""
-
-    def __init__(self, cfg, spec, device="cpu", amp: str = "off"):
-        import torch
-
-        from mpirl.dqn import Adam, dqn_loss
-
-        self.torch, self.loss_fn = torch, dqn_loss
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.amp = amp == "bf16" and self.cuda
-        self.spec, self.huber_delta, self.grad_clip = spec, cfg.huber_delta, cfg.grad_clip
-        self.online = make_learner_q(spec, cfg.hidden, cfg.dueling).to(self.device)
-        self.target = copy.deepcopy(self.online)
-        self.params = list(self.online.parameters())
-        self.opt = Adam(self.params, lr=cfg.lr)  # torch's kernel, no dynamo import
-        self.target_update, self.updates = cfg.target_update, 0
-        # CUDA: two sets of pinned host buffers, used in turn, each with the event of its last
-        # host -> device copy (a set is rewritten only once that copy is done)
-        self._staging = [({}, None), ({}, None)]
-        self._turn = 0
-        self._out = None  # pinned buffer for loss + |td| coming back
-
-    def state_dict_of(self, flat: np.ndarray) -> dict:
-        """The online network's state_dict (on the host) with ``flat`` (``flat_params`` order)
-        as its parameters: the weights an evaluation played, taken some updates ago."""
-        import torch
-
-        out = {k: v.detach().cpu().clone() for k, v in self.online.state_dict().items()}
-        off = 0
-        for name, p in self.online.named_parameters():
-            n = p.numel()
-            out[name] = torch.from_numpy(np.array(flat[off: off + n], np.float32)).view(p.shape)
-            off += n
-        if off != len(flat):
-            raise ValueError(f"{len(flat)} weights for a network of {off} parameters")
-        return out
-
-    def put(self, records, weights, frames=None) -> tuple:
-        """A batch on the device: (obs, action, reward, next_obs, discount, weights)."""
-        torch = self.torch
-        if not self.cuda:
-            return (*_batch_tensors(torch, records, frames, self.spec.stack),
-                    torch.from_numpy(np.ascontiguousarray(weights, np.float32)))
-        if frames is not None:
-            obs, nxt = stacks(records, frames, self.spec.stack)
-        else:
-            obs, nxt = records["obs"], records["next_obs"]
-        host = ((obs, np.uint8 if frames is not None else np.float32),
-                (records["action"], np.int64), (records["reward"], np.float32),
-                (nxt, np.uint8 if frames is not None else np.float32),
-                (records["discount"], np.float32), (weights, np.float32))
-        bufs, event = self._staging[self._turn]
-        if event is not None:
-            event.synchronize()
-        out = []
-        for i, (x, dt) in enumerate(host):
-            b = bufs.get(i)
-            if b is None or tuple(b.shape) != tuple(np.shape(x)):
-                b = bufs[i] = torch.empty(np.shape(x), dtype=_TORCH_DTYPES[dt](torch),
-                                          pin_memory=True)
-            b.numpy()[...] = x  # gathers the field out of the records and casts, in one pass
-            out.append(b.to(self.device, non_blocking=True))
-        event = torch.cuda.Event()
-        event.record()
-        self._staging[self._turn] = (bufs, event)
-        self._turn ^= 1
-        return tuple(out)
-
-    def _loss(self, batch):
-        obs, act, rew, nxt, disc, w = batch
-        if not self.amp:  # (constructing an autocast context costs microseconds per update)
-            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
-                                self.huber_delta)
-        with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
-            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
-                                self.huber_delta)
-
-    def launch(self, batch) -> Pending:
-        """Queue one update on ``batch`` (from ``put``); on CPU it runs now.  One update in
-        flight at a time: take its ``result()`` before the next ``launch``."""
-        loss, td = self._loss(batch)
-        self.opt.zero_grad()
-        loss.backward()
-        if self.grad_clip > 0:
-            self._clip()
-        self.opt.step()
-        self.updates += 1
-        if self.updates % self.target_update == 0:
-            self.sync_target()
-        return self._back(loss.detach(), td)
-
-    def _clip(self) -> None:
-        """torch.nn.utils.clip_grad_norm_'s foreach path without its wrappers (with them it was
-        0.58 of a 2.95 ms CPU update in the learner's profile, now 0.15): scale every gradient
-        by min(1, clip / (total norm + 1e-6))."""
-        torch = self.torch
-        grads = [p.grad for p in self.params if p.grad is not None]
-        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        torch._foreach_mul_(grads, torch.clamp(self.grad_clip / (total + 1e-6), max=1.0))
-
-    def _back(self, loss, td) -> Pending:
-        torch = self.torch
-        if not self.cuda:
-            return Pending(torch.cat([loss.view(1), td]))
-        both = torch.cat([loss.float().view(1), td.float()])
-        if self._out is None or self._out.numel() != both.numel():
-            self._out = torch.empty(both.numel(), dtype=torch.float32, pin_memory=True)
-        self._out.copy_(both, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return Pending(self._out, event)
-
-    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
-        return self.launch(self.put(records, weights, frames)).result()
-
-    def td(self, records, frames=None) -> np.ndarray:
-        """|td| of transitions under the current networks, no update (arrival priorities)."""
-        torch = self.torch
-        batch = self.put(records, np.ones(len(records), np.float32), frames)
-        with torch.no_grad():
-            _, td = self._loss(batch)
-        return td.float().cpu().numpy()
-
-    def sync_target(self) -> None:
-        self.target.load_state_dict(self.online.state_dict())
-
-
-_TORCH_DTYPES = {np.float32: lambda t: t.float32, np.int64: lambda t: t.int64,
-                 np.uint8: lambda t: t.uint8}
+__all__ = ["CKPT_TIMEOUT_S", "Learner", "Site", "TrainStep", "checkpoint_timeout_s"]
 
 
 def _mean(x: np.ndarray) -> float:
@@ -256,511 +81,549 @@ def checkpoint_timeout_s(cfg, spec) -> float:
     return CKPT_TIMEOUT_S + write_allowance_s(replay_footprint(cfg, spec))
 
 
-def run(cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None, ckpt=None,
-        resume=None, refset: tuple[str, str] | None = None) -> dict:
-    import torch
+class Site:
+    """What the learner keeps per buffer (one edge site), ``rank`` its link rank."""
 
-    torch.set_num_threads(cfg.torch_threads)
-    seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
-    torch.manual_seed(seed["torch"])
-    profile = resolve_profile(cfg)
-    buffers = list(range(1, topo.link.Get_size()))  # link ranks of the buffers
-    links = {b: LinkEnd(topo.link, b, profile, seed=seed["link"][b - 1]) for b in buffers}
-    dev = device_mod.resolve(cfg.device, torch)
-    dev_info = device_mod.describe(dev, torch)
-    log.set_attrs(**dev_info)
-    say(device_mod.banner(dev_info, cfg.amp))
-    trainer = TrainStep(cfg, spec, dev, cfg.amp)
-    online, target, opt = trainer.online, trainer.target, trainer.opt
-    at_learner = cfg.replay_at == "learner"
-    memory = make_replay(cfg, spec, wire.record, seed=seed["replay"]) if at_learner else None
-    image = spec.image
-    target_return = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
-    if target_return is not None and not np.isfinite(target_return):
-        target_return = None  # --target-return none
-    log.set_attrs(target_return=target_return)
+    def __init__(self, rank: int, link: LinkEnd, weight: float):
+        self.rank, self.index, self.link, self.weight = rank, rank - 1, link, weight
+        self.steps = 0  # env steps of its actors, as last reported
+        self.ready: deque = deque()  # replay_at=buffer: (BATCH, bytes, arrival) not yet trained
+        self.max_weight = 0.0  # its memory's max importance weight, as last reported
+        self.served = 0  # batches trained (replay_at=buffer) / transitions inserted (learner)
+        self.owed = 0  # replay_at=learner: forward tokens to give back
+        self.done = False  # it sent DONE: nothing more is posted to it
 
-    upd_log = log.stream("updates", [
-        Field("update", "i8", "", "update number"),
-        Field("loss", "f4", "", "weighted Huber loss of the update"),
-        Field("td_abs_mean", "f4", "", "mean |td| of the batch"),
-        Field("beta", "f4", "", "importance-weight exponent used"),
-    ], doc="one row per learner update")
-    xfer_log = log.stream("transfers", [
-        Field("buffer", "i4", "", "site of the buffer that sent it"),
-        Field("update", "i8", "", "learner updates so far when it was used / arrived"),
-        Field("kind", "i4", "", "5 = sampled batch (replay_at=buffer), 4 = forwarded experiences "
-              "(replay_at=learner)"),
-        Field("n", "i8", "transitions", "experiences in the message"),
-        Field("nbytes", "i8", "bytes", "message size on the link"),
-        Field("raw_nbytes", "i8", "bytes", "message size before compression (= nbytes when it "
-              "was not compressed)"),
-        Field("priority_mean", "f4", "", "mean priority the sender held for them: p=(|td|+eps)"
-              "^alpha from the buffer's memory, or from the actors' initial |td|"),
-        Field("priority_median", "f4", "", "median of those priorities (all n)"),
-        Field("priority_p90", "f4", "", "90th percentile of those priorities (all n; numpy's "
-              "linear interpolation)"),
-        Field("arrival_td_mean", "f4", "", "mean |td| under the learner's network on arrival, "
-              "over a random subsample of min(n, --arrival-sample) of them (NaN with 0)"),
-        Field("arrival_priority_mean", "f4", "", "mean (|td|+eps)^alpha of the same subsample"),
-        Field("arrival_n", "i4", "transitions", "size of that subsample"),
-        Field("window", "i4", "batches", "the sending buffer's in-flight window when it sent "
-              "the batch (replay_at=buffer; 0 for forwarded experiences)"),
-    ], doc="every message of experiences that crossed the link toward the learner")
-    eval_log = log.stream("evals", [
-        Field("update", "i8", "", "learner updates so far"),
-        Field("env_steps", "i8", "steps", "env steps of all actors so far"),
-        Field("ret_mean", "f8", "reward", "greedy evaluation mean return"),
-        Field("ret_std", "f8", "reward", "std of the evaluation returns"),
-        Field("ret_min", "f8", "reward", "worst evaluation return"),
-        Field("eval_s", "f8", "s", "wall time the evaluation ran (in the --evaluator runner)"),
-        Field("lag_updates", "i8", "", "updates trained between taking the weights (update) "
-              "and handling the result (t)"),
-        Field("reference_loss", "f8", "", "unweighted Huber TD loss of the evaluated weights "
-              "(their own target) on the --reference-set (NaN without one)"),
-        Field("reference_td_abs_mean", "f8", "", "mean |td| on the --reference-set"),
-    ], doc="greedy evaluations (eval_episodes episodes each), one row per finished evaluation")
-    prog_log = log.stream("progress", [
-        Field("env_steps", "i8", "steps", "env steps of all actors"),
-        Field("updates", "i8", "", "learner updates"),
-        Field("env_steps_per_s", "f8", "steps/s", "over the last interval"),
-        Field("updates_per_s", "f8", "1/s", "over the last interval"),
-        Field("recent_return", "f8", "reward", "mean of the actors' last 100 episode returns"),
-        Field("loss", "f8", "", "mean loss over the interval"),
-        Field("busy_fraction", "f4", "", "time training / wall time over the interval"),
-        Field("link_bytes_per_s", "f8", "bytes/s", "both directions, all buffers"),
-        Field("interval_s", "f8", "s", "length of the interval the rates are over"),
-        Field("rho", "f8", "", "samples per produced transition over the interval: updates x "
-              "batch_size / env steps (what --learner-updates-per-s and --actor-steps-per-s "
-              "set; NaN when no env steps were reported)"),
-        Field("delivered_fraction", "f8", "", "replay_at=learner: transitions inserted into "
-              "the learner's memory / env steps produced, over the interval (< 1: the link or "
-              "--forward-overflow drop-oldest lost some; NaN for replay_at=buffer)"),
-        Field("capped_s", "f8", "s", "time a batch was ready but --learner-updates-per-s held "
-              "the update back, over the interval (the cap, not the data, set the pace)"),
-    ], doc="one row per progress interval")
-    link_log = log.stream("link", [
-        Field("buffer", "i4", "", "site"),
-        Field("bytes_in", "i8", "bytes", "bytes received from the buffer in the interval"),
-        Field("msgs_in", "i8", "messages", "messages received from the buffer"),
-        Field("bytes_out", "i8", "bytes", "bytes sent to the buffer"),
-        Field("msgs_out", "i8", "messages", "messages sent to the buffer"),
-        Field("queue_s", "f8", "s", "summed time messages waited for the modelled bandwidth"),
-        Field("interval_s", "f8", "s", "length of the interval"),
-        Field("utilization", "f4", "", "fraction of the interval the learner->buffer side was "
-              "busy at the modelled bandwidth (0 without emulation)"),
-    ], doc="the learner's side of each long-haul link, one row per buffer per interval")
+    def share(self) -> float:
+        """How far it is behind its --site-weights share: the smallest goes next."""
+        return self.served / self.weight
 
-    def next_batch():
-        """The next batch, picked and put on its way to the device: (source, device batch),
-        or None.  Source: the sample (replay_at=learner) or (site, BATCH message, bytes,
-        arrival time)."""
-        nonlocal sampled, busy
-        if at_learner:
+
+class Learner:
+    """The learner rank's state and loop; ``run()`` returns the run's summary (summary.json)."""
+
+    def __init__(self, cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None,
+                 ckpt=None, resume=None, refset: tuple[str, str] | None = None):
+        import torch
+
+        self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
+        self.say, self.stop_signal, self.ckpt, self.resume = say, stop_signal, ckpt, resume
+        self.refset, self.torch = refset, torch
+        torch.set_num_threads(cfg.torch_threads)
+        self.seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
+        torch.manual_seed(self.seed["torch"])
+        profile = resolve_profile(cfg)
+        self.sites = {b: Site(b, LinkEnd(topo.link, b, profile, seed=self.seed["link"][b - 1]),
+                              cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
+                      for b in range(1, topo.link.Get_size())}
+        dev = device_mod.resolve(cfg.device, torch)
+        dev_info = device_mod.describe(dev, torch)
+        log.set_attrs(**dev_info)
+        say(device_mod.banner(dev_info, cfg.amp))
+        self.trainer = TrainStep(cfg, spec, dev, cfg.amp)
+        self.at_learner = cfg.replay_at == "learner"
+        self.memory = (make_replay(cfg, spec, wire.record, seed=self.seed["replay"])
+                       if self.at_learner else None)
+        target = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
+        self.target_return = target if target is not None and np.isfinite(target) else None
+        log.set_attrs(target_return=self.target_return)
+        self.logs = schema.open_streams(log, "learner")
+        self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
+                         Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
+                         Tag.CHECKPOINT: self.on_checkpoint}
+        self.arrival_rng = np.random.default_rng(self.seed["replay"] + 1)
+        self.backoff = Backoff()
+        self.fault = failure.FAULT
+        # counters (a checkpoint's part; `restore` sets them on --resume)
+        self.updates = 0
+        self.weights_version = -1
+        self.inserted = self.sampled = 0
+        self.eval_round = 0
+        self.last_eval = -np.inf
+        self.best_eval = -np.inf
+        self.elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
+        self.to_target: dict = {}
+        # the loop's state
+        self.flat = (-1, None)  # (updates, flat weights) of the last broadcast
+        self.staged = None  # the next batch, already on its way to the device
+        self.beta = cfg.beta
+        self.busy = 0.0  # seconds spent on updates
+        self.loss_sum, self.loss_n = 0.0, 0  # over the progress interval
+        self.recent = deque(maxlen=100)  # the actors' last episode returns
+        self.stop_reason = None
+        self.stop_sent = False
+        self.final_ckpt = -1
+        self.step_s = None  # smoothed seconds per update, reported with the priorities
+        self.change = cfg.link_change_at()
+        # --learner-updates-per-s: a token per update (started with the loop, after start-up)
+        self.cap = TokenBucket(cfg.learner_updates_per_s) if cfg.learner_updates_per_s else None
+        self.capped_s = 0.0  # time a batch was staged but the cap held it
+        self.t_turn = None  # start of the last turn the cap held an update
+        self.t_start = time.monotonic()
+        self.t_prog = self.t_link = self.t_start
+        log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
+        self.prog = {"steps": 0, "updates": 0, "inserted": 0, "capped": 0.0, "busy": 0.0,
+                     "link": 0}  # the totals at the last progress row
+        self.cut = Cut(ckpt, self.sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec),
+                       self.t_start)
+        self.part_names = [part_name(p.role, p.site, p.rank) for p in topo.places]
+        self.eval_runner = None
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.start()
+        while self.serving():
+            now = time.monotonic()
+            self.fault.check(now)
+            did = self.receive(now)
+            did |= self.checkpoint(now)
+            self.grant_tokens(now)
+            self.change_link(now)
+            if self.stop_reason is None:
+                did |= self.train(now)
+                self.evaluate()
+                self.decide_stop(now)
+            self.send_stop(now)
+            self.report(now)
+            self.wait(did)
+        return self.finish()
+
+    def serving(self) -> bool:
+        """Until every buffer has said DONE and the link has delivered what is queued."""
+        return (not all(s.done for s in self.sites.values())
+                or any(s.link.backlog for s in self.sites.values()))
+
+    @property
+    def env_steps(self) -> int:
+        return sum(s.steps for s in self.sites.values())
+
+    def start(self) -> None:
+        """Continue a checkpoint (--resume), send the first weights (and tokens), then start the
+        evaluation runner (after the first weights: off start-up)."""
+        if self.resume is not None:
+            self.restore(self.resume)
+        self.prog.update(steps=self.env_steps, updates=self.updates, inserted=self.inserted)
+        self.send_weights()
+        if self.at_learner:
+            for s in self.sites.values():
+                s.link.post(self.wire.credit(self.cfg.forward_credits), Tag.CREDIT)
+        self.eval_runner = make_runner(self.cfg.evaluator, self.cfg, self.spec, self.refset)
+
+    # ---- receive: one handler per message kind ------------------------------------------------
+    def receive(self, now: float) -> bool:
+        did = False
+        for b, site in self.sites.items():
+            site.link.poll(now)
+            if self.cut.holds(b):
+                continue  # its snapshot is taken: what it sent after waits for ours
+            msgs = self.cut.unpark(b) + site.link.receive(now)
+            for i, (tag, buf) in enumerate(msgs):
+                did = True
+                m = self.wire.unpack(buf, tag, f"buffer {b - 1}")
+                handler = self.handlers.get(m.kind)
+                if handler is None:
+                    raise RuntimeError(f"learner: unexpected {m.kind.name} from buffer {b - 1}")
+                handler(site, m, buf, now)
+                if self.cut.holds(b):  # that was its acknowledgement
+                    self.cut.park(b, msgs[i + 1:])
+                    break
+        return did
+
+    def on_batch(self, site: Site, m, buf, now: float) -> None:
+        """replay_at=buffer: a sampled batch, trained in fair order (`next_batch`)."""
+        site.max_weight = m.b
+        if self.stop_reason is None:
+            site.ready.append((m, buf.nbytes, now))
+
+    def on_forward(self, site: Site, m, buf, now: float) -> None:
+        """replay_at=learner: forwarded experiences into the memory here; a token is owed."""
+        cfg, records, frames = self.cfg, m.arrays["records"], m.arrays.get("frames")
+        pr = (m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha
+        self.logs["transfers"].append(
+            buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
+            nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=_mean(pr),
+            **_spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+        self.memory.add(records, m.arrays["td_abs"], frames)
+        self.inserted += m.count
+        site.served += m.count
+        site.owed += 1
+
+    def on_stats(self, site: Site, m, buf, now: float) -> None:
+        site.steps = int(m.a)
+        self.recent.extend(m.arrays["returns"].tolist())
+
+    def on_done(self, site: Site, m, buf, now: float) -> None:
+        site.steps = int(m.a)
+        site.done = True
+        site.link.post(self.wire.done(0, 0), Tag.DONE)
+
+    def on_checkpoint(self, site: Site, m, buf, now: float) -> None:
+        """A buffer's acknowledgement: its part (and its actors') is on disk."""
+        if not self.cut.acknowledge(site.rank, m.seq, int(m.a)):
+            raise RuntimeError(f"learner: unexpected CHECKPOINT {m.seq} from buffer {site.index}")
+        site.steps = int(m.a)
+
+    # ---- checkpoint ---------------------------------------------------------------------------
+    def checkpoint(self, now: float) -> bool:
+        """Write the learner's part and the manifest once every buffer has acknowledged; start a
+        periodic checkpoint when one is due."""
+        cut = self.cut
+        if cut.complete:
+            t_acks = time.monotonic()
+            self.save(cut.id, "periodic")
+            self.say(f"mpirl: checkpoint {cut.id} written in {time.monotonic() - cut.t0:.2f} s "
+                     f"(every part acknowledged after {t_acks - cut.t0:.2f} s; "
+                     f"{self.updates:,} updates, {self.env_steps:,} env steps)")
+            cut.end(time.monotonic())
+            return True
+        if (err := cut.overdue(now)) is not None:
+            raise RuntimeError(err)
+        if cut.due(now, stopping=self.stop_reason is not None):
+            cid = cut.begin(now)
+            for s in self.sites.values():
+                s.link.post(self.wire.checkpoint(cid), Tag.CHECKPOINT, now)
+        return False
+
+    def save(self, cid: int, reason: str) -> None:
+        """The learner's part of checkpoint ``cid``, then the manifest (last)."""
+        sites = self.sites.values()
+        meta = {"updates": self.updates, "weights_version": self.weights_version,
+                "inserted": self.inserted, "sampled": self.sampled,
+                "served": {str(s.index): s.served for s in sites},
+                "site_steps": {str(s.index): s.steps for s in sites},
+                "best_eval": self.best_eval, "last_eval": self.last_eval,
+                "eval_round": self.eval_round, "beta": self.beta,
+                "wall_s_total": self.elapsed_before + time.monotonic() - self.t_start,
+                "to_target": self.to_target,
+                "online_sha256": params_sha256(self.trainer.online.state_dict()),
+                "target_sha256": params_sha256(self.trainer.target.state_dict())}
+        arrays = None
+        if self.memory is not None:
+            arrays, meta["replay"] = memory_state(self.memory)
+        t = self.trainer
+        self.ckpt.write(cid, meta, arrays, {
+            "online": t.online.state_dict(), "target": t.target.state_dict(),
+            "optimizer": t.opt.state_dict(), "torch_rng": self.torch.get_rng_state()})
+        self.ckpt.manifest(cid, self.part_names, reason, {
+            "updates": self.updates, "env_steps": self.env_steps, "inserted": self.inserted,
+            "sampled": self.sampled, "best_eval": self.best_eval})
+
+    def restore(self, part) -> None:
+        """Continue where checkpoint ``part`` left off."""
+        ts, r, t = part.torch, part.meta, self.trainer
+        t.online.load_state_dict(ts["online"])
+        t.target.load_state_dict(ts["target"])
+        t.opt.load_state_dict(ts["optimizer"])
+        self.torch.set_rng_state(ts["torch_rng"])
+        self.log.set_attrs(resumed_online_sha256=params_sha256(t.online.state_dict()),
+                           resumed_target_sha256=params_sha256(t.target.state_dict()))
+        self.updates, self.weights_version = r["updates"], r["weights_version"]
+        t.updates = self.updates  # the target copy cadence continues
+        self.inserted, self.sampled = r["inserted"], r["sampled"]
+        self.best_eval, self.last_eval = float(r["best_eval"]), float(r["last_eval"])
+        self.eval_round = r["eval_round"]
+        for s in self.sites.values():
+            s.served = r["served"][str(s.index)]
+            s.steps = r["site_steps"][str(s.index)]
+        self.elapsed_before, self.to_target = r["wall_s_total"], r["to_target"]
+        if self.memory is not None:
+            restore_memory(self.memory, part.arrays, r["replay"])
+        self.beta = beta_at(self.cfg, self.updates)
+
+    # ---- tokens and the link ------------------------------------------------------------------
+    def grant_tokens(self, now: float) -> None:
+        """replay_at=learner: give back forward tokens, the site furthest behind its share first,
+        while the learner samples ``replay_ratio`` transitions per insert."""
+        if not self.at_learner:
+            return
+        cfg = self.cfg
+        for s in sorted(self.sites.values(), key=Site.share):
+            limit_ok = (cfg.replay_ratio == 0 or self.stop_reason is not None
+                        or self.inserted <= cfg.learning_starts + self.sampled / cfg.replay_ratio)
+            if s.owed and limit_ok and not s.done:  # after its DONE it has left
+                s.link.post(self.wire.credit(s.owed), Tag.CREDIT, now)
+                s.owed = 0
+
+    def change_link(self, now: float) -> None:
+        """--link-change: the link profile changes once, at its time."""
+        if self.change is not None and now - self.t_start >= self.change[0]:
+            for s in self.sites.values():
+                s.link.set_profile(PROFILES[self.change[1]])
+            self.change = None
+
+    def send_weights(self) -> None:
+        """WEIGHTS to every buffer (relayed to its actors); off the device once per broadcast."""
+        self.weights_version += 1
+        self.flat = (self.updates, self.trainer.online.flat_params())
+        buf = self.wire.weights(self.flat[1], self.weights_version, self.updates)
+        for s in self.sites.values():
+            s.link.post(buf, Tag.WEIGHTS)
+
+    # ---- train --------------------------------------------------------------------------------
+    def train(self, now: float) -> bool:
+        """One update on the next batch unless the budget or the --learner-updates-per-s cap
+        holds it; its priorities go where the memory is.  True when it trained."""
+        cfg = self.cfg
+        self.beta = beta_at(cfg, self.updates)
+        if self.staged is None:
+            self.staged = self.next_batch()
+        go = self.staged is not None and not (cfg.max_updates and self.updates >= cfg.max_updates)
+        held = go and self.cap is not None and not self.cap.try_take(now)
+        if self.t_turn is not None:  # the cap held the batch from the last turn until now
+            self.capped_s += now - self.t_turn
+        self.t_turn, go = (now, False) if held else (None, go)
+        if not go:
+            return False
+        source, batch = self.staged
+        if self.at_learner:
+            td, _ = self.update(batch)
+            self.memory.update(source.indices, source.generations, td)
+        else:
+            self.train_site_batch(source, batch)
+        if self.updates % cfg.weights_every == 0:  # not again on a turn without an update
+            self.send_weights()
+        return True
+
+    def train_site_batch(self, source, batch) -> None:
+        """replay_at=buffer: train a site's batch, send its priorities back, log the transfer."""
+        site, m, nbytes, arrived = source
+        td, spent = self.update(batch)
+        t_done = time.monotonic()
+        self.step_s = spent if self.step_s is None else 0.9 * self.step_s + 0.1 * spent
+        site.link.post(self.wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
+                                            m.seq, m.a, hold=t_done - arrived, step=self.step_s,
+                                            updates=self.updates),
+                       Tag.PRIORITIES)
+        pick = self.arrival_pick(len(td))  # the batch's own |td|: no extra forward pass
+        pr = m.arrays["priorities"]
+        self.logs["transfers"].append(
+            buffer=site.index, update=self.updates, kind=int(Tag.BATCH), n=m.count,
+            nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes, priority_mean=_mean(pr),
+            **_spread(pr), **self.arrival_stats(None if pick is None else td[pick]),
+            window=int(m.arrays["window"][0]))
+        self.sampled += m.count
+
+    def next_batch(self):
+        """The next batch, picked and put on its way to the device: (source, device batch), or
+        None.  Source: the sample (replay_at=learner) or (site, BATCH message, bytes, arrival
+        time)."""
+        cfg = self.cfg
+        if self.at_learner:
+            memory = self.memory
             if len(memory) < max(cfg.learning_starts, 1):
                 return None
-            if cfg.replay_ratio and sampled > cfg.replay_ratio * (inserted - cfg.learning_starts):
+            if cfg.replay_ratio and self.sampled > cfg.replay_ratio * (self.inserted
+                                                                       - cfg.learning_starts):
                 return None  # the ratio holds sampling too (credits hold inserts)
-            memory.beta = beta
-            s, table = memory.sample(cfg.batch_size) if image else (
-                memory.sample(cfg.batch_size), None)
-            sampled += cfg.batch_size
-            src, records, weights, frames = s, s.records, s.weights, table
-        elif any(ready.values()):
-            # the site furthest behind its share goes next (weighted fair queueing)
-            b = min((x for x in buffers if ready[x]), key=lambda x: served[x] / weight[x])
-            src = (b, *ready[b].popleft())
-            served[b] += 1
-            m = src[1]
+            memory.beta = self.beta
+            s = memory.sample(cfg.batch_size)
+            self.sampled += cfg.batch_size
+            source, records, weights, frames = s, s.records, s.weights, s.frames
+        else:
+            waiting = [s for s in self.sites.values() if s.ready]
+            if not waiting:
+                return None
+            site = min(waiting, key=Site.share)  # weighted fair queueing
+            m, nbytes, arrived = site.ready.popleft()
+            site.served += 1
+            source = (site, m, nbytes, arrived)
             records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
                 "frames")
-            if m.b < max(max_w.values()):  # one scale for every site: the global largest
-                weights = weights * np.float32(m.b / max(max_w.values()))  # is 1 (design.md)
-        else:
-            return None
+            top = max(s.max_weight for s in self.sites.values())
+            if m.b < top:  # one scale for every site: the global largest is 1 (design.md)
+                weights = weights * np.float32(m.b / top)
         t0 = time.monotonic()
-        batch = trainer.put(records, weights, frames)
-        busy += time.monotonic() - t0
-        return src, batch
+        batch = self.trainer.put(records, weights, frames)
+        self.busy += time.monotonic() - t0
+        return source, batch
 
-    def train(batch) -> tuple[np.ndarray, float]:
+    def update(self, batch) -> tuple[np.ndarray, float]:
         """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
         way (prefetch).  Returns |td| per sample (the new priorities' raw material) and the
         seconds the learner spent on it."""
-        nonlocal updates, busy, loss_sum, loss_n, staged
         t0 = time.monotonic()
-        pending = trainer.launch(batch)  # copies the target on its cadence
+        pending = self.trainer.launch(batch)  # copies the target on its cadence
         t1 = time.monotonic()
-        staged = next_batch()
+        self.staged = self.next_batch()
         t2 = time.monotonic()
-        lv, td_np = pending.result()
-        updates = trainer.updates
+        loss, td = pending.result()
+        self.updates = self.trainer.updates
         t3 = time.monotonic()
-        upd_log.append(update=updates, loss=lv, td_abs_mean=_mean(td_np), beta=beta)
-        loss_sum += lv
-        loss_n += 1
+        self.logs["updates"].append(update=self.updates, loss=loss, td_abs_mean=_mean(td),
+                                    beta=self.beta)
+        self.loss_sum += loss
+        self.loss_n += 1
         spent = (t1 - t0) + (t3 - t2)
-        busy += spent
-        return td_np, spent
+        self.busy += spent
+        return td, spent
 
-    arrival_rng = np.random.default_rng(seed["replay"] + 1)
-
-    def arrival_pick(n: int) -> np.ndarray | None:
+    def arrival_pick(self, n: int) -> np.ndarray | None:
         """Which of a message's n transitions enter the arrival |td| statistic: a uniform random
         subsample of min(n, --arrival-sample), in both placements (None: --arrival-sample 0)."""
-        k = min(n, cfg.arrival_sample)
+        k = min(n, self.cfg.arrival_sample)
         if k == 0:
             return None
-        return np.arange(n) if k == n else np.sort(arrival_rng.choice(n, k, replace=False))
+        return np.arange(n) if k == n else np.sort(self.arrival_rng.choice(n, k, replace=False))
 
-    def arrival_stats(td: np.ndarray | None) -> dict:
+    def arrival_td(self, records, frames=None) -> np.ndarray | None:
+        """|td| of a forwarded message's subsample under the current networks: one forward pass
+        over at most --arrival-sample transitions, whatever the chunk size."""
+        pick = self.arrival_pick(len(records))
+        return None if pick is None else self.trainer.td(records[pick], frames)
+
+    def arrival_stats(self, td: np.ndarray | None) -> dict:
         if td is None:
             return {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
+        cfg = self.cfg
         return {"arrival_td_mean": _mean(td),
                 "arrival_priority_mean": _mean((td + cfg.priority_eps) ** cfg.alpha),
                 "arrival_n": td.size}
 
-    def arrival_td(records, frames=None) -> np.ndarray | None:
-        """|td| of a forwarded message's subsample under the current networks: one forward pass
-        over at most --arrival-sample transitions, whatever the chunk size."""
-        pick = arrival_pick(len(records))
-        return None if pick is None else trainer.td(records[pick], frames)
+    # ---- evaluate and stop --------------------------------------------------------------------
+    def evaluate(self) -> None:
+        """Hand the runner the weights of the last broadcast (or the current ones) when an
+        evaluation is due; handle a finished one."""
+        runner = self.eval_runner
+        if (self.updates and self.updates - self.last_eval >= self.cfg.eval_every
+                and not runner.busy):
+            self.last_eval = self.updates
+            weights = (self.flat[1] if self.flat[0] == self.updates
+                       else self.trainer.online.flat_params())
+            runner.request(weights, self.eval_round, self.updates, self.env_steps)
+            self.eval_round += 1
+        res = runner.poll()
+        if res is not None:
+            self.evaluated(res)
 
-    def send_weights() -> None:
-        nonlocal weights_version, flat
-        weights_version += 1
-        flat = (updates, online.flat_params())  # off the device once per broadcast
-        buf = wire.weights(flat[1], weights_version, updates)
-        for b in buffers:
-            links[b].post(buf, Tag.WEIGHTS)
-
-    def evaluated(res) -> None:
+    def evaluated(self, res) -> None:
         """A finished greedy evaluation (``res``: mpirl.evaluation.EvalResult, whose ``params``
-        are the weights evaluated): its row, the best so far, the stop decision."""
-        nonlocal best_eval, stop_reason, to_target
+        are the weights evaluated): its row, the best so far, the target-return stop."""
         rets = res.returns
-        eval_log.append(update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(),
-                        ret_std=rets.std(), ret_min=rets.min(), eval_s=res.eval_s,
-                        lag_updates=updates - res.update, reference_loss=res.reference_loss,
-                        reference_td_abs_mean=res.reference_td)
-        if float(rets.mean()) > best_eval:  # the weights evaluated, not today's online net
-            best_model.offer(log.path.parent, trainer.state_dict_of(res.params), rets, best_eval,
-                             update=res.update, env_steps=res.env_steps)
-        best_eval = max(best_eval, float(rets.mean()))
-        if target_return is not None and rets.mean() >= target_return and stop_reason is None:
-            stop_reason = "target_return"
-            to_target = {"time_to_target_s": elapsed_before + time.monotonic() - t_start,
-                         "env_steps_to_target": res.env_steps, "updates_to_target": res.update}
+        self.logs["evals"].append(
+            update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(), ret_std=rets.std(),
+            ret_min=rets.min(), eval_s=res.eval_s, lag_updates=self.updates - res.update,
+            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td)
+        if float(rets.mean()) > self.best_eval:  # the weights evaluated, not today's online net
+            best_model.offer(self.log.path.parent, self.trainer.state_dict_of(res.params), rets,
+                             self.best_eval, update=res.update, env_steps=res.env_steps)
+        self.best_eval = max(self.best_eval, float(rets.mean()))
+        if (self.target_return is not None and rets.mean() >= self.target_return
+                and self.stop_reason is None):
+            self.stop_reason = "target_return"
+            self.to_target = {
+                "time_to_target_s": self.elapsed_before + time.monotonic() - self.t_start,
+                "env_steps_to_target": res.env_steps, "updates_to_target": res.update}
 
-    def beta_now() -> float:
-        return beta_at(cfg, updates)
+    def decide_stop(self, now: float) -> None:
+        """The budgets (env steps, updates, seconds) and SIGTERM / SIGINT."""
+        cfg = self.cfg
+        if self.stop_reason is not None:
+            return
+        if cfg.max_env_steps and self.env_steps >= cfg.max_env_steps:
+            self.stop_reason = "max_env_steps"
+        elif cfg.max_updates and self.updates >= cfg.max_updates:
+            self.stop_reason = "max_updates"
+        elif cfg.max_seconds and now - self.t_start >= cfg.max_seconds:
+            self.stop_reason = "max_seconds"
+        elif self.stop_signal is not None and self.stop_signal.requested:
+            self.stop_reason = self.stop_signal.requested  # stop cleanly
 
-    backoff = Backoff()
-    updates = weights_version = -1
-    updates = 0
-    flat = (-1, None)  # (updates, flat weights) of the last broadcast
-    staged = None  # the next batch, already on its way to the device
-    eval_round = 0
-    busy = 0.0
-    loss_sum, loss_n = 0.0, 0
-    beta = cfg.beta
-    site_steps = {b: 0 for b in buffers}
-    recent = deque(maxlen=100)
-    ready = {b: deque() for b in buffers}  # per site: sampled batches waiting to be trained on
-    max_w = {b: 0.0 for b in buffers}  # per site: its memory's max weight, as last reported
-    weight = {b: (cfg.site_weights[b - 1] if cfg.site_weights else 1.0) for b in buffers}
-    served = {b: 0 for b in buffers}  # batches trained (replay_at=buffer) / inserted (learner)
-    owed = {b: 0 for b in buffers}  # forward tokens to give back (replay_at=learner)
-    inserted = sampled = 0
-    last_eval = -np.inf
-    best_eval = -np.inf
-    stop_reason = None
-    done = set()
-    t_start = time.monotonic()
-    t_prog = t_link = t_start
-    log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
-    prog_steps = prog_updates = prog_inserted = 0
-    prog_capped = 0.0
-    # --learner-updates-per-s: a token per update (started with the loop, after start-up)
-    cap = TokenBucket(cfg.learner_updates_per_s) if cfg.learner_updates_per_s else None
-    capped_s = 0.0  # time a batch was staged but the cap held it (summed per loop turn)
-    t_turn = None  # start of the last turn the cap held an update, for capped_s
-    prog_busy = 0.0
-    prog_link = 0  # link bytes (both directions, all buffers) at the last progress row
-    to_target: dict = {}
-    step_s = None
-    change = cfg.link_change_at()
+    def send_stop(self, now: float) -> None:
+        """STOP to every buffer once, after any checkpoint in progress; it carries the id of
+        the final checkpoint every rank writes before its DONE."""
+        if self.stop_reason is None or self.stop_sent or self.cut.in_progress:
+            return
+        self.final_ckpt = self.cut.final_id()
+        self.say(f"mpirl: stopping ({self.stop_reason}) after {now - self.t_start:.1f} s, "
+                 f"{self.env_steps:,} env steps, {self.updates:,} updates, best eval "
+                 f"{self.best_eval:.1f}")
+        for s in self.sites.values():
+            s.link.post(self.wire.stop(self.final_ckpt), Tag.STOP, now)
+        self.stop_sent = True
 
-    fault = failure.FAULT
-    elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
-    ckpt_next = ckpt.next_id() if ckpt is not None else 1
-    ckpt_id, ckpt_t0, t_ckpt = -1, 0.0, t_start  # checkpoint in progress, its start, last end
-    ckpt_timeout = checkpoint_timeout_s(cfg, spec)
-    ckpt_acked: dict[int, int] = {}  # buffer -> its env steps at its snapshot
-    parked = {b: deque() for b in buffers}  # a buffer's messages received after its ack
-    stop_sent = False
-    final_ckpt = -1
-    names = [part_name(p.role, p.site, p.rank) for p in topo.places]
-
-    def save(cid: int, reason: str) -> None:
-        """The learner's part of checkpoint ``cid``, then the manifest (last)."""
-        meta = {"updates": updates, "weights_version": weights_version, "inserted": inserted,
-                "sampled": sampled, "served": {str(b - 1): served[b] for b in buffers},
-                "site_steps": {str(b - 1): site_steps[b] for b in buffers},
-                "best_eval": best_eval, "last_eval": last_eval, "eval_round": eval_round,
-                "beta": beta, "wall_s_total": elapsed_before + time.monotonic() - t_start,
-                "to_target": to_target, "online_sha256": params_sha256(online.state_dict()),
-                "target_sha256": params_sha256(target.state_dict())}
-        arrays = None
-        if memory is not None:
-            arrays, meta["replay"] = memory_state(memory)
-        ckpt.write(cid, meta, arrays, {
-            "online": online.state_dict(), "target": target.state_dict(),
-            "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state()})
-        ckpt.manifest(cid, names, reason, {"updates": updates, "env_steps": env_steps,
-                                           "inserted": inserted, "sampled": sampled,
-                                           "best_eval": best_eval})
-
-    if resume is not None:  # continue where the checkpoint left off
-        ts, r = resume.torch, resume.meta
-        online.load_state_dict(ts["online"])
-        target.load_state_dict(ts["target"])
-        opt.load_state_dict(ts["optimizer"])
-        torch.set_rng_state(ts["torch_rng"])
-        log.set_attrs(resumed_online_sha256=params_sha256(online.state_dict()),
-                      resumed_target_sha256=params_sha256(target.state_dict()))
-        updates, weights_version = r["updates"], r["weights_version"]
-        trainer.updates = updates  # the target copy cadence continues
-        inserted, sampled = r["inserted"], r["sampled"]
-        best_eval, last_eval = float(r["best_eval"]), float(r["last_eval"])
-        eval_round = r["eval_round"]
-        for b in buffers:
-            served[b] = r["served"][str(b - 1)]
-            site_steps[b] = r["site_steps"][str(b - 1)]
-        elapsed_before, to_target = r["wall_s_total"], r["to_target"]
-        if memory is not None:
-            restore_memory(memory, resume.arrays, r["replay"])
-        beta = beta_now()
-    env_steps = sum(site_steps.values())
-    prog_steps, prog_updates = env_steps, updates  # rates of the first interval: this launch
-    prog_inserted = inserted
-
-    send_weights()
-    if at_learner:
-        for b in buffers:
-            links[b].post(wire.credit(cfg.forward_credits), Tag.CREDIT)
-    # after the first weights: off start-up
-    eval_runner = make_runner(cfg.evaluator, cfg, spec, refset)
-
-    while len(done) < len(buffers) or any(lk.backlog for lk in links.values()):
-        now = time.monotonic()
-        fault.check(now)
-        did = False
-        # [link] everything the buffers sent
-        for b, lk in links.items():
-            lk.poll(now)
-            if b in ckpt_acked:
-                continue  # its snapshot is taken: what it sent after waits for ours
-            msgs = lk.receive(now)
-            if parked[b]:
-                msgs = [*parked[b], *msgs]
-                parked[b].clear()
-            for i, (tag, buf) in enumerate(msgs):
-                did = True
-                m = wire.unpack(buf, tag, f"buffer {b - 1}")
-                if m.kind == Tag.BATCH:
-                    max_w[b] = m.b
-                    if stop_reason is None:
-                        ready[b].append((m, buf.nbytes, now))
-                elif m.kind == Tag.FORWARD:
-                    frames = m.arrays.get("frames")
-                    td = arrival_td(m.arrays["records"], frames)
-                    pr = (m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha
-                    xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.FORWARD), n=m.count,
-                                    nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes,
-                                    priority_mean=_mean(pr), **_spread(pr), **arrival_stats(td),
-                                    window=0)
-                    if image:
-                        memory.add(m.arrays["records"], frames, m.arrays["td_abs"])
-                    else:
-                        memory.add(m.arrays["records"], m.arrays["td_abs"])
-                    inserted += m.count
-                    served[b] += m.count
-                    owed[b] += 1
-                elif m.kind == Tag.STATS:
-                    site_steps[b] = int(m.a)
-                    recent.extend(m.arrays["returns"].tolist())
-                elif m.kind == Tag.DONE:
-                    site_steps[b] = int(m.a)
-                    done.add(b)
-                    lk.post(wire.done(0, 0), Tag.DONE)
-                elif m.kind == Tag.CHECKPOINT and m.seq == ckpt_id:
-                    ckpt_acked[b] = site_steps[b] = int(m.a)
-                    parked[b].extend(msgs[i + 1:])
-                    break
-                else:
-                    raise RuntimeError(f"learner: unexpected {m.kind.name} from buffer {b - 1}")
-        env_steps = sum(site_steps.values())
-        # [checkpoint] every buffer (and through it every actor) has its part on disk
-        if ckpt_id >= 0 and len(ckpt_acked) == len(buffers):
-            t_acks = time.monotonic()
-            save(ckpt_id, "periodic")
-            say(f"mpirl: checkpoint {ckpt_id} written in {time.monotonic() - ckpt_t0:.2f} s "
-                f"(every part acknowledged after {t_acks - ckpt_t0:.2f} s; {updates:,} updates, "
-                f"{env_steps:,} env steps)")
-            ckpt_id, t_ckpt = -1, time.monotonic()
-            ckpt_acked.clear()
-            did = True
-        elif ckpt_id >= 0 and now - ckpt_t0 > ckpt_timeout:
-            raise RuntimeError(f"checkpoint {ckpt_id}: no acknowledgement from buffer(s) "
-                               f"{sorted(b - 1 for b in set(buffers) - set(ckpt_acked))} after "
-                               f"{ckpt_timeout:.0f} s")
-        elif (ckpt is not None and cfg.checkpoint_seconds and ckpt_id < 0 and stop_reason is None
-              and now - t_ckpt >= cfg.checkpoint_seconds):
-            ckpt_id, ckpt_next, ckpt_t0 = ckpt_next, ckpt_next + 1, now
-            for lk in links.values():
-                lk.post(wire.checkpoint(ckpt_id), Tag.CHECKPOINT, now)
-        # [link] tokens for forwarded experiences: the learner-side rate limiter
-        if at_learner:
-            # the site furthest behind its share gets its tokens first
-            for b in sorted(buffers, key=lambda x: served[x] / weight[x]):
-                limit_ok = (cfg.replay_ratio == 0 or stop_reason is not None
-                            or inserted <= cfg.learning_starts + sampled / cfg.replay_ratio)
-                if owed[b] and limit_ok and b not in done:  # after its DONE it has left
-                    links[b].post(wire.credit(owed[b]), Tag.CREDIT, now)
-                    owed[b] = 0
-        # [algorithm] one update
-        if change is not None and now - t_start >= change[0]:
-            for lk in links.values():
-                lk.set_profile(PROFILES[change[1]])
-            change = None
-        if stop_reason is None:
-            beta = beta_now()
-            trained = False
-            if staged is None:
-                staged = next_batch()
-            # the budget and the cap (a token per update) may hold a batch that is ready
-            go = staged is not None and not (cfg.max_updates and updates >= cfg.max_updates)
-            held = go and cap is not None and not cap.try_take(now)
-            if t_turn is not None:  # the cap held the batch from the last turn until now
-                capped_s += now - t_turn
-            t_turn, go = (now, False) if held else (None, go)
-            if go and at_learner:
-                s = staged[0]
-                td, _ = train(staged[1])
-                memory.update(s.indices, s.generations, td)
-                did = trained = True
-            elif go:
-                (b, m, nbytes, arrived), batch = staged
-                td, spent = train(batch)
-                t_done = time.monotonic()
-                step_s = spent if step_s is None else 0.9 * step_s + 0.1 * spent
-                links[b].post(wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                              m.seq, m.a, hold=t_done - arrived, step=step_s,
-                                              updates=updates),
-                              Tag.PRIORITIES)
-                pick = arrival_pick(len(td))  # the batch's own |td|: no extra forward pass
-                pr = m.arrays["priorities"]
-                xfer_log.append(buffer=b - 1, update=updates, kind=int(Tag.BATCH), n=m.count,
-                                nbytes=nbytes, raw_nbytes=m.raw_nbytes or nbytes,
-                                priority_mean=_mean(pr), **_spread(pr),
-                                **arrival_stats(None if pick is None else td[pick]),
-                                window=int(m.arrays["window"][0]))
-                sampled += m.count
-                did = trained = True
-            if trained and updates % cfg.weights_every == 0:  # not again on a turn without one
-                send_weights()
-            # greedy evaluation (off the update loop: --evaluator) and the stop decision
-            if updates and updates - last_eval >= cfg.eval_every and not eval_runner.busy:
-                last_eval = updates
-                eval_runner.request(flat[1] if flat[0] == updates else online.flat_params(),
-                                    eval_round, updates, env_steps)
-                eval_round += 1
-            res = eval_runner.poll()
-            if res is not None:
-                evaluated(res)
-            if stop_reason is None and cfg.max_env_steps and env_steps >= cfg.max_env_steps:
-                stop_reason = "max_env_steps"
-            if stop_reason is None and cfg.max_updates and updates >= cfg.max_updates:
-                stop_reason = "max_updates"
-            if stop_reason is None and cfg.max_seconds and now - t_start >= cfg.max_seconds:
-                stop_reason = "max_seconds"
-            if stop_reason is None and stop_signal is not None and stop_signal.requested:
-                stop_reason = stop_signal.requested  # SIGTERM / SIGINT: stop cleanly
-        if stop_reason is not None and not stop_sent and ckpt_id < 0:
-            # after any checkpoint in progress; every rank writes the final one before DONE
-            final_ckpt = ckpt_next if ckpt is not None else -1
-            say(f"mpirl: stopping ({stop_reason}) after {now - t_start:.1f} s, "
-                f"{env_steps:,} env steps, {updates:,} updates, best eval {best_eval:.1f}")
-            for lk in links.values():
-                lk.post(wire.stop(final_ckpt), Tag.STOP, now)
-            stop_sent = True
-        # progress line and link accounting
-        if cfg.progress_seconds and now - t_prog >= cfg.progress_seconds:
-            dt = now - t_prog
-            d_steps = env_steps - prog_steps
-            # from the totals: the /link rows reset the interval counters (take()) every
-            # flush_seconds / 2, so those held only the bytes since the last /link row
-            link_total = sum(lk.sent.total_bytes + lk.received.total_bytes
-                             for lk in links.values())
-            link_bytes, prog_link = link_total - prog_link, link_total
-            row = dict(env_steps=env_steps, updates=updates,
-                       env_steps_per_s=(env_steps - prog_steps) / dt,
-                       updates_per_s=(updates - prog_updates) / dt,
-                       recent_return=float(np.mean(recent)) if recent else np.nan,
-                       loss=loss_sum / loss_n if loss_n else np.nan,
-                       busy_fraction=(busy - prog_busy) / dt, link_bytes_per_s=link_bytes / dt,
-                       interval_s=dt,
-                       rho=((updates - prog_updates) * cfg.batch_size / d_steps if d_steps > 0
-                            else np.nan),
-                       delivered_fraction=((inserted - prog_inserted) / d_steps
-                                           if at_learner and d_steps > 0 else np.nan),
-                       capped_s=capped_s - prog_capped)
-            prog_log.append(**row)
-            say(f"[{now - t_start:7.1f}s] env steps {env_steps:>10,} ({row['env_steps_per_s']:,.0f}/s)"
-                f" | updates {updates:>8,} ({row['updates_per_s']:,.0f}/s, busy "
-                f"{row['busy_fraction']:.0%}) | return {row['recent_return']:7.1f}"
-                f" | eval {best_eval:7.1f} | loss {row['loss']:.4f}"
-                f" | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
-            t_prog, prog_steps, prog_updates, prog_busy = now, env_steps, updates, busy
-            prog_inserted, prog_capped = inserted, capped_s
-            loss_sum, loss_n = 0.0, 0
-        finished = len(done) == len(buffers) and not any(lk.backlog for lk in links.values())
-        if now - t_link >= cfg.flush_seconds / 2 or finished:  # and a last row at the end
-            for b, lk in links.items():
+    # ---- report and wait ----------------------------------------------------------------------
+    def report(self, now: float) -> None:
+        """A progress row and line every ``progress_seconds``; /link rows every half flush (and
+        a last one at the end); the log's flush."""
+        cfg = self.cfg
+        if cfg.progress_seconds and now - self.t_prog >= cfg.progress_seconds:
+            self.progress_row(now)
+        finished = not self.serving()
+        if now - self.t_link >= cfg.flush_seconds / 2 or finished:
+            for s in self.sites.values():
+                lk = s.link
                 b_out, m_out, q_s = lk.sent.take()
                 b_in, m_in, _ = lk.received.take()
-                link_log.append(buffer=b - 1, bytes_in=b_in, msgs_in=m_in, bytes_out=b_out,
-                                msgs_out=m_out, queue_s=q_s, interval_s=now - t_link,
-                                utilization=min(1.0, b_out * 8 / lk.profile.rate_bps
-                                                / max(now - t_link, 1e-9)))
-            t_link = now
-        log.maybe_flush(now)
-        if did:
-            backoff.work()
-        else:
-            wake = [d for d in (lk.next_departure() for lk in links.values()) if d is not None]
-            if t_turn is not None:  # the cap holds a ready batch: wake when its token is there
-                wake.append(cap.ready_at())
-            backoff.idle(until=min(wake, default=None))
+                self.logs["link"].append(
+                    buffer=s.index, bytes_in=b_in, msgs_in=m_in, bytes_out=b_out,
+                    msgs_out=m_out, queue_s=q_s, interval_s=now - self.t_link,
+                    utilization=min(1.0, b_out * 8 / lk.profile.rate_bps
+                                    / max(now - self.t_link, 1e-9)))
+            self.t_link = now
+        self.log.maybe_flush(now)
 
-    if final_ckpt >= 0:  # every buffer's DONE says its part (and its actors') is on disk
-        t0 = time.monotonic()
-        save(final_ckpt, stop_reason)
-        say(f"mpirl: checkpoint {final_ckpt} written in {time.monotonic() - t0:.2f} s; continue "
-            f"with --resume {ckpt.run_dir}")
-    wall = time.monotonic() - t_start
-    summary = {"stop_reason": stop_reason, "target_return": target_return,
-               "updates": updates, "env_steps": env_steps,
-               "wall_s": wall, "wall_s_total": elapsed_before + wall,
-               "checkpoint": final_ckpt if final_ckpt >= 0 else None,
-               "resumed_from": resume.id if resume is not None else None,
-               "best_eval": best_eval, "busy_fraction": busy / wall,
-               "delivered_fraction": (inserted / env_steps if at_learner and env_steps
-                                      else None),
-               "link_bytes_in": sum(lk.received.total_bytes for lk in links.values()),
-               "link_bytes_out": sum(lk.sent.total_bytes for lk in links.values()),
-               **to_target}
-    log.set_attrs(**summary)
-    eval_runner.close()
-    return summary
+    def progress_row(self, now: float) -> None:
+        cfg, p = self.cfg, self.prog
+        dt = now - self.t_prog
+        env_steps = self.env_steps
+        d_steps = env_steps - p["steps"]
+        d_updates = self.updates - p["updates"]
+        # from the totals: the /link rows reset the interval counters (take()) every
+        # flush_seconds / 2, so those held only the bytes since the last /link row
+        link_total = sum(s.link.sent.total_bytes + s.link.received.total_bytes
+                         for s in self.sites.values())
+        row = dict(env_steps=env_steps, updates=self.updates,
+                   env_steps_per_s=d_steps / dt, updates_per_s=d_updates / dt,
+                   recent_return=float(np.mean(self.recent)) if self.recent else np.nan,
+                   loss=self.loss_sum / self.loss_n if self.loss_n else np.nan,
+                   busy_fraction=(self.busy - p["busy"]) / dt,
+                   link_bytes_per_s=(link_total - p["link"]) / dt, interval_s=dt,
+                   rho=d_updates * cfg.batch_size / d_steps if d_steps > 0 else np.nan,
+                   delivered_fraction=((self.inserted - p["inserted"]) / d_steps
+                                       if self.at_learner and d_steps > 0 else np.nan),
+                   capped_s=self.capped_s - p["capped"])
+        self.logs["progress"].append(**row)
+        self.say(f"[{now - self.t_start:7.1f}s] env steps {env_steps:>10,} "
+                 f"({row['env_steps_per_s']:,.0f}/s) | updates {self.updates:>8,} "
+                 f"({row['updates_per_s']:,.0f}/s, busy {row['busy_fraction']:.0%}) | return "
+                 f"{row['recent_return']:7.1f} | eval {self.best_eval:7.1f} | loss "
+                 f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
+        self.t_prog = now
+        self.prog = {"steps": env_steps, "updates": self.updates, "inserted": self.inserted,
+                     "capped": self.capped_s, "busy": self.busy, "link": link_total}
+        self.loss_sum, self.loss_n = 0.0, 0
+
+    def wait(self, did: bool) -> None:
+        """Yield the core when the turn did nothing, until the link's next departure or the
+        cap's next token if one holds a ready batch."""
+        if did:
+            self.backoff.work()
+            return
+        wake = [d for d in (s.link.next_departure() for s in self.sites.values())
+                if d is not None]
+        if self.t_turn is not None:  # the cap holds a ready batch: wake when its token is there
+            wake.append(self.cap.ready_at())
+        self.backoff.idle(until=min(wake, default=None))
+
+    def finish(self) -> dict:
+        """The final checkpoint (every buffer's DONE says its part is on disk), the summary."""
+        if self.final_ckpt >= 0:
+            t0 = time.monotonic()
+            self.save(self.final_ckpt, self.stop_reason)
+            self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
+                     f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
+        wall = time.monotonic() - self.t_start
+        links = [s.link for s in self.sites.values()]
+        summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,
+                   "updates": self.updates, "env_steps": self.env_steps,
+                   "wall_s": wall, "wall_s_total": self.elapsed_before + wall,
+                   "checkpoint": self.final_ckpt if self.final_ckpt >= 0 else None,
+                   "resumed_from": self.resume.id if self.resume is not None else None,
+                   "best_eval": self.best_eval, "busy_fraction": self.busy / wall,
+                   "delivered_fraction": (self.inserted / self.env_steps
+                                          if self.at_learner and self.env_steps else None),
+                   "link_bytes_in": sum(lk.received.total_bytes for lk in links),
+                   "link_bytes_out": sum(lk.sent.total_bytes for lk in links),
+                   **self.to_target}
+        self.log.set_attrs(**summary)
+        self.eval_runner.close()
+        return summary

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpirl.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LinkProfile:
@@ -51,8 +53,6 @@ PROFILES: dict[str, LinkProfile] = {
 
 def resolve_profile(cfg) -> LinkProfile:
     """The profile named by ``cfg.link`` with the CLI overrides applied; ConfigError if bad."""
-    from mpirl.config import ConfigError
-
     if cfg.link not in PROFILES:
         raise ConfigError(f"link={cfg.link!r} is not a known profile; choose one of "
                           f"{', '.join(PROFILES)} (and override with --latency-ms, "

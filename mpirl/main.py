@@ -188,152 +188,154 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
     return part
 
 
+class _Setup:
+    """What the configuration step hands to the job: every rank holds the same."""
+
+    def __init__(self, cfg, spec, record, manifest, run_dir, part, refset):
+        self.cfg, self.spec, self.record, self.manifest = cfg, spec, record, manifest
+        self.run_dir, self.part, self.refset = run_dir, part, refset
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Configure (every rank, one verdict printed by rank 0), then run this rank's role."""
     if (sys.argv[1:] if argv is None else argv)[:1] == ["play"]:  # `mpirl play RUN_DIR`: no MPI
         from mpirl import play
 
         return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
 
-    from mpirl import envs, topology
-    from mpirl.config import ConfigError, parse, resume_dir, to_dict
-    from mpirl.replay.build import (FRAME_HEADROOM, max_learning_starts, record_dtype,
-                                    replay_footprint)
+    from mpirl import topology
+    from mpirl.config import ConfigError
 
     world = MPI.COMM_WORLD
-    rank = world.Get_rank()
+    try:
+        setup = _configure(world, argv)
+    except (ConfigError, topology.LayoutError) as e:
+        if world.Get_rank() == 0:
+            sys.stderr.write(f"mpirl: error: {e}\n")
+        return 2
+    if isinstance(setup, int):  # --help, or argparse's usage error
+        return setup
+    return _run(world, setup)
 
-    # ---- configuration: the same verdict on every rank, printed by rank 0 only --------------
+
+def _configure(world, argv) -> _Setup | int:
+    """Parse and check the configuration, resolve the env, check resources, decide the run
+    folder (or load this rank's checkpoint part).  ConfigError on a bad value."""
+    from mpirl import envs, topology
+    from mpirl.config import ConfigError, parse, resume_dir
+
+    rank = world.Get_rank()
+    # the same verdict on every rank, printed by rank 0 only
     quiet = contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext()
     quiet_err = contextlib.redirect_stderr(io.StringIO()) if rank else contextlib.nullcontext()
     manifest = None
-    try:
-        with quiet, quiet_err:
-            try:
-                resume = resume_dir(argv)
-            except SystemExit as e:  # argparse: --help (0) or a usage error (2)
-                return int(e.code or 0)
-        if resume is not None:
-            parse(argv, stored={})  # the flags allowed with --resume, before reading anything
-            manifest = _resume_manifest(world, resume)
-            cfg = parse(argv, stored=manifest["config"])
-            if manifest["world_size"] != world.Get_size():
-                roles = [x["role"] for x in manifest["layout"]]
-                raise ConfigError(
-                    f"--resume {resume!r}: the run was checkpointed by {manifest['world_size']} "
-                    f"ranks (1 learner, {roles.count('buffer')} buffer(s), "
-                    f"{roles.count('actor')} actors) and this job has {world.Get_size()}; "
-                    f"resume it with `mpirun -n {manifest['world_size']} python -m mpirl.main "
-                    f"--resume {resume}`")
-        else:
-            cfg = parse(argv)
-        cfg.validate(world.Get_size())
-        from mpirl import device
-
-        if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
-            err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
-            if err:
-                raise ConfigError(err)
-        spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
-        record = record_dtype(cfg, spec)
-        need = replay_footprint(cfg, spec)
-        per = need / cfg.replay_capacity
-        avail = _available_memory()
-        if avail is not None and need > avail:
+    with quiet, quiet_err:
+        try:
+            resume = resume_dir(argv)
+        except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+            return int(e.code or 0)
+    if resume is not None:
+        parse(argv, stored={})  # the flags allowed with --resume, before reading anything
+        manifest = _resume_manifest(world, resume)
+        cfg = parse(argv, stored=manifest["config"])
+        if manifest["world_size"] != world.Get_size():
+            roles = [x["role"] for x in manifest["layout"]]
             raise ConfigError(
-                f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
-                f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
-                f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
-        # (not on --resume: the restored memory holds what it had reached)
-        if manifest is None and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
-            raise ConfigError(
-                f"learning_starts={cfg.learning_starts} is too close to replay_capacity="
-                f"{cfg.replay_capacity} for image observations: the frame ring can keep the "
-                f"memory ~{FRAME_HEADROOM:.0%} below its capacity (more frames per transition "
-                "than planned, e.g. short episodes), and sampling would never start while the "
-                f"actors wait for it; use --learning-starts at most {most} (or raise "
-                "--replay-capacity)")
-        if cfg.compress_for(spec.image):
-            import importlib.util
+                f"--resume {resume!r}: the run was checkpointed by {manifest['world_size']} "
+                f"ranks (1 learner, {roles.count('buffer')} buffer(s), "
+                f"{roles.count('actor')} actors) and this job has {world.Get_size()}; "
+                f"resume it with `mpirun -n {manifest['world_size']} python -m mpirl.main "
+                f"--resume {resume}`")
+    else:
+        cfg = parse(argv)
+    cfg.validate(world.Get_size())
+    from mpirl import device
 
-            if importlib.util.find_spec("zstandard") is None:
-                raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
-                                  f"images extra: {envs.IMAGES_EXTRA}")
-        if cfg.tensorboard:
-            from mpirl.dashboard import check_installed
+    if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
+        err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
+        if err:
+            raise ConfigError(err)
+    spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
+    record = _check_resources(cfg, spec, resumed=manifest is not None)
+    if manifest is None:
+        run_dir = _prepare_run_dir(world, cfg)
+        part = None
+    else:
+        run_dir = Path(cfg.run_dir)
+        part = _resume_parts(world, run_dir, manifest,
+                             topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
+    refset = _reference_set(world, cfg, run_dir) if cfg.reference_set else None
+    return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
-            check_installed()
-        if manifest is None:
-            run_dir = _prepare_run_dir(world, cfg)
-            part = None
-        else:
-            run_dir = Path(cfg.run_dir)
-            part = _resume_parts(world, run_dir, manifest,
-                                 topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
-        refset = _reference_set(world, cfg, run_dir) if cfg.reference_set else None
-    except (ConfigError, topology.LayoutError) as e:
-        if rank == 0:
-            sys.stderr.write(f"mpirl: error: {e}\n")
-        return 2
 
-    # ---- from here on, any exception on any rank aborts the whole job promptly -------------
-    from mpirl import failure
+def _check_resources(cfg, spec, resumed: bool):
+    """The replay memory fits, image runs can start learning, optional packages are there.
+    Returns the transition record dtype."""
+    from mpirl import envs
+    from mpirl.config import ConfigError
+    from mpirl.replay.build import (FRAME_HEADROOM, max_learning_starts, record_dtype,
+                                    replay_footprint)
 
+    record = record_dtype(cfg, spec)
+    need = replay_footprint(cfg, spec)
+    per = need / cfg.replay_capacity
+    avail = _available_memory()
+    if avail is not None and need > avail:
+        raise ConfigError(
+            f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
+            f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
+            f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
+    # (not on --resume: the restored memory holds what it had reached)
+    if not resumed and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
+        raise ConfigError(
+            f"learning_starts={cfg.learning_starts} is too close to replay_capacity="
+            f"{cfg.replay_capacity} for image observations: the frame ring can keep the "
+            f"memory ~{FRAME_HEADROOM:.0%} below its capacity (more frames per transition "
+            "than planned, e.g. short episodes), and sampling would never start while the "
+            f"actors wait for it; use --learning-starts at most {most} (or raise "
+            "--replay-capacity)")
+    if cfg.compress_for(spec.image):
+        import importlib.util
+
+        if importlib.util.find_spec("zstandard") is None:
+            raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
+                              f"images extra: {envs.IMAGES_EXTRA}")
+    if cfg.tensorboard:
+        from mpirl.dashboard import check_installed
+
+        check_installed()
+    return record
+
+
+def _run(world, setup: _Setup) -> int:
+    """From here on, any exception on any rank aborts the whole job promptly."""
+    from mpirl import failure, topology
+    from mpirl.checkpoint import Checkpointer, write_allowance_s
+    from mpirl.config import to_dict
+    from mpirl.link import resolve_profile
+    from mpirl.logs import RunLog
+    from mpirl.replay.build import replay_footprint
+
+    cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
+    rank = world.Get_rank()
     topo = topology.build(world, cfg.buffers)
     who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
                                          else ")")
     failure.install(world, who)
     failure.install_fault(topo.role, rank)  # test-only MPIRL_FAULT; inert otherwise
-    from mpirl.checkpoint import write_allowance_s
-
     # a clean stop writes a final checkpoint: its watchdog allows for the replay memory's size
     stop_signal = failure.StopSignal(
         world, who, grace_s=failure.STOP_GRACE_S + write_allowance_s(replay_footprint(cfg, spec)))
     hosts = _hostnames(world)
-    from mpirl.link import resolve_profile
-
     profile = resolve_profile(cfg)
     versions = _versions()
     if rank == 0:
-        if part is not None:
-            c = manifest.get("counters", {})
-            print(f"mpirl: resuming {run_dir} from checkpoint {part.id} "
-                  f"({manifest.get('reason', '?')}): {c.get('updates', 0):,} updates, "
-                  f"{c.get('env_steps', 0):,} env steps")
-        print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
-              f"({profile.describe()}), run folder {run_dir}")
-        print(f"mpirl: MPI library: {versions['mpi_library']}")
-        if spec.image:
-            print(f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
-                  f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
-                  f"{replay_footprint(cfg, spec) / 2**30:.2f} GiB for "
-                  f"{cfg.replay_capacity:,} transitions (each frame stored once); link "
-                  f"compression {'on (zstd)' if cfg.compress_for(True) else 'off'}")
-        print(topology.format_table(topo.places, hosts))
-        for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
-            print(f"mpirl: warning: {w}")
-        sys.stdout.flush()
-
-    from mpirl import qnet
-    from mpirl.logs import RunLog
-    from mpirl.wire import Wire
-
-    wire = Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                         cfg.dueling),
-                frame_shape=spec.frame_shape, compress=cfg.compress_for(spec.image))
-
+        _banner(setup, topo, hosts, profile, versions)
+    wire = _wire(cfg, spec, setup.record)
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
-    from mpirl import seeds
-    from mpirl.placement import slurm_info
-
-    attrs = {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
-             "slurm_json": json.dumps(slurm_info()),
-             "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
-             "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
-             "link_profile": profile.describe(),
-             "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
-                                                    None if part is None else part.id))}
+    attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
     name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
             "actor": f"actor-{rank}"}[topo.role]
     profiler = None
@@ -342,8 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    from mpirl.checkpoint import Checkpointer
-
     ckpt = Checkpointer(run_dir, name, failure.FAULT, info={
         "config": to_dict(cfg), "world_size": world.Get_size(),
         "layout": [{k: x[k] for k in ("rank", "role", "site")} for x in layout]})
@@ -354,36 +354,97 @@ def main(argv: list[str] | None = None) -> int:
             from mpirl.dashboard import TensorBoardMirror
 
             log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
-        if part is not None:  # where this launch continues: rows past log_rows are from the
-            # interrupted launch, after the checkpoint (kept; analysis may cut them)
-            from mpirl.checkpoint import file_rows
-
-            resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
-            resumes.append({"checkpoint": part.id, "unix": time.time(),
-                            "rows_at_checkpoint": part.meta.get("log_rows", {}),
-                            "rows_before_resume": file_rows(log.file)})
-            log.set_attrs(resumes_json=json.dumps(resumes))
-        if topo.role == "learner":
-            from mpirl import learner
-
-            if refset is not None:
-                log.set_attrs(reference_set=refset[0], reference_set_sha256=refset[1])
-            summary = learner.run(cfg, topo, spec, wire, log,
-                                  say=lambda s: print(s, flush=True), stop_signal=stop_signal,
-                                  ckpt=ckpt, resume=part, refset=refset)
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        elif topo.role == "buffer":
-            from mpirl import buffer
-
-            buffer.run(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part)
-        else:
-            from mpirl import actor
-
-            actor.run(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part)
+        if part is not None:
+            _note_resume(log, part)
+        _run_role(topo, setup, wire, log, ckpt, stop_signal)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(run_dir / f"profile-{name}.pstats")
     return 0
+
+
+def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
+    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor."""
+    cfg, spec, part = setup.cfg, setup.spec, setup.part
+    if topo.role == "learner":
+        from mpirl.learner import Learner
+
+        if setup.refset is not None:
+            log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
+        summary = Learner(cfg, topo, spec, wire, log, say=lambda s: print(s, flush=True),
+                          stop_signal=stop_signal, ckpt=ckpt, resume=part,
+                          refset=setup.refset).run()
+        (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    elif topo.role == "buffer":
+        from mpirl.buffer import Buffer
+
+        Buffer(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+    else:
+        from mpirl.actor import Actor
+
+        Actor(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+
+
+def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
+    """Rank 0's start-up lines: what runs where, over which link."""
+    from mpirl import topology
+    from mpirl.replay.build import replay_footprint
+
+    cfg, spec, part, manifest = setup.cfg, setup.spec, setup.part, setup.manifest
+    if part is not None:
+        c = manifest.get("counters", {})
+        print(f"mpirl: resuming {setup.run_dir} from checkpoint {part.id} "
+              f"({manifest.get('reason', '?')}): {c.get('updates', 0):,} updates, "
+              f"{c.get('env_steps', 0):,} env steps")
+    print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
+          f"({profile.describe()}), run folder {setup.run_dir}")
+    print(f"mpirl: MPI library: {versions['mpi_library']}")
+    if spec.image:
+        print(f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
+              f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
+              f"{replay_footprint(cfg, spec) / 2**30:.2f} GiB for "
+              f"{cfg.replay_capacity:,} transitions (each frame stored once); link "
+              f"compression {'on (zstd)' if cfg.compress_for(True) else 'off'}")
+    print(topology.format_table(topo.places, hosts))
+    for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
+        print(f"mpirl: warning: {w}")
+    sys.stdout.flush()
+
+
+def _wire(cfg, spec, record):
+    from mpirl import qnet
+    from mpirl.wire import Wire
+
+    return Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+                frame_shape=spec.frame_shape, compress=cfg.compress_for(spec.image))
+
+
+def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
+    """Run-level attributes of this rank's HDF5 file (docs/hdf5.md)."""
+    from mpirl import seeds
+    from mpirl.config import to_dict
+    from mpirl.placement import slurm_info
+
+    rank = world.Get_rank()
+    return {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
+            "slurm_json": json.dumps(slurm_info()),
+            "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
+            "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
+            "link_profile": profile.describe(),
+            "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
+                                                   None if part is None else part.id))}
+
+
+def _note_resume(log, part) -> None:
+    """Where this launch continues: rows past log_rows are from the interrupted launch, after
+    the checkpoint (kept; analysis may cut them)."""
+    from mpirl.checkpoint import file_rows
+
+    resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
+    resumes.append({"checkpoint": part.id, "unix": time.time(),
+                    "rows_at_checkpoint": part.meta.get("log_rows", {}),
+                    "rows_before_resume": file_rows(log.file)})
+    log.set_attrs(resumes_json=json.dumps(resumes))
 
 
 def _available_memory() -> int | None:

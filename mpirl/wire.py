@@ -309,9 +309,10 @@ class Wire:
             pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
                  count=len(records), seq=seq))
 
-    def batch(self, sample, batch_id: int, t_send: float, frames=None,
-              max_weight: float = 1.0, window: int = 0) -> np.ndarray:
-        pre, post = self._frames_arrays(frames, len(sample.indices))
+    def batch(self, sample, batch_id: int, t_send: float, max_weight: float = 1.0,
+              window: int = 0) -> np.ndarray:
+        """A sampled batch (`mpirl.replay.Sample`, with its frame table for image runs)."""
+        pre, post = self._frames_arrays(sample.frames, len(sample.indices))
         return self._maybe_compress(
             pack(Tag.BATCH, pre + [np.array([window], "<i8"),
                                    np.asarray(sample.indices, "<i8"),

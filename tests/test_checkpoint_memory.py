@@ -36,11 +36,11 @@ def _frame_memory():
     rec["frames"] = np.arange(64)[:, None] + np.array([0, 1, 2, 3, 5, 6, 7, 8])
     table = rng.integers(0, 255, (72, 1, 84, 84), dtype=np.uint8)  # 1.125 frames/transition
     for _ in range(140):
-        m.add(rec, table, rng.random(64))
+        m.add(rec, rng.random(64), table)
     rec2 = np.zeros(8, m.dtype)  # a few groups with many frames each: the ring retires
     rec2["frames"] = np.arange(8)[:, None] * 8 + np.arange(8)
     for _ in range(12):
-        m.add(rec2, rng.integers(0, 255, (64, 1, 84, 84), dtype=np.uint8), rng.random(8))
+        m.add(rec2, rng.random(8), rng.integers(0, 255, (64, 1, 84, 84), dtype=np.uint8))
     assert m.retired > 0 and m.frames_in > m.frame_capacity
     return m, m.frames.nbytes + m.memory._storage.nbytes
 

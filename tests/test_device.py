@@ -15,7 +15,7 @@ from mpirun import run_mpirl
 from mpirl import checkpoint as ck
 from mpirl.config import Config, ConfigError, parse, to_dict
 from mpirl.envs import inspect
-from mpirl.learner import TrainStep
+from mpirl.train_step import TrainStep
 from mpirl.wire import transition_dtype
 
 ROOT = Path(__file__).resolve().parent.parent

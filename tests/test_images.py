@@ -100,7 +100,7 @@ def _wrapped_frame_replay():
     mem = FrameReplay(120, 4, (1, 84, 84), 1.05, seed=0)
     for k in range(0, len(rec), 30):
         r, f = compact(rec[k:k + 30], table)
-        mem.add(r, f, np.arange(len(r)) + 1.0)
+        mem.add(r, np.arange(len(r)) + 1.0, f)
     return mem, rec, table, obs, nxt
 
 
@@ -108,11 +108,11 @@ def test_frame_replay_samples_true_stacks_and_retires_before_overwriting():
     mem, rec, table, obs, nxt = _wrapped_frame_replay()
     assert mem.retired > 0 and 0 < len(mem) < 120
     for _ in range(5):
-        s, frames = mem.sample(64)
-        o, n = stacks(s.records, frames, 4)
+        s = mem.sample(64)
+        o, n = stacks(s.records, s.frames, 4)
         np.testing.assert_array_equal(o, obs[s.generations])  # generation = serial = row
         np.testing.assert_array_equal(n, nxt[s.generations])
-        assert len(frames) <= 7 * 64
+        assert len(s.frames) <= 7 * 64
     # a priority update for a retired transition is dropped as stale
     old = np.array([0])
     assert mem.update(old, old, np.array([1.0])) == 1
@@ -217,13 +217,13 @@ def test_image_wire_layout_and_compression_round_trip(iwire):
 
 
 def test_batch_compressed_round_trip(iwire):
-    from types import SimpleNamespace
+    from mpirl.replay import Sample
 
     rec, table, _, _ = _atari_transitions(steps=40)
     n = len(rec)
-    s = SimpleNamespace(indices=np.arange(n), generations=np.arange(n) + 5,
-                        weights=np.ones(n), priorities=np.full(n, 0.5), records=rec)
-    m = iwire.unpack(iwire.batch(s, batch_id=2, t_send=1.25, frames=table), Tag.BATCH)
+    s = Sample(indices=np.arange(n), generations=np.arange(n) + 5, weights=np.ones(n),
+               priorities=np.full(n, 0.5), records=rec, frames=table)
+    m = iwire.unpack(iwire.batch(s, batch_id=2, t_send=1.25), Tag.BATCH)
     assert m.a == 1.25 and m.raw_nbytes > 0
     np.testing.assert_array_equal(m.arrays["generations"], s.generations)
     np.testing.assert_array_equal(m.arrays["frames"], table)
@@ -267,15 +267,15 @@ def test_frame_replay_checkpoint_round_trip():
     back.restore_checkpoint(arrays, meta)
     assert len(back) == len(mem) and back.inserted == mem.inserted
     np.testing.assert_array_equal(back.memory.priorities(), mem.memory.priorities())
-    s1, f1 = mem.sample(32)
-    s2, f2 = back.sample(32)  # same RNG state restored: the same draw
+    s1 = mem.sample(32)
+    s2 = back.sample(32)  # same RNG state restored: the same draw
     np.testing.assert_array_equal(s1.indices, s2.indices)
-    np.testing.assert_array_equal(f1, f2)
-    o, n = stacks(s2.records, f2, 4)
+    np.testing.assert_array_equal(s1.frames, s2.frames)
+    o, n = stacks(s2.records, s2.frames, 4)
     np.testing.assert_array_equal(o, obs[s2.generations])
     np.testing.assert_array_equal(n, nxt[s2.generations])
     # it goes on: more groups, retirement continues where it stopped
     r, f = compact(rec[:30], table)
-    back.add(r, f, np.ones(len(r)))
-    s3, f3 = back.sample(16)
+    back.add(r, np.ones(len(r)), f)
+    s3 = back.sample(16)
     assert s3.generations.min() >= back.memory._tail

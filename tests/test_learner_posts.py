@@ -10,6 +10,7 @@ from mpirl.envs import inspect
 from mpirl.link import LinkStats
 from mpirl.logs import RunLog
 from mpirl.qnet import param_count
+from mpirl.replay import Sample
 from mpirl.topology import layout
 from mpirl.wire import Tag, Wire, transition_dtype
 
@@ -75,7 +76,7 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path, mo
         comm, peer, *a, **k))
     topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        summary = learner.run(cfg, topo, spec, wire, log, say=lambda s: None)
+        summary = learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
     assert summary["stop_reason"] == "max_env_steps"
     for b in (1, 2):
         mine = [tag for peer, tag in posts if peer == b]
@@ -98,8 +99,8 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
     site_max = {1: 4.0, 2: 1.5}  # max weights of the two memories
 
     def batch(b):
-        s = SimpleNamespace(indices=np.arange(8), generations=np.arange(8), weights=site_w[b],
-                            priorities=np.ones(8), records=np.zeros(8, record))
+        s = Sample(indices=np.arange(8), generations=np.arange(8), weights=site_w[b],
+                   priorities=np.ones(8), records=np.zeros(8, record))
         return Tag.BATCH, wire.batch(s, 0, 0.0, max_weight=site_max[b])
 
     def on_post(link, tag):
@@ -117,7 +118,7 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
         trained.append(np.array(weights)), put(self, records, weights, frames))[1])
     topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        learner.run(cfg, topo, spec, wire, log, say=lambda s: None)
+        learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
     assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
     top = max(site_max.values())
     for got, b in zip(trained, (1, 2)):

@@ -63,7 +63,7 @@ def test_train_step_runs_standalone():
     batch of structured transition records, and sync_target copies the online network."""
     from mpirl.config import Config
     from mpirl.envs import inspect
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
     from mpirl.wire import transition_dtype
 
     cfg = Config(hidden=(16,), lr=1e-2)
@@ -126,7 +126,7 @@ def test_learner_train_step_does_not_import_dynamo():
 
     code = ("import sys, numpy as np\n"
             "from mpirl.config import Config\nfrom mpirl.envs import inspect\n"
-            "from mpirl.learner import TrainStep\nfrom mpirl.wire import transition_dtype\n"
+            "from mpirl.train_step import TrainStep\nfrom mpirl.wire import transition_dtype\n"
             "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
             "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
             "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
@@ -214,7 +214,7 @@ def _grads_by_hand(step, rec, weights):
     """The gradients of one update computed again on copies of the networks, unclipped."""
     import copy
 
-    from mpirl.learner import _batch_tensors
+    from mpirl.train_step import _batch_tensors
 
     online, target = copy.deepcopy(step.online), copy.deepcopy(step.target)
     obs, act, rew, nxt, disc = _batch_tensors(torch, rec)
@@ -230,7 +230,7 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
     give a gradient norm far above it, which the update scales (same direction) to norm 0.5
     before Adam sees it; a gradient below the clip is left as it is."""
     from mpirl.config import Config
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
 
     spec, rec = _cartpole_batch(reward=reward)
     w = np.full(len(rec), weight, np.float32)
@@ -254,7 +254,7 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
 
 def test_grad_clip_zero_leaves_gradients_alone():
     from mpirl.config import Config
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
 
     spec, rec = _cartpole_batch(reward=1000.0)
     w = np.full(len(rec), 100.0, np.float32)
@@ -270,7 +270,7 @@ def test_target_network_copied_exactly_every_target_update():
     """target_update 3: the target holds the online network of update 3, 6, 9, ... and does not
     change in between; a resumed step counter keeps the cadence (next copy at 12 from 10)."""
     from mpirl.config import Config
-    from mpirl.learner import TrainStep
+    from mpirl.train_step import TrainStep
 
     spec, rec = _cartpole_batch()
     w = np.ones(len(rec), np.float32)

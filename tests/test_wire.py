@@ -38,10 +38,10 @@ def test_empty_experience(wire):
 
 
 def test_batch_and_priorities_round_trip(wire):
-    from types import SimpleNamespace
+    from mpirl.replay import Sample
 
     rec = records(wire, 4)
-    s = SimpleNamespace(indices=np.array([3, 1, 4, 1]), generations=np.array([0, 2, 0, 2]),
+    s = Sample(indices=np.array([3, 1, 4, 1]), generations=np.array([0, 2, 0, 2]),
                         weights=np.ones(4), priorities=np.array([.5, .25, 1, .25]), records=rec)
     m = wire.unpack(wire.batch(s, batch_id=9, t_send=1.5, max_weight=3.5), Tag.BATCH)
     assert m.seq == 9 and m.a == 1.5 and m.b == 3.5  # b: the weights' normaliser

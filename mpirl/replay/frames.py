@@ -89,8 +89,9 @@ class _RetiringReplay(PrioritizedReplay):
 class FrameReplay:
     """Prioritized replay of image transitions with each frame stored once (see module doc).
 
-    ``add(records, frames, td_abs)`` takes a group (records' ``frames`` index ``frames``);
-    ``sample(B)`` returns ``(Sample, frames)`` with the Sample's records indexing ``frames``;
+    The interface of `PrioritizedReplay`, frames added: ``add(records, td_abs, frames)`` takes a
+    group (records' ``frames`` index ``frames``); ``sample(B)`` returns a `Sample` whose
+    ``frames`` is the batch's table, indexed by its records;
     ``update`` is PrioritizedReplay's (generation-checked, retired transitions count as stale).
     """
 
@@ -138,7 +139,12 @@ class FrameReplay:
     def inserted(self) -> int:
         return self.memory.inserted
 
-    def add(self, records: np.ndarray, frames: np.ndarray, td_abs: np.ndarray) -> np.ndarray:
+    def add(self, records: np.ndarray, td_abs: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """Insert a group: ``records`` whose ``frames`` field indexes the group's own frame table
+        ``frames``; the same call as `PrioritizedReplay.add` with the table added."""
+        if frames is None:
+            raise ValueError("add(): a memory of image observations needs the group's frame "
+                             "table (frames=...)")
         f = len(frames)
         cap_f = self.frame_capacity
         if f > cap_f:
@@ -165,7 +171,9 @@ class FrameReplay:
         self._groups.append((mem.inserted, base))
         return slots
 
-    def sample(self, batch_size: int, rng=None) -> tuple[Sample, np.ndarray]:
+    def sample(self, batch_size: int, rng=None) -> Sample:
+        """A batch as `PrioritizedReplay.sample` gives it, with ``frames`` the batch's own frame
+        table (each distinct frame once) that ``records["frames"]`` index."""
         s = self.memory.sample(batch_size, rng)
         serial = s.records["frames"]
         assert serial.min() >= self.frames_in - self.frame_capacity, "frame overwritten"
@@ -173,7 +181,7 @@ class FrameReplay:
         table = self.frames[uniq % self.frame_capacity]
         recs = s.records
         recs["frames"] = inv.reshape(serial.shape)
-        return s, table
+        return s._replace(frames=table)
 
     def update(self, indices, generations, td_abs) -> int:
         return self.memory.update(indices, generations, td_abs)

@@ -40,6 +40,9 @@ class Sample(NamedTuple):
     weights: np.ndarray  #: float32 ``(p_i / p_min) ** -beta``; 1 for the memory's smallest p
     priorities: np.ndarray  #: float32 priorities ``p_i`` the memory held when sampling
     records: np.ndarray  #: the transitions, ``memory.dtype``
+    #: image observations (`mpirl.replay.frames.FrameReplay`): the batch's frame table, which
+    #: ``records["frames"]`` index; None for vector observations
+    frames: np.ndarray | None = None
 
 
 def _mb(n: float) -> str:
@@ -238,13 +241,18 @@ class PrioritizedReplay:
         return g
 
     # ------------------------------------------------------------------ add
-    def add(self, records: np.ndarray, td_abs: np.ndarray) -> np.ndarray:
+    def add(self, records: np.ndarray, td_abs: np.ndarray, frames: None = None) -> np.ndarray:
         """Insert a chunk at the ring cursor with ``p = (|td_abs| + eps) ** alpha``.
 
         Overwrites the oldest transitions once full (their generation changes); of a chunk longer
         than ``capacity`` only the last ``capacity`` records are kept. Returns the slots written,
-        in the order of ``records``.
+        in the order of ``records``.  ``frames`` is the image memory's argument
+        (`mpirl.replay.frames.FrameReplay.add`), so the roles call both the same way; this memory
+        stores vector observations and takes none.
         """
+        if frames is not None:
+            raise ValueError("add(): frames given to a memory of vector observations; image "
+                             "observations go to mpirl.replay.frames.FrameReplay")
         if not isinstance(records, np.ndarray) or records.dtype != self._dtype:
             got = records.dtype if isinstance(records, np.ndarray) else type(records).__name__
             raise ValueError(f"add(): records dtype {got} is not the memory's dtype "

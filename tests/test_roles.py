@@ -1,0 +1,137 @@
+"""The roles' steps on their own, without mpirun: the consistent cut's bookkeeping, the forward
+queue, and a buffer handling PRIORITIES and EXPERIENCE messages (a one-rank communicator and a
+scripted link stand in for the site and the learner)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpirl import buffer as buffer_mod
+from mpirl.config import Config
+from mpirl.cut import Cut, SiteCut
+from mpirl.envs import inspect
+from mpirl.link import LinkStats
+from mpirl.logs import RunLog
+from mpirl.qnet import param_count
+from mpirl.topology import layout
+from mpirl.wire import Tag, Wire, transition_dtype
+
+
+class _Checkpointer:
+    def next_id(self):
+        return 7
+
+
+def test_cut_holds_a_site_from_its_ack_and_completes_with_the_last():
+    cut = Cut(_Checkpointer(), [1, 2], every_s=10.0, timeout_s=5.0, t_start=0.0)
+    assert not cut.due(9.9, stopping=False) and cut.due(10.0, stopping=False)
+    assert not cut.due(10.0, stopping=True)  # a stop waits for no new checkpoint
+    assert cut.begin(10.0) == 7 and cut.in_progress and not cut.due(30.0, stopping=False)
+    assert not cut.acknowledge(1, 6, 100)  # an ack of another checkpoint is not ours
+    assert cut.acknowledge(1, 7, 100) and cut.holds(1) and not cut.holds(2)
+    cut.park(1, ["late-1", "late-2"])
+    assert not cut.complete and cut.overdue(14.0) is None
+    assert "buffer(s) [1]" in cut.overdue(15.5)  # site rank 2 is buffer 1
+    assert cut.acknowledge(2, 7, 50) and cut.complete
+    cut.end(16.0)
+    assert not cut.holds(1) and cut.unpark(1) == ["late-1", "late-2"] and cut.unpark(1) == []
+    assert cut.final_id() == 8  # the next id: STOP carries it
+    assert Cut(None, [1], every_s=10.0, timeout_s=5.0, t_start=0.0).final_id() == -1
+
+
+def test_site_cut_completes_when_every_actor_acknowledged():
+    cut = SiteCut([1, 2, 3])
+    assert not cut.acknowledge(1, 0)  # nothing in progress
+    cut.begin(4)
+    for a in (1, 3):
+        assert cut.acknowledge(a, 4)
+    assert cut.holds(3) and not cut.holds(2) and not cut.complete
+    assert cut.acknowledge(2, 4) and cut.complete
+    cut.end()
+    assert not cut.in_progress and not cut.held
+
+
+def _wire(cfg):
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    return spec, Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
+                                          cfg.dueling))
+
+
+def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
+    cfg = Config(replay_at="learner")
+    spec, wire = _wire(cfg)
+    q = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
+    for k in range(2):
+        rec = np.zeros(4, wire.record)
+        rec["action"] = k
+        q.add(rec, np.full(4, float(k), np.float32))
+    assert q.len == 8 and q.dropped == 0 and not q.full
+    rec = np.zeros(4, wire.record)
+    rec["action"] = 2
+    q.add(rec, np.full(4, 2.0, np.float32))  # 12 > 10: the oldest group goes
+    assert q.len == 8 and q.dropped == 4
+    records, td, table = q.take(6)  # a group split: its tail stays at the front
+    assert table is None and records["action"].tolist() == [1] * 4 + [2] * 2
+    assert td.tolist() == [1.0] * 4 + [2.0] * 2 and q.len == 2 and not q.full
+    state = q.state()
+    back = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
+    back.restore(state)
+    assert back.len == 2 and back.take(5)[0]["action"].tolist() == [2, 2]
+
+
+class _Link:
+    def __init__(self, *a, **k):
+        self.sent, self.received, self.backlog = LinkStats(), LinkStats(), 0
+        self.posts = []
+
+    def post(self, buf, tag, now=None):
+        self.posts.append(Tag(tag))
+        return 0.0
+
+
+@pytest.fixture
+def site_buffer(tmp_path, monkeypatch):
+    """A Buffer with its replay memory (replay_at=buffer) on a one-rank site (no actors)."""
+    monkeypatch.setattr(buffer_mod, "LinkEnd", _Link)
+    cfg = Config(replay_at="buffer", hidden=(16,), replay_capacity=64, max_staleness=4)
+    spec, wire = _wire(cfg)
+    topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[1])
+    with RunLog(tmp_path / "buffer-0.h5", {}, flush_seconds=1) as log:
+        buf = buffer_mod.Buffer(cfg, topo, spec, wire, log)
+        buf.owed[1] = 0  # the experiences below come from "actor 1" (the site has none)
+        yield buf, wire
+
+
+def _experience(wire, n, env_steps):
+    return wire.unpack(wire.experience(np.zeros(n, wire.record), np.ones(n, np.float32), [1.0],
+                                       env_steps, 0), Tag.EXPERIENCE)
+
+
+def test_buffer_applies_priorities_only_to_slots_not_overwritten(site_buffer):
+    buf, wire = site_buffer
+    buf.on_experience(1, _experience(wire, 64, 64))
+    assert (buf.inserted, buf.env_steps, buf.episodes, len(buf.memory)) == (64, 64, 1, 64)
+    s = buf.memory.sample(16)
+    buf.batch_id = 1  # batch 0 was sent
+    buf.on_experience(1, _experience(wire, 32, 32))  # overwrites slots 0..31
+    raw = wire.priorities(s.indices, s.generations, np.full(16, 5.0), 0, 0.0, updates=10)
+    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES), raw, now=1.0)
+    stale = int((s.indices < 32).sum())
+    assert 0 < stale < 16  # both cases in the batch (fixed seed)
+    assert buf.prio_received == 16 and buf.stale_dropped == stale
+    assert buf.prio_applied == 16 - stale and buf.learner_updates == 10
+    assert (buf.prio_moved > 0) == (stale < 16)
+
+
+def test_buffer_drops_priorities_older_than_max_staleness(site_buffer):
+    buf, wire = site_buffer
+    buf.on_experience(1, _experience(wire, 64, 64))
+    s = buf.memory.sample(8)
+    buf.batch_id = 10  # batches 0..9 sent; batch 0 is 9 behind, max_staleness 4
+    before = buf.memory.total_priority()
+    raw = wire.priorities(s.indices, s.generations, np.full(8, 9.0), 0, 0.0)
+    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES), raw, now=1.0)
+    assert buf.too_stale == 8 and buf.prio_applied == 0
+    assert buf.memory.total_priority() == before
