@@ -217,6 +217,12 @@ def make(env_id: str, seed: int | None = None, kwargs: dict | None = None,
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     if fam == "atari":
+        if kwargs.get("frameskip", 1) != 1:
+            raise ConfigError(
+                f"env_kwargs: frameskip={kwargs['frameskip']!r} for env={env_id!r}: mpirl's "
+                f"Atari preprocessing skips {ATARI_FRAME_SKIP} frames itself (max-pooling the "
+                "last two) and needs the ALE env at frameskip=1; remove frameskip from "
+                "--env-kwargs")
         kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips (max-pools 2 frames)
     env = wrap(_gym_make(env_id, kwargs), wrappers or [])
     if not isinstance(env.action_space, gym.spaces.Discrete):

@@ -107,7 +107,7 @@ def _bcast_text(world, text: str | None) -> str:
     return bytes(buf).decode()
 
 
-def _reference_set(world, cfg, run_dir: Path) -> tuple[str, str]:
+def _reference_set(world, cfg, run_dir: Path | None) -> tuple[str, str]:
     """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once, see
     mpirl.refloss.resolve); every rank gets ``(path, sha256)`` or the same ConfigError."""
     from mpirl.config import ConfigError
@@ -258,6 +258,9 @@ def _configure(world, argv) -> _Setup | int:
             raise ConfigError(err)
     spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
     record = _check_resources(cfg, spec, resumed=manifest is not None)
+    refset = None
+    if cfg.reference_set and cfg.reference_set != "auto":  # a bad file: before any folder
+        refset = _reference_set(world, cfg, None)
     if manifest is None:
         run_dir = _prepare_run_dir(world, cfg)
         part = None
@@ -265,7 +268,8 @@ def _configure(world, argv) -> _Setup | int:
         run_dir = Path(cfg.run_dir)
         part = _resume_parts(world, run_dir, manifest,
                              topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
-    refset = _reference_set(world, cfg, run_dir) if cfg.reference_set else None
+    if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
+        refset = _reference_set(world, cfg, run_dir)
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 

@@ -166,7 +166,7 @@ def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
     return Path(cache) / f"{name}.npz"
 
 
-def resolve(value: str, cfg, run_dir: str | Path) -> tuple[Path, str]:
+def resolve(value: str, cfg, run_dir: str | Path | None) -> tuple[Path, str]:
     """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
@@ -174,7 +174,7 @@ def resolve(value: str, cfg, run_dir: str | Path) -> tuple[Path, str]:
     `mpirl.seeds.reference`, --reference-size transitions) when it is not there yet; written
     to a temporary name and renamed, so runs starting together never read half a file. A
     PATH: loaded and checked against the run (env, n_step, gamma). Raises ValueError naming
-    the mismatch."""
+    the mismatch.  ``run_dir`` is needed for ``auto`` only."""
     import os
 
     from mpirl import seeds

@@ -19,6 +19,16 @@ from mpirl.replay import FrameReplay  # noqa: E402
 from mpirl.wire import FLAG_ZSTD, HEADER, Tag, Wire, WireError  # noqa: E402
 
 
+def test_a_frameskip_in_env_kwargs_is_a_config_error_naming_it():
+    """ALE's own frameskip on top of the preprocessing's 4 would act every 16 frames (or make
+    gymnasium's AtariPreprocessing raise a bare ValueError); it is one clear error instead."""
+    from mpirl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"frameskip=4 .*remove frameskip from --env-kwargs"):
+        envs.inspect("ALE/Pong-v5", {"frameskip": 4})
+    envs.make("ALE/Pong-v5", kwargs={"frameskip": 1}).close()  # the value mpirl uses is fine
+
+
 @pytest.fixture(scope="module")
 def pong():
     return envs.inspect("ALE/Pong-v5")
