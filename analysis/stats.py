@@ -307,7 +307,11 @@ def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = N
     refs = {"paper: loss 0.26": PAPER_LOSS, "paper: priority 3.92": PAPER_PRIORITY} \
         if refs is None else dict(refs)
     n = len(ratios)
-    fig = Figure(figsize=(9, 1.2 + 0.42 * max(n, 1)))
+    labels = [r.label or f"ratio {i}" for i, r in enumerate(ratios)]
+    # the plot keeps ~5 inches whatever the labels' length (they sit left of it, the
+    # intervals' text right of it)
+    label_in = 0.075 * max((len(x) for x in labels), default=10)
+    fig = Figure(figsize=(5.0 + label_in + 1.8, 1.2 + 0.42 * max(n, 1)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
@@ -333,7 +337,7 @@ def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = N
     for j, (name, v) in enumerate(refs.items()):
         ax.axvline(v, color=f"C{j + 1}", ls="--", lw=1, zorder=1, label=name)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([r.label or f"ratio {i}" for i, r in enumerate(ratios)][::-1])
+    ax.set_yticklabels(labels[::-1])
     ax.set_ylim(-0.7, n - 0.3)
     for i, r in enumerate(ratios):
         ax.annotate(r.text(), (1.0, n - 1 - i), xycoords=("axes fraction", "data"),
