@@ -28,8 +28,8 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
    ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
    every message, as fast as tokens allow, with the calls the actor and the buffer make (mirrored
-   from ``mpirl/actor.py`` ``receive_all``/``send_chunk`` and the site part of ``mpirl/buffer.py``'s
-   loop: ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until
+   from ``mpirl/actor.py`` ``Actor.receive``/``Actor.send_chunk`` and the ``Buffer.receive_actors`` of
+   ``mpirl/buffer.py``: ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until
    ``Test``, ``actor_credits`` tokens, one CREDIT per buffer turn of at most 8 messages, the
    ``Backoff`` naps when a turn did nothing).  The raw stream: ``Isend`` of one preallocated
    uint8 buffer in windows of 64 (``Waitall`` per window), blocking ``Recv`` into one

@@ -214,7 +214,7 @@ class Actor:
         """Backpressure (too much waiting and no token: wait for the buffer, counted as
         throttled) or pacing (one token per env step of this turn; without them sleep at most
         the back-off ceiling, so stop and weights are still served).  True: skip this turn."""
-        if len(self.out) >= 4 * self.cfg.actor_chunk and self.tokens <= 0:
+        if len(self.out.obs) >= 4 * self.cfg.actor_chunk and self.tokens <= 0:
             t0 = time.monotonic()
             self.backoff.idle()
             self.throttled += time.monotonic() - t0
@@ -299,7 +299,7 @@ class Actor:
     # ---- ship ---------------------------------------------------------------------------------
     def ship(self) -> None:
         """Full chunks while tokens last."""
-        while len(self.out) >= self.cfg.actor_chunk and self.tokens > 0:
+        while len(self.out.obs) >= self.cfg.actor_chunk and self.tokens > 0:
             self.send_chunk()
 
     def send_chunk(self, final: bool = False) -> None:

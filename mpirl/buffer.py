@@ -121,6 +121,7 @@ class ForwardQueue:
 COUNTERS = ("env_steps", "inserted", "sampled", "episodes", "batch_id", "fwd_seq",
             "stale_dropped", "too_stale", "throttled", "prio_received", "prio_applied",
             "prio_moved", "forwarded")
+LATER_COUNTERS = ("prio_received", "prio_applied", "prio_moved", "forwarded")  # may be absent
 
 
 class Buffer:
@@ -341,13 +342,13 @@ class Buffer:
 
     def restore(self, part) -> None:
         r = part.meta
-        for k in COUNTERS:
-            if k in r:  # (prio_* and forwarded: absent in parts of older versions)
-                setattr(self, k, r[k])
+        for k in COUNTERS:  # (prio_* and forwarded: absent in parts of older versions)
+            setattr(self, k, r.get(k, 0) if k in LATER_COUNTERS else r[k])
+        dropped = r["forward_dropped"]
         if self.memory is not None:
             restore_memory(self.memory, part.arrays, r["replay"])
         else:
-            self.queue.dropped = r["forward_dropped"]
+            self.queue.dropped = dropped
             self.queue.restore(part.arrays)
 
     # ---- toward the actors and the learner ----------------------------------------------------

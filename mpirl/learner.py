@@ -259,7 +259,7 @@ class Learner:
     def on_checkpoint(self, site: Site, m, buf, now: float) -> None:
         """A buffer's acknowledgement: its part (and its actors') is on disk."""
         if not self.cut.acknowledge(site.rank, m.seq, int(m.a)):
-            raise RuntimeError(f"learner: unexpected CHECKPOINT {m.seq} from buffer {site.index}")
+            raise RuntimeError(f"learner: unexpected CHECKPOINT from buffer {site.index}")
         site.steps = int(m.a)
 
     # ---- checkpoint ---------------------------------------------------------------------------

@@ -139,7 +139,8 @@ class FrameReplay:
     def inserted(self) -> int:
         return self.memory.inserted
 
-    def add(self, records: np.ndarray, td_abs: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    def add(self, records: np.ndarray, td_abs: np.ndarray,
+            frames: np.ndarray | None = None) -> np.ndarray:
         """Insert a group: ``records`` whose ``frames`` field indexes the group's own frame table
         ``frames``; the same call as `PrioritizedReplay.add` with the table added."""
         if frames is None:
