@@ -31,8 +31,8 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    (mirrored from ``Actor.receive``/``Actor.send_chunk`` and ``Buffer.receive_actors``:
    ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until ``Test``,
    ``actor_credits`` tokens, one CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps
-   when a turn did nothing).  The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64 (``Waitall`` per window), blocking ``Recv`` into one
-   preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
+   when a turn did nothing).  The raw stream: ``Isend`` of one preallocated uint8 buffer in
+   windows of 64 (``Waitall`` per window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
    each); rates are bytes received after the first message / time from first to last.  Two
    variants of the mpirl path, for the notes only: no-nap (``Backoff(0, 0)``: idle turns only
    yield the CPU), which separates the cost of the calls from the latency of the naps, and
