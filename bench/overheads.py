@@ -28,21 +28,23 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
    ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
    every message, as fast as tokens allow, with the calls the actor and the buffer make (mirrored
-   from ``Actor.receive``/``Actor.send_chunk`` and ``Buffer.receive_actors``: ``Improbe``/``Recv``
-   into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until ``Test``, ``actor_credits`` tokens,
-   one CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps when a turn did nothing).
-   The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64 (``Waitall`` per
-   window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap,
-   credits, twice (``--seconds`` / 8 each); rates are bytes received after the first message / time
-   from first to last.  Two variants of the mpirl path, for the notes only: no-nap (``Backoff(0,
-   0)``: idle turns only yield the CPU), which separates the cost of the calls from the latency of
-   the naps, and credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
-   Target >= 0.8. 4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main``
-   until every actor has made its first env step (the latest of the actors' HDF5 attribute
-   ``first_step_unix``, minus the launch time), against the seconds from launching ``mpirun -n 9
-   python -c ...`` until every rank has imported torch, gymnasium and mpi4py, passed ``MPI_Init``
-   and a ``Barrier`` (the latest rank's clock right after it).  Both end where every rank is ready
-   to work; neither counts teardown.  Target <= 1.5x.  Not pinned: both oversubscribe the 2 cores in
+   from ``Actor.receive``/``Actor.send_chunk`` and ``Buffer.receive_actors`` (mpirl/actor.py,
+   mpirl/buffer.py): ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until
+   ``Test``, ``actor_credits`` tokens, one CREDIT per buffer turn of at most 8 messages, the
+   ``Backoff`` naps when a turn did nothing).  The raw stream: ``Isend`` of one preallocated
+   uint8 buffer in windows of 64 (``Waitall`` per window), blocking ``Recv`` into one
+   preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
+   each); rates are bytes received after the first message / time from first to last.  Two
+   variants of the mpirl path, for the notes only: no-nap (``Backoff(0, 0)``: idle turns only
+   yield the CPU), which separates the cost of the calls from the latency of the naps, and
+   credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
+   Target >= 0.8.
+4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
+   has made its first env step (the latest of the actors' HDF5 attribute ``first_step_unix``,
+   minus the launch time), against the seconds from launching ``mpirun -n 9 python -c ...``
+   until every rank has imported torch, gymnasium and mpi4py, passed ``MPI_Init`` and a
+   ``Barrier`` (the latest rank's clock right after it).  Both end where every rank is ready to
+   work; neither counts teardown.  Target <= 1.5x.  Not pinned: both oversubscribe the 2 cores in
    the same way.
 
 Fairness on a small machine (designed for 2 cores; 3 ranks oversubscribe it): for 1 and 2 the
