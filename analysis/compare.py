@@ -502,18 +502,36 @@ def analyse_cell(key: tuple, runs: list[Run], target: float | None = None) -> Ce
     for k, label, _ in CELL_METRICS:
         c.ratios[k] = S.ratio_ci(S.seed_values(p, k), S.seed_values(e, k),
                                  label=f"{c.label}: {label}")
+    # time (and updates) to target, a seed that did not reach it censored at its own run's end:
+    # the most it could have taken as far as the run shows, so the censoring favours the
+    # placement that failed and a win is conservative (max_seconds would not be: a run stopped
+    # by its update budget long before it would count as having needed max_seconds)
+    ends = {place: {m["seed"]: _run_end(m, "wall_s", c.budget_s) for m in ms}
+            for place, ms in by.items()}
     for place, ms in by.items():
-        c.ttt[place] = S.time_to_target([m["time_to_target_s"] for m in ms], c.budget_s)
-    # time to target with censored seeds at the budget (conservative for a win), paired
-    censored = {place: {m["seed"]: min(m["time_to_target_s"], c.budget_s)
-                        if m["time_to_target_s"] is not None else c.budget_s for m in ms}
-                for place, ms in by.items()}
-    c.ratios["time_to_target"] = S.ratio_ci(censored["buffer"], censored["learner"],
-                                            label=f"{c.label}: time to target (censored)")
+        c.ttt[place] = S.time_to_target([m["time_to_target_s"] for m in ms],
+                                        max(ends[place].values(), default=c.budget_s))
+    n_budget = max((_run_end(m, "updates", 0.0) for ms in by.values() for m in ms),
+                   default=0.0) or float("nan")
+    for key, unit, end, fallback in (("time_to_target_s", "time_to_target", "wall_s", c.budget_s),
+                                     ("updates_to_target", "updates_to_target", "updates",
+                                      n_budget)):
+        censored = {place: {m["seed"]: (float(m[key]) if m[key] is not None
+                                        else _run_end(m, end, fallback)) for m in ms}
+                    for place, ms in by.items()}
+        c.ratios[unit] = S.ratio_ci(censored["buffer"], censored["learner"],
+                                    label=f"{c.label}: {unit.replace('_', ' ')} (censored)")
     c.decision = S.decide(c.ratios["ref_loss"], c.ratios["prio_held"])
     c.crossover = {"time to target": _winner(c.ratios["time_to_target"], lower_is_better=True),
                    "return per MB": _winner(c.ratios["return_per_mb"], lower_is_better=False)}
     return c
+
+
+def _run_end(m: dict, key: str, fallback: float) -> float:
+    """Where a run ended (``wall_s`` or ``updates`` of its summary); ``fallback`` for a run
+    without one (it failed before writing its summary)."""
+    v = m.get(key)
+    return float(v) if v is not None and np.isfinite(float(v)) and float(v) > 0 else fallback
 
 
 def _winner(r, lower_is_better: bool) -> str:
@@ -578,12 +596,17 @@ def cell_table(c: Cell) -> str:
     r = c.ratios["time_to_target"]
     t = {p: c.ttt[p] for p in ("learner", "buffer")}
     lines.append(
-        f"| time to target (s; censored at {_num(c.budget_s)}) | "
+        "| time to target (s; a seed that did not reach it: censored at its run's end) | "
         f"{_vals(c.metrics['learner'], 'time_to_target_s')}; reached "
         f"{t['learner'].reached}/{t['learner'].n}, median {t['learner'].median_text()} | "
         f"{_vals(c.metrics['buffer'], 'time_to_target_s')}; reached "
         f"{t['buffer'].reached}/{t['buffer'].n}, median {t['buffer'].median_text()} | "
         f"{r.text()} | {r.method} |")
+    r = c.ratios["updates_to_target"]
+    lines.append(f"| updates to target (censored at the run's updates) | "
+                 f"{_vals(c.metrics['learner'], 'updates_to_target')} | "
+                 f"{_vals(c.metrics['buffer'], 'updates_to_target')} | {r.text()} | "
+                 f"{r.method} |")
     lines.append(f"| delivered fraction of production (existing) | "
                  f"{_vals(c.metrics['learner'], 'delivered_fraction')} | | | |")
     d = c.decision

@@ -22,7 +22,7 @@ def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
               transfers: dict | None = None, ref: float = 1.0, prio: float = 1.0,
               hit_t: float | None = None, bytes_per_s: float = 1e5, max_seconds: float = 10.0,
               evals: dict | None = None, config: dict | None = None,
-              env_steps: int = 640) -> Path:
+              env_steps: int = 640, wall_s: float = 10.0) -> Path:
     """A run folder as mpirl writes it, reduced to what analysis reads: the learner's loop
     starts at t = 0 (first /link row at t = 1 over 1 s); one /link row per second for 10 s;
     evaluations at t = 1..10 (updates 10..100) returning 500 from ``hit_t`` on, else 100."""
@@ -59,7 +59,7 @@ def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
                 g[k] = np.asarray(v)
     total = float(np.sum(streams["link"]["bytes_in"]))
     (path / "summary.json").write_text(json.dumps({
-        "stop_reason": "max_seconds", "updates": n_updates, "wall_s": 10.0,
+        "stop_reason": "max_seconds", "updates": n_updates, "wall_s": wall_s,
         "env_steps": env_steps,
         "link_bytes_in": total, "link_bytes_out": 0, "target_return": None}))
     return path
@@ -181,6 +181,28 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
     grid = C.crossover_map([slow, fast])
     assert grid.splitlines()[0] == "| bandwidth_mbps \\ rho | 1 |"
     assert grid.splitlines()[2].startswith("| 0.4 | time to target: proposed")
+
+
+def test_a_run_that_stopped_early_is_censored_at_its_own_end(tmp_path):
+    """Runs stop at their update budget, often long before --max-seconds: a seed that never
+    reached the target is censored at its own run's end (4 s here), not at max_seconds (10 s),
+    which would credit the other placement with a win the data do not show."""
+    root = sweep(tmp_path / "out", {
+        ("1.25", "1"): {"learner": [dict(hit_t=None, wall_s=4.0), dict(hit_t=None, wall_s=4.0)],
+                        "buffer": [dict(hit_t=6.0), dict(hit_t=8.0)]}})
+    runs, errors = C.load_experiment(root)
+    assert not errors
+    (key, rs), = C.group_cells(runs, root).items()
+    c = C.analyse_cell(key, rs)
+    assert c.ttt["learner"].reached == 0 and c.ttt["learner"].median_text() == "> 4"
+    tr = c.ratios["time_to_target"]
+    assert tr.per_seed == pytest.approx((6.0 / 4.0, 8.0 / 4.0))
+    assert not c.crossover["time to target"].startswith("proposed")
+    # updates to target: the same update budget in both, the failed seeds censored at it
+    ur = c.ratios["updates_to_target"]
+    assert ur.per_seed == pytest.approx((60 / 100, 80 / 100))
+    table = C.cell_table(c)
+    assert "| updates to target (censored at the run's updates) |" in table
 
 
 def test_paper_report_writes_tables_and_plots(tmp_path):
