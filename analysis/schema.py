@@ -21,8 +21,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-__all__ = ["ATTR_DOCS", "SUMMARY_DOCS", "declared_tables", "describe_file", "describe_run",
-           "stream_table"]
+__all__ = ["ATTR_DOCS", "SUMMARY_DOCS", "describe_file", "describe_run", "stream_table"]
 
 _COMMON = {
     "config_json": "the run's full config as JSON (every `python -m mpirl.main --help` option: "
@@ -164,16 +163,6 @@ def stream_table(name: str, doc: str, rows) -> list[str]:
         out.append(f"| `{k}` | {dtype} | {shape} | {_cell(units) or '-'} | {_cell(doc_k)} |")
     return out
 
-
-def declared_tables(role: str) -> dict[str, str]:
-    """Each stream of ``role`` as `mpirl.schema` declares it (``t`` first, as the writer adds
-    it), rendered as `describe_file` renders the files: stream name -> markdown."""
-    from mpirl.logs import T_FIELD
-    from mpirl.schema import ROLES
-
-    return {s.name: "\n".join(stream_table(s.name, s.doc, [
-        (f.name, f.dtype, f.shape, f.unit, f.doc) for f in (T_FIELD, *s.fields)]))
-        for s in ROLES[role]}
 
 
 def describe_run(run_dir: str | Path) -> str:

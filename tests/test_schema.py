@@ -5,11 +5,20 @@ from pathlib import Path
 
 import pytest
 
-from analysis.schema import declared_tables
+from analysis.schema import stream_table
 from mpirl import schema
+from mpirl.logs import T_FIELD
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 FILES = {"learner": "learner.h5", "buffer": "buffer-<site>.h5", "actor": "actor-<rank>.h5"}
+
+
+def declared_tables(role: str) -> dict[str, str]:
+    """Each stream of ``role`` as mpirl.schema declares it (``t`` first, as the writer adds
+    it), rendered as analysis.schema renders a file's streams (analysis never imports mpirl)."""
+    return {s.name: "\n".join(stream_table(s.name, s.doc, [
+        (f.name, f.dtype, f.shape, f.unit, f.doc) for f in (T_FIELD, *s.fields)]))
+        for s in schema.ROLES[role]}
 
 
 def _doc_sections() -> dict[str, str]:
