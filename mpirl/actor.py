@@ -204,9 +204,10 @@ class Actor:
     def on_checkpoint(self, m) -> None:
         """Snapshot between two steps, then acknowledge (`mpirl.cut`)."""
         self.save(m.seq)
-        self.isend(self.wire.checkpoint(m.seq, self.env_steps), Tag.CHECKPOINT)
+        self.send_to_buffer(self.wire.checkpoint(m.seq, self.env_steps), Tag.CHECKPOINT)
 
-    def isend(self, buf: np.ndarray, tag: Tag) -> None:
+    def send_to_buffer(self, buf: np.ndarray, tag: Tag) -> None:
+        """Nonblocking uppercase Isend of a numpy buffer (no pickle); kept until it completes."""
         self.sends.append((self.comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=tag), buf))
 
     # ---- wait when held back ------------------------------------------------------------------
@@ -330,7 +331,7 @@ class Actor:
                                    self.env_steps - self.steps_reported, self.seq, frames=table)
         if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
-        self.isend(buf, Tag.EXPERIENCE)
+        self.send_to_buffer(buf, Tag.EXPERIENCE)
         out.drop(k)
         if flog is not None:  # forget frames nothing pending refers to any more
             pending = [i[0] for i in self.ids] + [o[0] for o in out.obs]
@@ -406,7 +407,7 @@ class Actor:
         self.send_chunk(final=True)
         if self.final_ckpt >= 0:  # everything is sent: the part holds final counters only
             self.save(self.final_ckpt)
-        self.isend(self.wire.done(self.env_steps, self.done_episodes), Tag.DONE)
+        self.send_to_buffer(self.wire.done(self.env_steps, self.done_episodes), Tag.DONE)
         comm, status, acked = self.comm, self.status, False
         while not acked or self.sends:
             msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
