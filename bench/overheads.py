@@ -255,7 +255,8 @@ def ref_actor_mode(argv: list[str]) -> int:
     m = cfg.envs_per_actor
     rng = np.random.default_rng(cfg.seed + 2000)
     envs = [envs_mod.make(cfg.env, seed=j) for j in range(m)]
-    eps = np.array([epsilon(j, m, cfg.eps_base, cfg.eps_alpha) for j in range(m)])  # 1 actor
+    eps = [epsilon(j, m, cfg.eps_base, cfg.eps_alpha) for j in range(m)]  # 1 actor
+    n_act = spec.n_actions
     q = make_q(spec, cfg.hidden, cfg.dueling)
     q.load(rng.normal(0, 0.3, q.size).astype(np.float32))
     obs = np.stack([e.reset(seed=j)[0] for j, e in enumerate(envs)])
@@ -269,11 +270,11 @@ def ref_actor_mode(argv: list[str]) -> int:
         elif t0 is not None and now - t0 >= seconds:
             break
         qv = q(obs)
-        actions = qv.argmax(axis=1)
-        explore = rng.random(m) < eps
-        actions[explore] = rng.integers(0, spec.n_actions, explore.sum())
+        actions = qv.argmax(axis=1).tolist()
+        u = rng.random(2 * m).tolist()  # the actor's draw (mpirl.actor.Actor.act)
         for j, env in enumerate(envs):
-            nxt, _, term, trunc, _ = env.step(int(actions[j]))
+            a = actions[j] if u[j] >= eps[j] else min(int(u[m + j] * n_act), n_act - 1)
+            nxt, _, term, trunc, _ = env.step(a)
             steps += 1
             if term or trunc:
                 nxt, _ = env.reset()

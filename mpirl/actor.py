@@ -59,27 +59,31 @@ def epsilon(i: int, n: int, base: float, alpha: float) -> float:
 
 
 class Outgoing:
-    """Transitions made, not yet sent, as parallel lists (appending to lists is the cheapest per
-    env step).  ``boot`` holds, per transition, a one-element box for max_a Q(s', a): filled by
-    the next acting forward of its env (s' is the observation acted on next), so an image run
-    does not run the CNN twice over every state; boxes still NaN at send time (s' ended the
-    episode, or the chunk leaves before the next forward) are computed then."""
+    """Transitions made, not yet sent: one tuple per transition, ``(obs, act, ret, next, disc,
+    qsa, box)``, one list append per transition (the cheapest per env step).  ``box`` is a
+    one-element list for max_a Q(s', a): filled by the next acting forward of its env (s' is the
+    observation acted on next), so an image run does not run the CNN twice over every state;
+    boxes still NaN at send time (s' ended the episode, or the chunk leaves before the next
+    forward) are computed then."""
 
     NAMES = ("obs", "act", "ret", "next", "disc", "qsa")
 
     def __init__(self):
-        self.obs, self.act, self.ret, self.next, self.disc, self.qsa = [], [], [], [], [], []
-        self.boot: list = []
+        self.rows: list[tuple] = []
 
     def __len__(self) -> int:
-        return len(self.obs)
+        return len(self.rows)
 
-    def lists(self) -> tuple[list, ...]:
-        return self.obs, self.act, self.ret, self.next, self.disc, self.qsa
+    def columns(self, k: int | None = None) -> tuple[list, ...]:
+        """The first ``k`` transitions (all: None) as seven lists: NAMES, then the boxes."""
+        rows = self.rows if k is None else self.rows[:k]
+        return tuple(map(list, zip(*rows))) if rows else ([],) * 7
+
+    def extend(self, *columns) -> None:
+        self.rows.extend(zip(*columns))
 
     def drop(self, k: int) -> None:
-        for lst in (*self.lists(), self.boot):
-            del lst[:k]
+        del self.rows[:k]
 
 
 class Actor:
@@ -97,6 +101,7 @@ class Actor:
         n_total = topo.n_actors * m
         self.eps = np.array([epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
                              for j in range(m)])
+        self.eps_list = self.eps.tolist()  # act() compares Python floats
         self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
         self.q = make_q(spec, cfg.hidden, cfg.dueling)
         self.flog = FrameLog(spec.stack, spec.frame_shape) if spec.image else None
@@ -164,7 +169,6 @@ class Actor:
                 self.ids[j] = self.flog.reset(o)
         self.ep_ret = [0.0] * self.m  # Python numbers: numpy scalar arithmetic costs more
         self.ep_len = [0] * self.m
-        self.rows = np.arange(self.m)
         self.first_step = True
         self.next_row = time.monotonic() + self.cfg.flush_seconds
         self.t_polled = 0.0  # poll at once
@@ -215,7 +219,7 @@ class Actor:
         """Backpressure (too much waiting and no token: wait for the buffer, counted as
         throttled) or pacing (one token per env step of this turn; without them sleep at most
         the back-off ceiling, so stop and weights are still served).  True: skip this turn."""
-        if len(self.out.obs) >= 4 * self.cfg.actor_chunk and self.tokens <= 0:
+        if len(self.out.rows) >= 4 * self.cfg.actor_chunk and self.tokens <= 0:
             t0 = time.monotonic()
             self.backoff.idle()
             self.throttled += time.monotonic() - t0
@@ -228,29 +232,38 @@ class Actor:
     # ---- act and step -------------------------------------------------------------------------
     def act(self) -> tuple[list, list]:
         """One batched forward, epsilon-greedy per env; fills the boxes waiting for this
-        forward's max_a Q.  Returns (actions, Q(s, a)) as Python lists."""
-        qv = self.q(self.obs)
-        best = qv.max(axis=1).tolist()  # one reduction for every env's waiting boxes
-        for j, boxes in enumerate(self.waiting):
+        forward's max_a Q.  Returns (actions, Q(s, a)) as Python lists.
+
+        Per turn one draw of 2m uniforms: env j explores when ``u[j] < eps[j]`` and then takes
+        action ``floor(u[m + j] * n_actions)``; ``Generator.integers`` for the random actions
+        cost 6.5 us a call here, 9x a uniform draw.  The Q-values come to Python once
+        (``tolist``) and max / argmax are taken there (``list.index`` of the max is numpy's
+        argmax, the first maximum): for a few envs cheaper than numpy's per-call dispatch."""
+        m, n_actions, eps = self.m, self.spec.n_actions, self.eps_list
+        rows = self.q(self.obs).tolist()
+        u = self.rng.random(2 * m).tolist()
+        actions, q_sa = [], []
+        for j, row in enumerate(rows):
+            best = max(row)
+            boxes = self.waiting[j]
             if boxes:
                 for box in boxes:
-                    box[0] = best[j]
+                    box[0] = best
                 boxes.clear()
-        actions = qv.argmax(axis=1)
-        explore = self.rng.random(self.m) < self.eps
-        if explore.any():  # (Generator.integers' size handling costs more than the draw)
-            actions[explore] = self.rng.integers(0, self.spec.n_actions, int(explore.sum()))
-        return actions.tolist(), qv[self.rows, actions].tolist()
+            a = (min(int(u[m + j] * n_actions), n_actions - 1) if u[j] < eps[j]
+                 else row.index(best))
+            actions.append(a)
+            q_sa.append(row[a])
+        return actions, q_sa
 
     def step_envs(self, actions: list, q_sa: list) -> None:
-        """One step of every env: n-step transitions into the outgoing lists, finished
+        """One step of every env: n-step transitions into the outgoing rows, finished
         episodes logged and reset."""
-        flog, obs, out, ids = self.flog, self.obs, self.out, self.ids
+        flog, obs, ids = self.flog, self.obs, self.ids
         ep_ret, ep_len, lives = self.ep_ret, self.ep_len, self.lives
         nsteps, waiting = self.nsteps, self.waiting
         clip, episodic_life = self.spec.clip_rewards, self.episodic_life
-        o_obs, o_act, o_ret, o_next, o_disc, o_qsa = out.lists()
-        o_boot = out.boot
+        add, nan = self.out.rows.append, np.nan
         for j, env in enumerate(self.envs):
             a = actions[j]
             nxt, r, term, trunc, info = env.step(a)
@@ -267,18 +280,16 @@ class Actor:
                 there = ids[j] = flog.step(here, nxt)
             else:
                 here, there = obs[j].copy(), nxt
+            ended = term or trunc
             for t in nsteps[j].push(here, a, r, there, term or life_lost, trunc, q_sa[j]):
-                o_obs.append(t[0])
-                o_act.append(t[1])
-                o_ret.append(t[2])
-                o_next.append(t[3])
-                o_disc.append(t[4])
-                o_qsa.append(t[5])
-                box = [0.0 if t[4] == 0.0 else np.nan]
-                if t[4] != 0.0 and not (term or trunc):
-                    waiting[j].append(box)  # s' = nxt, acted on at the next forward
-                o_boot.append(box)
-            if term or trunc:
+                if t[4] == 0.0:
+                    box = [0.0]
+                else:
+                    box = [nan]
+                    if not ended:
+                        waiting[j].append(box)  # s' = nxt, acted on at the next forward
+                add(t + (box,))
+            if ended:
                 self.end_episode(j)
                 nxt, info = env.reset()
                 lives[j] = info.get("lives", 0)
@@ -300,7 +311,7 @@ class Actor:
     # ---- ship ---------------------------------------------------------------------------------
     def ship(self) -> None:
         """Full chunks while tokens last."""
-        while len(self.out.obs) >= self.cfg.actor_chunk and self.tokens > 0:
+        while len(self.out.rows) >= self.cfg.actor_chunk and self.tokens > 0:
             self.send_chunk()
 
     def send_chunk(self, final: bool = False) -> None:
@@ -309,24 +320,25 @@ class Actor:
         k = len(out) if final else self.cfg.actor_chunk
         if k == 0 and not self.returns_to_send and self.env_steps == self.steps_reported:
             return
+        o_obs, o_act, o_ret, o_next, o_disc, o_qsa, o_boot = out.columns(k)
         rec = np.empty(k, self.wire.record)
-        rec["action"] = out.act[:k]
-        rec["reward"] = out.ret[:k]
-        rec["discount"] = out.disc[:k]
+        rec["action"] = o_act
+        rec["reward"] = o_ret
+        rec["discount"] = o_disc
         table = None
         if flog is not None:  # image run: each frame once, records index the table
-            rec["frames"], table = flog.pack(out.obs[:k], out.next[:k])
+            rec["frames"], table = flog.pack(o_obs, o_next)
             next_obs = stacks(rec, table, spec.stack)[1]
         elif k:  # a final message may carry only returns and step counts
-            rec["obs"] = out.obs[:k]
-            rec["next_obs"] = out.next[:k]
+            rec["obs"] = o_obs
+            rec["next_obs"] = o_next
             next_obs = rec["next_obs"]
         # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
-        bootstrap = np.array([b[0] for b in out.boot[:k]], np.float64)
+        bootstrap = np.array([b[0] for b in o_boot], np.float64)
         todo = np.flatnonzero(np.isnan(bootstrap))
         if todo.size:
             bootstrap[todo] = self.q(next_obs[todo]).max(axis=1)
-        td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.asarray(out.qsa[:k]))
+        td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.array(o_qsa))
         buf = self.wire.experience(rec, td_abs, self.returns_to_send,
                                    self.env_steps - self.steps_reported, self.seq, frames=table)
         if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
@@ -334,7 +346,7 @@ class Actor:
         self.send_to_buffer(buf, Tag.EXPERIENCE)
         out.drop(k)
         if flog is not None:  # forget frames nothing pending refers to any more
-            pending = [i[0] for i in self.ids] + [o[0] for o in out.obs]
+            pending = [i[0] for i in self.ids] + [row[0][0] for row in out.rows]
             pending += [st[0][0] for ns in self.nsteps for st in ns._steps]
             flog.prune(min(pending))
         self.returns_to_send.clear()
@@ -368,13 +380,15 @@ class Actor:
         """This actor's part of checkpoint ``ckpt_id``: everything needed to continue."""
         spec, out = self.spec, self.out
         k = len(out)
-        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, out.lists())}
+        cols = out.columns()
+        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, cols)}
+        o_obs, o_next = cols[0], cols[3]
         if self.flog is not None:  # image run: frame ids -> indices into a saved frame table
-            idx, arrays["out_frames"] = self.flog.pack(out.obs, out.next)
+            idx, arrays["out_frames"] = self.flog.pack(o_obs, o_next)
             arrays["out_obs"], arrays["out_next"] = idx[:, :spec.stack], idx[:, spec.stack:]
         else:
-            arrays["out_obs"] = np.asarray(out.obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
-            arrays["out_next"] = np.asarray(out.next, spec.obs_dtype).reshape(k, *spec.obs_shape)
+            arrays["out_obs"] = np.asarray(o_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
+            arrays["out_next"] = np.asarray(o_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
         arrays["returns_to_send"] = np.asarray(self.returns_to_send, np.float64)
         self.ckpt.write(ckpt_id, {
             "env_steps": self.env_steps, "steps_reported": self.steps_reported, "seq": self.seq,
@@ -390,15 +404,16 @@ class Actor:
         self.paced_before = r.get("paced_s", 0.0)
         self.done_episodes = r["episodes"]
         self.eps = np.asarray(r["epsilons"], np.float64)
+        self.eps_list = self.eps.tolist()
         restore_rng(self.rng, r["rng"])
-        for n, lst in zip(Outgoing.NAMES, out.lists()):
-            lst.extend(part.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
-                       else list(part.arrays[f"out_{n}"]))
-        out.boot.extend([np.nan] for _ in out.obs)  # bootstraps computed when sent
+        cols = {n: (part.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
+                    else list(part.arrays[f"out_{n}"])) for n in Outgoing.NAMES}
         if self.flog is not None:  # frame ids again, in this actor's new FrameLog
             first = self.flog.adopt(part.arrays["out_frames"])
-            out.obs[:] = [tuple(int(first + i) for i in row) for row in out.obs]
-            out.next[:] = [tuple(int(first + i) for i in row) for row in out.next]
+            for n in ("obs", "next"):
+                cols[n] = [tuple(int(first + i) for i in row) for row in cols[n]]
+        boxes = [[np.nan] for _ in cols["obs"]]  # bootstraps computed when sent
+        out.extend(*(cols[n] for n in Outgoing.NAMES), boxes)
         self.returns_to_send.extend(part.arrays["returns_to_send"].tolist())
 
     def hand_over(self) -> None:
