@@ -221,10 +221,11 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
             t = f["progress/t"][()]
             upd = f["progress/updates"][()]
             busy = f["progress/busy_fraction"][()]
+            idle = f["progress/idle_fraction"][()]
             ev_t = f["evals/t"][()] if "evals" in f else np.zeros(0)
             ev_s = f["evals/eval_s"][()] if "evals" in f else np.zeros(0)
         while len(upd) > 3 and upd[-1] == upd[-2]:  # rows written while stopping: no updates
-            t, upd, busy = t[:-1], upd[:-1], busy[:-1]
+            t, upd, busy, idle = t[:-1], upd[:-1], busy[:-1], idle[:-1]
         i = int(np.argmax(t >= t[0] + (t[-1] - t[0]) / 3))
         wall = t[-1] - t[i]
         cpu = cpu_at(prefix, 0, t[[i, -1]] + t0)
@@ -233,7 +234,8 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
         inside = (ev_t > t[i]) & (ev_t <= t[-1])
         eval_s, n_evals = float(np.sum(ev_s[inside])), int(np.sum(inside))
         out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
-                   busy=float(np.mean(busy[i + 1:])), window_s=wall, eval_share=eval_s / wall,
+                   busy=float(np.mean(busy[i + 1:])), idle=float(np.mean(idle[i + 1:])),
+                   window_s=wall, eval_share=eval_s / wall,
                    evals=n_evals, eval_ms=1e3 * eval_s / n_evals if n_evals else float("nan"))
     return out
 
@@ -660,7 +662,8 @@ def main() -> None:
         cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
                         f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
         notes.append(f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
-                     f"train steps) {got['busy']:.2f}; the learner process used "
+                     f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
+                     f"no batch and no message) {got['idle']:.2f}; the learner process used "
                      f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
                      f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
         ev = res["learner_eval"]

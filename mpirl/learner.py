@@ -162,7 +162,7 @@ class Learner:
         self.t_prog = self.t_link = self.t_start
         log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
         self.prog = {"steps": 0, "updates": 0, "inserted": 0, "capped": 0.0, "busy": 0.0,
-                     "link": 0}  # the totals at the last progress row
+                     "link": 0, "idle": 0.0}  # the totals at the last progress row
         self.cut = Cut(ckpt, self.sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec),
                        self.t_start)
         self.part_names = [part_name(p.role, p.site, p.rank) for p in topo.places]
@@ -580,7 +580,8 @@ class Learner:
                    rho=d_updates * cfg.batch_size / d_steps if d_steps > 0 else np.nan,
                    delivered_fraction=((self.inserted - p["inserted"]) / d_steps
                                        if self.at_learner and d_steps > 0 else np.nan),
-                   capped_s=self.capped_s - p["capped"])
+                   capped_s=self.capped_s - p["capped"],
+                   idle_fraction=(self.backoff.idle_s - p["idle"]) / dt)
         self.logs["progress"].append(**row)
         self.say(f"[{now - self.t_start:7.1f}s] env steps {env_steps:>10,} "
                  f"({row['env_steps_per_s']:,.0f}/s) | updates {self.updates:>8,} "
@@ -589,7 +590,8 @@ class Learner:
                  f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
         self.t_prog = now
         self.prog = {"steps": env_steps, "updates": self.updates, "inserted": self.inserted,
-                     "capped": self.capped_s, "busy": self.busy, "link": link_total}
+                     "capped": self.capped_s, "busy": self.busy, "link": link_total,
+                     "idle": self.backoff.idle_s}
         self.loss_sum, self.loss_n = 0.0, 0
 
     def wait(self, did: bool) -> None:

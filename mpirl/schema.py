@@ -85,6 +85,8 @@ LEARNER = (
               "--forward-overflow drop-oldest lost some; NaN for replay_at=buffer)"),
         Field("capped_s", "f8", "s", "time a batch was ready but --learner-updates-per-s held "
               "the update back, over the interval (the cap, not the data, set the pace)"),
+        Field("idle_fraction", "f4", "", "time the learner slept because a turn found nothing "
+              "to do (no batch ready, no message) / wall time over the interval"),
     )),
     Stream("link", "the learner's side of each long-haul link, one row per buffer per interval", (
         Field("buffer", "i4", "", "site"),

@@ -16,7 +16,7 @@ class Backoff:
     def __init__(self, floor: float = 5e-5, ceiling: float = 2e-3):
         self.floor, self.ceiling = floor, ceiling
         self.nap = floor
-        self.idle_s = 0.0  # total time spent napping
+        self.idle_s = 0.0  # total time spent napping (measured, not requested)
 
     def work(self) -> None:
         """The last turn did something: next idle nap starts short."""
@@ -27,6 +27,7 @@ class Backoff:
         nap = self.nap
         if until is not None:
             nap = min(nap, max(0.0, until - time.monotonic()))
+        t0 = time.monotonic()
         time.sleep(nap)
-        self.idle_s += nap
+        self.idle_s += time.monotonic() - t0  # as slept: a short nap overshoots (timer slack)
         self.nap = min(self.ceiling, self.nap * 2)

@@ -152,6 +152,8 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
     _check_logged_rho(p)
     assert np.isnan(p["delivered_fraction"]).all()  # replay_at=buffer: nothing forwarded
     assert np.nanmax(p["capped_s"]) > 0.5  # the cap, not the data, set the pace
+    # 20 updates/s of ~1 ms each: the learner naps between them, and says so
+    assert np.median(p["idle_fraction"][1:]) > 0.5 and (p["idle_fraction"] <= 1.01).all()
     for a in (2, 3):
         with h5py.File(run_dir / f"actor-{a}.h5", "r", locking=False) as f:
             act = read_stream(f, "actor")
