@@ -1,0 +1,98 @@
+"""Bytes per transition on the long-haul link, per placement, for any env: what a sweep spec's
+bandwidth axis is calibrated with (issue 14: "a pilot to calibrate bytes per transition").
+
+    python experiments/link_bytes.py --env MinAtar/Breakout-v1 [--steps 3000] [--compress on|off|auto]
+
+One process, no mpirun: an `mpirl.actor.Actor` steps the env with its own exploration (a zero
+network, so greedy = action 0, and the actor's Ape-X epsilons) and packs its EXPERIENCE messages
+as in a run; the buffer's `ForwardQueue` cuts them into FORWARD messages (replay_at=learner, what
+the existing placement sends) and a prioritized memory samples BATCH messages (replay_at=buffer,
+what the proposed placement sends), each packed and, for image envs or ``--compress on``,
+compressed exactly as a run packs them.  Trained policies make longer, busier episodes, so image
+frames compress somewhat less than here; every run logs its own bytes (learner.h5:/transfers).
+
+Then the link a placement needs at a production rate P (env steps/s) and an update rate U:
+existing ~ P x FORWARD bytes x 8, proposed ~ U x BATCH bytes x 8 (+ the priorities coming back).
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def measure(env: str, steps: int, compress: str = "auto") -> dict:
+    from mpi4py import MPI
+
+    from mpirl import actor as actor_mod
+    from mpirl import buffer as buffer_mod
+    from mpirl.config import Config
+    from mpirl.envs import inspect
+    from mpirl.logs import RunLog
+    from mpirl.main import _wire
+    from mpirl.replay.build import make_replay, record_dtype
+    from mpirl.topology import layout
+    from mpirl.wire import Tag
+
+    cfg = Config(env=env, compress=compress)
+    spec = inspect(cfg.env)
+    wire = _wire(cfg, spec, record_dtype(cfg, spec))
+    topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
+    sent: list[np.ndarray] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            RunLog(Path(tmp) / "actor.h5", {}, flush_seconds=600) as log:
+        actor = actor_mod.Actor(cfg, topo, spec, wire, log)
+        actor.send_to_buffer = lambda buf, tag: sent.append(buf)  # captured, not sent
+        actor.weights_version, actor.tokens = 0, 10**9
+        actor.start_episodes()
+        while actor.env_steps < steps:
+            actor.step_envs(*actor.act())
+            actor.ship()
+    msgs = [wire.unpack(b, Tag.EXPERIENCE) for b in sent]
+    n = sum(m.count for m in msgs)
+    queue = buffer_mod.ForwardQueue(wire, spec, limit=10**7, drop_oldest=True)
+    memory = make_replay(cfg, spec, wire.record, seed=0)
+    for m in msgs:
+        args = (m.arrays["records"], m.arrays["td_abs"], m.arrays.get("frames"))
+        queue.add(*args)
+        memory.add(*args)
+    fwd = fwd_raw = fwd_n = 0
+    while queue.len >= cfg.forward_chunk:
+        rec, td, table = queue.take(cfg.forward_chunk)
+        fwd += wire.forward(rec, td, 0, frames=table).nbytes
+        fwd_raw += wire.last_raw_nbytes
+        fwd_n += len(rec)
+    bat, bat_raw = [], []
+    for i in range(200):
+        bat.append(wire.batch(memory.sample(cfg.batch_size), i, 0.0).nbytes)
+        bat_raw.append(wire.last_raw_nbytes)
+    return {"env": env, "compress": wire.compress, "transitions": n,
+            "experience_B": sum(b.nbytes for b in sent) / n,
+            "forward_B": fwd / fwd_n, "forward_raw_B": fwd_raw / fwd_n,
+            "batch_B": float(np.mean(bat)) / cfg.batch_size,
+            "batch_raw_B": float(np.mean(bat_raw)) / cfg.batch_size,
+            "batch_size": cfg.batch_size, "forward_chunk": cfg.forward_chunk}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--steps", type=int, default=3000, help="env steps to pack (default 3000)")
+    ap.add_argument("--compress", choices=("auto", "on", "off"), default="auto")
+    a = ap.parse_args(argv)
+    r = measure(a.env, a.steps, a.compress)
+    print(f"| {r['env']} (compress {'on' if r['compress'] else 'off'}) | bytes per transition |\n"
+          f"|---|---|\n"
+          f"| actor -> buffer, EXPERIENCE | {r['experience_B']:.1f} |\n"
+          f"| existing: FORWARD of {r['forward_chunk']} | {r['forward_B']:.1f} "
+          f"(packed {r['forward_raw_B']:.1f}) |\n"
+          f"| proposed: BATCH of {r['batch_size']} | {r['batch_B']:.1f} "
+          f"(packed {r['batch_raw_B']:.1f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
