@@ -1,7 +1,7 @@
 """Component overheads: each part of mpirl against its raw reference, measured in one invocation.
 
     python bench/overheads.py [--seconds 15] [--out FILE.md] [--only actor learner transport startup]
-                              [--keep DIR]
+                              [--keep DIR] [--mpirl-args "FLAGS"]
 
 Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
 (targets from issue 9):
@@ -88,6 +88,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,7 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 COMPONENTS = ("actor", "learner", "transport", "startup")
 RAW_WINDOW = 64
+EXTRA: list[str] = []  # more mpirl.main flags for the pipeline runs (--mpirl-args)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -190,6 +192,7 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
         args += ["--flush-seconds", "0.25"]
     if not evaluate:  # the references never evaluate: like with like
         args += ["--eval-every", str(10**9)]
+    args += EXTRA  # --mpirl-args
 
     def block(n: int, cpu) -> list[str]:
         return ["-n", str(n), sys.executable, str(HERE), "_rank", str(cpu), str(prefix), "--", *args]
@@ -602,7 +605,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     ap.add_argument("--keep", default=None,
                     help="keep the run folders (and MPIRL_PROFILE=1 profiles) in this folder")
+    ap.add_argument("--mpirl-args", default="",
+                    help="more mpirl.main flags for the actor and learner pipeline runs, one "
+                         "string (e.g. \"--inflight 16\"); the references do not change")
     a = ap.parse_args()
+    EXTRA[:] = shlex.split(a.mpirl_args)
     keep = Path(a.keep) if a.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
