@@ -522,7 +522,10 @@ def analyse_cell(key: tuple, runs: list[Run], target: float | None = None) -> Ce
         c.ratios[unit] = S.ratio_ci(censored["buffer"], censored["learner"],
                                     label=f"{c.label}: {unit.replace('_', ' ')} (censored)")
     c.decision = S.decide(c.ratios["ref_loss"], c.ratios["prio_held"])
-    c.crossover = {"time to target": _winner(c.ratios["time_to_target"], lower_is_better=True),
+    reached = any(m["time_to_target_s"] is not None for ms in by.values() for m in ms)
+    c.crossover = {"time to target": (_winner(c.ratios["time_to_target"], lower_is_better=True)
+                                      if reached else "neither reached the target (no winner: "
+                                      "every seed censored at its run's end)"),
                    "return per MB": _winner(c.ratios["return_per_mb"], lower_is_better=False)}
     return c
 

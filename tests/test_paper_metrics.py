@@ -205,6 +205,20 @@ def test_a_run_that_stopped_early_is_censored_at_its_own_end(tmp_path):
     assert "| updates to target (censored at the run's updates) |" in table
 
 
+def test_no_seed_reached_the_target_is_no_win_on_time(tmp_path):
+    """MinAtar has no target: every seed of both placements is censored at its run's end, and a
+    run 2 s shorter must not win the cell on time to target (it did before: 0.994 [0.992,
+    0.998], "proposed")."""
+    root = sweep(tmp_path / "out", {("0.5", "1"): {
+        "learner": [dict(hit_t=None, wall_s=10.0), dict(hit_t=None, wall_s=10.0)],
+        "buffer": [dict(hit_t=None, wall_s=9.8), dict(hit_t=None, wall_s=9.9)]}})
+    runs, errors = C.load_experiment(root)
+    assert not errors
+    (key, rs), = C.group_cells(runs, root).items()
+    c = C.analyse_cell(key, rs)
+    assert c.crossover["time to target"].startswith("neither reached the target")
+
+
 def test_paper_report_writes_tables_and_plots(tmp_path):
     root = sweep(tmp_path / "out", {("1", "4"): {
         "learner": [dict(prio=1.0, hit_t=2.0), dict(prio=1.0, hit_t=None)],
