@@ -513,16 +513,18 @@ def analyse_cell(key: tuple, runs: list[Run], target: float | None = None) -> Ce
                                         max(ends[place].values(), default=c.budget_s))
     n_budget = max((_run_end(m, "updates", 0.0) for ms in by.values() for m in ms),
                    default=0.0) or float("nan")
+    # no seed of either placement reached the target (MinAtar has none): every value would be a
+    # run's length, so there is no ratio to give, not a ratio of run lengths
+    reached = any(m["time_to_target_s"] is not None for ms in by.values() for m in ms)
     for key, unit, end, fallback in (("time_to_target_s", "time_to_target", "wall_s", c.budget_s),
                                      ("updates_to_target", "updates_to_target", "updates",
                                       n_budget)):
         censored = {place: {m["seed"]: (float(m[key]) if m[key] is not None
                                         else _run_end(m, end, fallback)) for m in ms}
-                    for place, ms in by.items()}
+                    if reached else {} for place, ms in by.items()}
         c.ratios[unit] = S.ratio_ci(censored["buffer"], censored["learner"],
                                     label=f"{c.label}: {unit.replace('_', ' ')} (censored)")
     c.decision = S.decide(c.ratios["ref_loss"], c.ratios["prio_held"])
-    reached = any(m["time_to_target_s"] is not None for ms in by.values() for m in ms)
     c.crossover = {"time to target": (_winner(c.ratios["time_to_target"], lower_is_better=True)
                                       if reached else "neither reached the target (no winner: "
                                       "every seed censored at its run's end)"),

@@ -217,6 +217,7 @@ def test_no_seed_reached_the_target_is_no_win_on_time(tmp_path):
     (key, rs), = C.group_cells(runs, root).items()
     c = C.analyse_cell(key, rs)
     assert c.crossover["time to target"].startswith("neither reached the target")
+    assert c.ratios["time_to_target"].n == 0 and c.ratios["updates_to_target"].n == 0
 
 
 def test_paper_report_writes_tables_and_plots(tmp_path):
