@@ -17,11 +17,14 @@ existing ~ P x FORWARD bytes x 8, proposed ~ U x BATCH bytes x 8 (+ the prioriti
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+
+MIN_STEPS = 1000  # a few FORWARD messages of 256 transitions and a memory to sample from
 
 
 def measure(env: str, steps: int, compress: str = "auto") -> dict:
@@ -83,7 +86,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3000, help="env steps to pack (default 3000)")
     ap.add_argument("--compress", choices=("auto", "on", "off"), default="auto")
     a = ap.parse_args(argv)
-    r = measure(a.env, a.steps, a.compress)
+    if a.steps < MIN_STEPS:
+        ap.error(f"--steps {a.steps} is too few: FORWARD messages hold 256 transitions and the "
+                 f"memory needs some to sample; use --steps {MIN_STEPS} or more")
+    from mpirl.errors import ConfigError
+
+    try:
+        r = measure(a.env, a.steps, a.compress)
+    except ConfigError as e:  # an unknown env id, a missing extra: mpirl's own message
+        print(f"link_bytes: {e}", file=sys.stderr)
+        return 2
     print(f"| {r['env']} (compress {'on' if r['compress'] else 'off'}) | bytes per transition |\n"
           f"|---|---|\n"
           f"| actor -> buffer, EXPERIENCE | {r['experience_B']:.1f} |\n"

@@ -28,3 +28,13 @@ def test_cartpole_bytes_per_transition_are_the_record_plus_per_message_fields():
     # BATCH: + index (8), generation (8), weight (4), priority (4) per sampled transition
     assert r["batch_B"] == pytest.approx(rec + 24 + 48 / 64, abs=1.0)
     assert r["forward_B"] == r["forward_raw_B"] and r["batch_B"] == r["batch_raw_B"]
+
+
+def test_bad_input_is_one_clear_error(capsys):
+    tool = _tool()
+    assert tool.main(["--env", "Nope-v0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("link_bytes: env='Nope-v0'") and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        tool.main(["--steps", "10"])
+    assert e.value.code == 2 and "--steps 10 is too few" in capsys.readouterr().err
