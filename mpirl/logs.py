@@ -316,6 +316,7 @@ class RunLog:
     """
 
     mirror = None
+    _flushing = False
 
     def __init__(
         self,
@@ -329,6 +330,7 @@ class RunLog:
         self.path = Path(path)
         self.flush_seconds = float(flush_seconds)
         self.streams: dict[str, Stream] = {}
+        self._before: list = []  # before_flush callbacks
         self._closed = True
         stored = {k: _attr_value(k, v) for k, v in attrs.items()}  # fail before creating a file
         key = os.path.realpath(self.path)
@@ -500,6 +502,12 @@ class RunLog:
             print(f"mpirl: warning: {type(mirror).__name__} failed ({type(e).__name__}: {e}); "
                   f"it stops, {self.path.name} goes on", file=sys.stderr, flush=True)
 
+    def before_flush(self, fn) -> None:
+        """Call ``fn()`` at the start of every flush (and so at `close`): a writer that holds
+        rows back to append them in blocks (mpirl.learner's per-update rows) hands them over
+        there, so the file on disk never misses rows it would have had."""
+        self._before.append(fn)
+
     def maybe_flush(self, now: float | None = None) -> bool:
         """Flush if ``flush_seconds`` passed since the last one (``now``: time.monotonic())."""
         now = time.monotonic() if now is None else now
@@ -511,7 +519,18 @@ class RunLog:
     def flush(self, now: float | None = None) -> None:
         """Write every stream's buffered rows, then flush HDF5 so the file on disk is complete."""
         self._check_open()
+        if self._flushing:  # an append from a before_flush callback: this flush writes it
+            return
         error = None
+        self._flushing = True
+        try:
+            for fn in self._before:
+                try:
+                    fn()
+                except (TypeError, ValueError) as e:  # a bad row: write the others, then raise
+                    error = error or e
+        finally:
+            self._flushing = False
         for s in self.streams.values():
             try:
                 s._write()

@@ -324,9 +324,16 @@ class Wire:
 
     def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
                    hold: float = 0.0, step: float = 0.0, updates: int = 0):
-        return pack(Tag.PRIORITIES, [np.array([hold, step], "<f8"), np.asarray(indices, "<i8"),
-                                     np.asarray(generations, "<i8"), np.asarray(td_abs, "<f4")],
-                    count=len(indices), seq=batch_id, a=t_echo, b=updates)
+        """One per trained batch: written straight into its cached layout (the generic `pack`
+        builds and concatenates five arrays; this is the learner's one packer per update)."""
+        n = len(indices)
+        need, parts = self._layout(Tag.PRIORITIES, n, 0.0, 0)
+        out = np.empty(need, np.uint8)
+        out[:HEADER.itemsize].view(HEADER)[0] = (MAGIC, int(Tag.PRIORITIES), VERSION, n, batch_id,
+                                                 t_echo, updates)
+        for (_, (dt, _), lo, hi), x in zip(parts, ((hold, step), indices, generations, td_abs)):
+            out[lo:hi].view(dt)[:] = x
+        return out
 
     def weights(self, params: np.ndarray, version: int, updates: int) -> np.ndarray:
         return pack(Tag.WEIGHTS, [np.asarray(params, "<f4")], seq=version, a=updates)

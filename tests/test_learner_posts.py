@@ -139,3 +139,49 @@ def test_priority_spread_is_numpys_linear_percentile():
         np.testing.assert_allclose([got["priority_median"], got["priority_p90"]],
                                    np.percentile(p.astype(np.float64), (50, 90)), rtol=1e-6)
     assert np.isnan(learner._spread(np.zeros(0, np.float32))["priority_p90"])
+
+
+def test_held_rows_match_one_row_at_a_time(tmp_path):
+    """The learner's /updates and /transfers rows are held back and written in blocks
+    (issue 16: ~30 us of statistics per update one at a time).  Every row on disk must hold what
+    the one-at-a-time code wrote: the means, the linear median / p90, the arrival means over the
+    subsample (NaN and n 0 without one), in order, across blocks, a change of batch width and
+    the log's flushes; nothing may be left behind at close."""
+    from mpirl import schema
+
+    rng = np.random.default_rng(1)
+    alpha, eps = 0.6, 1e-3
+    want_u, want_b = [], []
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1e9) as log:
+        rows = learner.HeldRows(schema.open_streams(log, "learner"), log, alpha, eps)
+        for i in range(2 * learner.HeldRows.BLOCK + 37):
+            n = 64 if i < 300 else 32  # a change of batch width mid-block
+            td = rng.random(n).astype(np.float32)
+            pr = (rng.random(n) ** 2).astype(np.float32)
+            sub = None if i % 7 == 3 else td[: n // 2]  # --arrival-sample 0 / a subsample
+            rows.update(i, float(i) / 10, td, 0.4)
+            rows.batch(i % 3, i, n, 1000 + i, 2000 + i, i % 5, pr, sub)
+            want_u.append((i, float(i) / 10, learner._mean(td), 0.4))
+            arrival = {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
+            if sub is not None:
+                arrival = {"arrival_td_mean": learner._mean(sub),
+                           "arrival_priority_mean": learner._mean((sub + eps) ** alpha),
+                           "arrival_n": len(sub)}
+            want_b.append({"buffer": i % 3, "update": i, "kind": int(Tag.BATCH), "n": n,
+                           "nbytes": 1000 + i, "raw_nbytes": 2000 + i,
+                           "priority_mean": learner._mean(pr), **learner._spread(pr),
+                           **arrival, "window": i % 5})
+            if i == 100:
+                log.flush()  # a flush in the middle hands over what is held
+                assert log.file["updates/update"].shape[0] == 101
+    import h5py
+    with h5py.File(tmp_path / "learner.h5", "r") as f:
+        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta")}
+        b = {k: f["transfers"][k][()] for k in want_b[0]}
+        t = f["updates/t"][()]
+    assert len(u["update"]) == len(want_u) and len(b["n"]) == len(want_b)
+    assert np.all(np.diff(t) >= 0)
+    for k, col in enumerate(("update", "loss", "td_abs_mean", "beta")):
+        np.testing.assert_allclose(u[col], [w[k] for w in want_u], rtol=1e-5, err_msg=col)
+    for col in want_b[0]:
+        np.testing.assert_allclose(b[col], [w[col] for w in want_b], rtol=1e-5, err_msg=col)

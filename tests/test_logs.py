@@ -300,3 +300,41 @@ def test_memory_stays_flat_while_a_long_run_logs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     grew = float(p.stdout.split()[-1])
     assert grew < 15, f"RSS grew {grew:.1f} MB while logging 400k rows"
+
+
+def test_before_flush_hands_held_rows_over(tmp_path: Path) -> None:
+    """A writer that holds rows back (the learner's per-update rows) registers a callback: it
+    runs at every flush, before the streams are written, and at close; its own appends (which
+    may find a flush due) do not recurse; a bad row it hands over still lets the others reach
+    the file before the error is raised."""
+    held: list[int] = []
+    calls = []
+    log = RunLog(tmp_path / "run.h5", {}, flush_seconds=0)  # every append finds a flush due
+    s = log.stream("learner", LEARNER)
+
+    def hand_over():
+        calls.append(len(held))
+        for i in held:
+            s.append(step=i, loss=0.5, q=1.0, done=0)
+        held.clear()
+
+    log.before_flush(hand_over)
+    held += [1, 2]
+    log.flush()
+    assert read_stream(log.file, "learner")["step"].tolist() == [1, 2]
+    held += [3]
+    log.close()
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert f["learner/step"][()].tolist() == [1, 2, 3]
+    assert calls == [2, 1]
+
+    log = RunLog(tmp_path / "bad.h5", {}, flush_seconds=1e9)
+    s = log.stream("learner", LEARNER)
+    log.before_flush(lambda: s.append(step=1.5, loss=0.5, q=1.0, done=0))  # not an integer
+    other = log.stream("other", LEARNER)
+    other.append(step=7, loss=0.5, q=1.0, done=0)
+    with pytest.raises(TypeError):
+        log.flush()
+    assert read_stream(log.file, "other")["step"].tolist() == [7]
+    log._before.clear()
+    log.close()
