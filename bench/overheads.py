@@ -1,7 +1,7 @@
 """Component overheads: each part of mpirl against its raw reference, measured in one invocation.
 
     python bench/overheads.py [--seconds 15] [--out FILE.md] [--only actor learner transport startup]
-                              [--keep DIR] [--mpirl-args "FLAGS"]
+                              [--keep DIR] [--mpirl-args "FLAGS"] [--rounds N] [--batch-size B]
 
 Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
 (targets from issue 9):
@@ -77,7 +77,9 @@ them, so do not quote those figures.
 Time: about 3 x ``--seconds`` for the references and transport, 3 x (``--seconds`` + start-up)
 for the pipeline runs (actor, learner, learner with evaluation), plus the two start-up
 launches: 3-3.5 minutes at ``--seconds 15`` on a loaded 2-core machine.  Every mpirun runs alone
-(one after the other).
+(one after the other).  ``--rounds N`` repeats the actor and learner measurements (each with its
+own reference before and after) and reports the median round: one round's ratio moved by
++-0.07 between invocations on the shared development machine (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -136,9 +138,12 @@ def last_json(text: str) -> dict:
 
 
 def default_cfg():
+    """mpirl's defaults, with ``--batch-size`` (passed to the reference subprocesses in the
+    environment) applied."""
     from mpirl.config import Config
 
-    return Config()
+    batch = os.environ.get("MPIRL_OVERHEADS_BATCH")
+    return Config(batch_size=int(batch)) if batch else Config()
 
 
 # ---- _rank: one pinned mpirl rank that records its CPU time -------------------------------------
@@ -192,6 +197,8 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
         args += ["--flush-seconds", "0.25"]
     if not evaluate:  # the references never evaluate: like with like
         args += ["--eval-every", str(10**9)]
+    if os.environ.get("MPIRL_OVERHEADS_BATCH"):  # --batch-size: the reference uses it too
+        args += ["--batch-size", os.environ["MPIRL_OVERHEADS_BATCH"]]
     args += EXTRA  # --mpirl-args
 
     def block(n: int, cpu) -> list[str]:
@@ -605,11 +612,26 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     ap.add_argument("--keep", default=None,
                     help="keep the run folders (and MPIRL_PROFILE=1 profiles) in this folder")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="learner batch size for the pipeline runs and the TrainStep reference "
+                         "alike (default mpirl's, 64): the loop's cost per update is fixed, its "
+                         "train step grows with the batch")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="actor and learner: measure each this many times (its reference half "
+                         "before and half after each pipeline run) and report the median ratio "
+                         "with the range: on a shared machine one round's ratio moves by "
+                         "+-0.07 between invocations")
     ap.add_argument("--mpirl-args", default="",
                     help="more mpirl.main flags for the actor and learner pipeline runs, one "
                          "string (e.g. \"--inflight 16\"); the references do not change")
     a = ap.parse_args()
     EXTRA[:] = shlex.split(a.mpirl_args)
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: give a number of rounds >= 1")
+    if a.batch_size is not None:
+        if a.batch_size < 1:
+            ap.error(f"--batch-size {a.batch_size}: give a batch size >= 1")
+        os.environ["MPIRL_OVERHEADS_BATCH"] = str(a.batch_size)
     keep = Path(a.keep) if a.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
@@ -621,10 +643,13 @@ def main() -> None:
         tmp = Path(tmpname)
         for kind in ("actor", "learner"):
             if kind in a.only:
-                got, ref = references(kind, a.seconds, lambda kind=kind: pipeline(
-                    tmp, f"{kind}-run", a.seconds, kind, keep))
-                res[kind] = (got, ref)
-                print(json.dumps({kind: got, "reference": ref}), flush=True)
+                res[kind] = []
+                for i in range(a.rounds):
+                    name = f"{kind}-run" + (f"-{i}" if i else "")
+                    got, ref = references(kind, a.seconds, lambda kind=kind, name=name: pipeline(
+                        tmp, name, a.seconds, kind, keep))
+                    res[kind].append((got, ref))
+                    print(json.dumps({kind: got, "reference": ref, "round": i}), flush=True)
         if "learner" in a.only:  # the same job with the default greedy evaluation on
             res["learner_eval"] = pipeline(tmp, "learner-eval-run", a.seconds, "learner", keep,
                                            evaluate=True)
@@ -647,9 +672,19 @@ def main() -> None:
     cpu_rows = ["| component | mpirl per CPU second | reference per CPU second | ratio |",
                 "|---|---|---|---|"]
     notes = []
+
+    def rounds(kind: str):
+        """(median round's pipeline figures, its reference's, median ratio, ratios text)."""
+        pairs = res[kind]
+        ratios = [g["rate"] / f["rate"] for g, f in pairs]
+        mid = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
+        text = "" if len(pairs) == 1 else (
+            f"; {len(pairs)} rounds, ratio per round " + ", ".join(f"{x:.2f}" for x in ratios)
+            + f" (median {ratios[mid]:.2f}, the round shown)")
+        return pairs[mid][0], pairs[mid][1], ratios[mid], text
+
     if "actor" in res:
-        got, ref = res["actor"]
-        r = got["rate"] / ref["rate"]
+        got, ref, r, per_round = rounds("actor")
         rows.append(f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
                     f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
                     f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |")
@@ -658,10 +693,11 @@ def main() -> None:
         notes.append(f"actor: steady window {got['window_s']:.1f} s; the actor process used "
                      f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
                      f"waited for tokens {got['throttled']:.1%} of the time; reference "
-                     f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
+                     f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
+                     + per_round)
     if "learner" in res:
-        got, ref = res["learner"]
-        r = got["rate"] / ref["rate"]
+        got, ref, r, per_round = rounds("learner")
+        busy = ", ".join(f"{g['busy']:.2f}" for g, _ in res["learner"])
         rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
                     f"evaluation off as in the reference) | "
                     f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
@@ -672,7 +708,8 @@ def main() -> None:
                      f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
                      f"no batch and no message) {got['idle']:.2f}; the learner process used "
                      f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
-                     f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run")
+                     f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
+                     + (per_round + f"; busy fraction per round {busy}" if per_round else ""))
         ev = res["learner_eval"]
         notes.append(f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
                      f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "

@@ -1,5 +1,6 @@
-"""bench/time_to_target.py's summary: a seed that never reached the target is reported and
-counted, never dropped (NaN used to vanish from statistics.median, depending on the order)."""
+"""The benches' own output. bench/time_to_target.py's summary: a seed that never reached the
+target is reported and counted, never dropped (NaN used to vanish from statistics.median,
+depending on the order). bench/learner_loop.py's dry run."""
 import importlib.util
 from pathlib import Path
 
@@ -46,3 +47,23 @@ def test_table_lists_failures_and_never_divides_by_a_missing_median():
     row = next(ln for ln in ttt.summary_table(sb3_failed, [0, 1, 2]).splitlines()
                if ln.startswith("| mpirl buffer"))
     assert row.endswith("n/a (the reference median seed did not reach the target) |")
+
+
+def test_learner_loop_bench_dry_run():
+    """bench/learner_loop.py --dry-run: the learner's real loop against a scripted link trains
+    (its updates per CPU second are a real fraction of TrainStep's) and times its steps."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "bench" / "learner_loop.py"), "--dry-run",
+                        "--steps"], capture_output=True, text=True, timeout=300, cwd=root,
+                       check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    median = re.search(r"\| median \| ([\d,]+) \| ([\d,]+) \| \*\*([\d.]+)\*\* \|", p.stdout)
+    assert median, p.stdout
+    loop, ref, ratio = (float(x.replace(",", "")) for x in median.groups())
+    assert loop > 0 and ref > 0 and 0.2 < ratio < 2.0, p.stdout
+    assert "|   train: TrainStep.launch |" in p.stdout

@@ -1,0 +1,217 @@
+"""The learner's loop in one process, against its own train step, alternating.
+
+    python bench/learner_loop.py [--seconds 3] [--rounds 8] [--batch-size 64] [--steps]
+
+`mpirl.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop --
+receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
+progress and link rows -- against a scripted link that hands it a BATCH message (sampled from a
+prioritized memory and packed by `Wire.batch`, a fresh copy each time, as `LinkEnd.receive`
+gives) whenever it polls; what it posts is counted and dropped.  The reference is
+`mpirl.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s reference).
+Both run in this process, one after the other, ``--rounds`` times; the table gives updates per
+CPU second of each and their ratio per round, and the median.
+
+No MPI and no other rank: this isolates the loop's own cost from the pipeline's (the MPI calls,
+the other ranks' use of the shared caches) and from the shared machine's drift between
+`bench/overheads.py`'s separate processes, so it can show a change of a few percent.  Pin it to
+one core (``taskset -c 0``) with nothing else running.  ``--steps`` adds the wall time of each
+loop step per update (each step wrapped in a timer, so the total is slightly inflated).
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+STEPS = ("receive", "checkpoint", "grant_tokens", "change_link", "train", "evaluate",
+         "decide_stop", "send_stop", "report", "wait")
+
+
+def build(batch_size: int, tmp: Path):
+    import numpy as np
+    import torch
+
+    from mpirl import envs as envs_mod
+    from mpirl import learner as learner_mod
+    from mpirl.config import Config
+    from mpirl.link import PROFILES, LinkStats
+    from mpirl.logs import RunLog
+    from mpirl.qnet import param_count
+    from mpirl.replay.build import make_replay, record_dtype
+    from mpirl.topology import layout
+    from mpirl.train_step import TrainStep
+    from mpirl.wire import Tag, Wire
+
+    torch.set_num_threads(1)
+    cfg = Config(batch_size=batch_size, eval_every=10**9, evaluator="inline",
+                 progress_seconds=1.0, checkpoint_seconds=0, target_return=None)
+    spec = envs_mod.inspect(cfg.env)
+    wire = Wire(record_dtype(cfg, spec),
+                param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    rng = np.random.default_rng(0)
+    n = 4096
+    rec = np.zeros(n, wire.record)
+    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
+    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, n)
+    rec["reward"] = 1.0
+    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma ** cfg.n_step)
+    memory = make_replay(cfg, spec, wire.record, seed=0)
+    memory.add(rec, rng.random(n).astype(np.float32))
+    bufs = [wire.batch(memory.sample(cfg.batch_size), i, 0.0, 1.0, 4) for i in range(64)]
+
+    class ScriptedLink:
+        """A LinkEnd whose buffer always has the next BATCH ready; posts are counted only."""
+
+        def __init__(self, comm, peer, profile, seed=0):
+            self.sent, self.received = LinkStats(), LinkStats()
+            self.profile, self.backlog, self.i = PROFILES["none"], 0, 0
+
+        def poll(self, now=None):
+            pass
+
+        def post(self, buf, tag, now=None):
+            self.sent.count(buf.nbytes)
+            return 0.0
+
+        def next_departure(self):
+            return None
+
+        def set_profile(self, profile):
+            self.profile = profile
+
+        def receive(self, now=None, limit=64):
+            self.i += 1
+            buf = bufs[self.i % len(bufs)].copy()  # a fresh buffer, as Recv fills one
+            self.received.count(buf.nbytes)
+            return [(Tag.BATCH, buf)]
+
+    learner_mod.LinkEnd = ScriptedLink
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    log = RunLog(tmp / "learner.h5", {}, flush_seconds=2)
+    lrn = learner_mod.Learner(cfg, topo, spec, wire, log, say=lambda s: None)
+    lrn.start()
+    step = TrainStep(cfg, spec)
+    batches = [wire.unpack(b, Tag.BATCH, "bench").arrays for b in bufs]
+    return lrn, step, batches, log
+
+
+def loop_rate(lrn, seconds: float) -> float:
+    """Updates per CPU second of the learner's own loop (`Learner.run`'s turn, without its
+    ``serving`` test: the scripted buffers never stop)."""
+    t_end, u0, c0 = time.monotonic() + seconds, lrn.updates, time.process_time()
+    while time.monotonic() < t_end:
+        now = time.monotonic()
+        lrn.fault.check(now)
+        did = lrn.receive(now)
+        did |= lrn.checkpoint(now)
+        lrn.grant_tokens(now)
+        lrn.change_link(now)
+        did |= lrn.train(now)
+        lrn.evaluate()
+        lrn.decide_stop(now)
+        lrn.send_stop(now)
+        lrn.report(now)
+        lrn.wait(did)
+    return (lrn.updates - u0) / (time.process_time() - c0)
+
+
+def ref_rate(step, batches, seconds: float) -> float:
+    t_end, k, c0 = time.monotonic() + seconds, 0, time.process_time()
+    while time.monotonic() < t_end:
+        arr = batches[k % len(batches)]
+        step.step(arr["records"], arr["weights"])
+        k += 1
+    return k / (time.process_time() - c0)
+
+
+def step_times(lrn, seconds: float) -> tuple[dict, float]:
+    """Wall microseconds per update of each loop step (and of the train step inside `train`)."""
+    acc: dict = defaultdict(float)
+
+    def wrap(obj, name, key):
+        f = getattr(obj, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[key] += time.perf_counter() - t0
+        setattr(obj, name, timed)
+        return f
+
+    originals = [(lrn, n, wrap(lrn, n, n)) for n in STEPS]
+    originals.append((lrn.trainer, "launch", wrap(lrn.trainer, "launch", "  train: TrainStep.launch")))
+    originals.append((lrn.trainer, "put", wrap(lrn.trainer, "put", "  train: TrainStep.put")))
+    originals.append((lrn.wire, "priorities", wrap(lrn.wire, "priorities",
+                                                   "  train: PRIORITIES pack")))
+    u0, t0 = lrn.updates, time.perf_counter()
+    loop_rate(lrn, seconds)
+    wall, n = time.perf_counter() - t0, lrn.updates - u0
+    for obj, name, f in originals:
+        setattr(obj, name, f)
+    return {k: v / n * 1e6 for k, v in acc.items()}, wall / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each measurement")
+    ap.add_argument("--rounds", type=int, default=8, help="loop / reference pairs")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", action="store_true", help="also time each loop step")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="two rounds of 0.2 s: checks the bench runs (the suite uses it)")
+    a = ap.parse_args()
+    if a.dry_run:
+        a.seconds, a.rounds = 0.2, 2
+    for flag, v, lo in (("--seconds", a.seconds, 0.01), ("--rounds", a.rounds, 1),
+                        ("--batch-size", a.batch_size, 1)):
+        if not v >= lo:
+            ap.error(f"{flag} {v}: give a value >= {lo}")
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        lrn, step, batches, log = build(a.batch_size, Path(tmp))
+        loop_rate(lrn, min(1.0, a.seconds))  # warm up both
+        ref_rate(step, batches, min(1.0, a.seconds))
+        rows = []
+        for i in range(a.rounds):
+            got = loop_rate(lrn, a.seconds)
+            ref = ref_rate(step, batches, a.seconds)
+            rows.append((got, ref, got / ref))
+            print(f"round {i}: loop {got:,.0f}/CPU s, TrainStep {ref:,.0f}/CPU s, "
+                  f"ratio {got / ref:.3f}", file=sys.stderr, flush=True)
+        steps = step_times(lrn, a.seconds) if a.steps else None
+        log.close()
+    load1 = os.getloadavg()
+    ratios = [r for _, _, r in rows]
+    print(f"| round | learner loop, updates per CPU s | TrainStep, updates per CPU s | ratio |")
+    print("|---|---|---|---|")
+    for i, (got, ref, r) in enumerate(rows):
+        print(f"| {i} | {got:,.0f} | {ref:,.0f} | {r:.3f} |")
+    print(f"| median | {statistics.median(g for g, _, _ in rows):,.0f} | "
+          f"{statistics.median(f for _, f, _ in rows):,.0f} | **{statistics.median(ratios):.3f}** |")
+    if steps is not None:
+        per, total = steps
+        print("\n| loop step | us per update |\n|---|---|")
+        for k, v in sorted(per.items(), key=lambda kv: (kv[0].startswith(" "), -kv[1])):
+            print(f"| {k} | {v:.1f} |")
+        print(f"| whole turn | {total:.1f} |")
+    print(f"\nbatch {a.batch_size}, {a.rounds} rounds of {a.seconds:g} s per side; load average "
+          f"{load0[0]:.2f} at start, {load1[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
