@@ -143,11 +143,14 @@ class _Rows:
         return self.a is None or self.k == 0 or x.shape[0] == self.a.shape[1]
 
     def add(self, x: np.ndarray) -> None:
-        if self.a is None or x.shape[0] != self.a.shape[1] or self.k == len(self.a):
-            a = np.empty((max(HeldRows.BLOCK, 2 * self.k), x.shape[0]), np.float32)
-            if self.a is not None and self.k:
-                a[:self.k] = self.a[:self.k]
-            self.a = a
+        """Append ``x`` (the caller empties the block with `take` first unless it `fits`)."""
+        if self.a is None or x.shape[0] != self.a.shape[1]:
+            if self.k:
+                raise ValueError(f"a row of {x.shape[0]} values in a block of "
+                                 f"{self.a.shape[1]}-value rows; take() the block first")
+            self.a = np.empty((HeldRows.BLOCK, x.shape[0]), np.float32)
+        elif self.k == len(self.a):
+            self.a = np.concatenate([self.a, np.empty_like(self.a)])
         self.a[self.k] = x
         self.k += 1
 
