@@ -154,7 +154,8 @@ def step_times(lrn, seconds: float) -> tuple[dict, float]:
         return f
 
     originals = [(lrn, n, wrap(lrn, n, n)) for n in STEPS]
-    originals.append((lrn.trainer, "launch", wrap(lrn.trainer, "launch", "  train: TrainStep.launch")))
+    originals.append((lrn.trainer, "launch",
+                      wrap(lrn.trainer, "launch", "  train: TrainStep.launch")))
     originals.append((lrn.trainer, "put", wrap(lrn.trainer, "put", "  train: TrainStep.put")))
     originals.append((lrn.wire, "priorities", wrap(lrn.wire, "priorities",
                                                    "  train: PRIORITIES pack")))
@@ -197,12 +198,13 @@ def main() -> None:
         log.close()
     load1 = os.getloadavg()
     ratios = [r for _, _, r in rows]
-    print(f"| round | learner loop, updates per CPU s | TrainStep, updates per CPU s | ratio |")
+    print("| round | learner loop, updates per CPU s | TrainStep, updates per CPU s | ratio |")
     print("|---|---|---|---|")
     for i, (got, ref, r) in enumerate(rows):
         print(f"| {i} | {got:,.0f} | {ref:,.0f} | {r:.3f} |")
     print(f"| median | {statistics.median(g for g, _, _ in rows):,.0f} | "
-          f"{statistics.median(f for _, f, _ in rows):,.0f} | **{statistics.median(ratios):.3f}** |")
+          f"{statistics.median(f for _, f, _ in rows):,.0f} | "
+          f"**{statistics.median(ratios):.3f}** |")
     if steps is not None:
         per, total = steps
         print("\n| loop step | us per update |\n|---|---|")

@@ -42,7 +42,8 @@ from mpirl.train_step import TrainStep
 from mpirl.waiting import Backoff
 from mpirl.wire import Tag, Wire
 
-__all__ = ["CKPT_TIMEOUT_S", "Learner", "Site", "TrainStep", "checkpoint_timeout_s"]
+__all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep",
+           "checkpoint_timeout_s"]
 
 
 def _mean(x: np.ndarray) -> float:
@@ -167,6 +168,7 @@ def _row_means(a: np.ndarray) -> np.ndarray:
     return a.mean(axis=1, dtype=np.float64)
 
 
+EVAL_DRAIN_S = 15.0  # at the stop, wait this long at most for the evaluation in flight
 CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
 
 
@@ -703,6 +705,25 @@ class Learner:
             wake.append(self.cap.ready_at())
         self.backoff.idle(until=min(wake, default=None))
 
+    def drain_evaluation(self, timeout: float | None = None) -> None:
+        """At the stop, the evaluation still in flight (requested before the stop, its result
+        not yet in) is waited for, at most ``timeout`` s (EVAL_DRAIN_S), and handled like any
+        other: its /evals row, best.pt if it is the best.  It used to be dropped, so a run
+        could lose its best weights.  After the final checkpoint, which must not wait for it."""
+        runner = self.eval_runner
+        timeout = EVAL_DRAIN_S if timeout is None else timeout
+        end = time.monotonic() + timeout
+        while runner.busy:
+            res = runner.poll()
+            if res is not None:
+                self.evaluated(res)
+                return
+            if time.monotonic() >= end:
+                self.say(f"mpirl: the evaluation in flight at the stop did not finish within "
+                         f"{timeout:g} s; it is left out of /evals and best.pt")
+                return
+            time.sleep(0.002)
+
     def finish(self) -> dict:
         """The final checkpoint (every buffer's DONE says its part is on disk), the summary."""
         if self.final_ckpt >= 0:
@@ -711,6 +732,7 @@ class Learner:
             self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
                      f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
         wall = time.monotonic() - self.t_start
+        self.drain_evaluation()
         links = [s.link for s in self.sites.values()]
         summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,
                    "updates": self.updates, "env_steps": self.env_steps,

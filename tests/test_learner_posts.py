@@ -185,3 +185,36 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
         np.testing.assert_allclose(u[col], [w[k] for w in want_u], rtol=1e-5, err_msg=col)
     for col in want_b[0]:
         np.testing.assert_allclose(b[col], [w[col] for w in want_b], rtol=1e-5, err_msg=col)
+
+
+def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path, monkeypatch):
+    """The evaluation runs off the update loop (issue 16); one requested in the turn the run
+    stops used to be dropped at the stop (no /evals row, no best.pt), so a run could lose its
+    last and best evaluation.  The learner now waits for it after the final checkpoint."""
+    import h5py
+
+    cfg = Config(replay_at="buffer", hidden=(16,), max_updates=1, eval_every=1,
+                 eval_episodes=2, evaluator="thread", progress_seconds=0,
+                 target_return=float("nan"))
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    s = Sample(indices=np.arange(8), generations=np.arange(8), weights=np.ones(8, np.float32),
+               priorities=np.ones(8, np.float32), records=np.zeros(8, record))
+
+    def on_post(link, tag):
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    posts = []
+    links = {1: ScriptedLink(posts, on_post, [(Tag.BATCH, wire.batch(s, 0, 0.0))])}
+    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
+        comm, peer, *a, **k))
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        summary = learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+    assert summary["stop_reason"] == "max_updates" and summary["updates"] == 1
+    with h5py.File(tmp_path / "learner.h5", "r") as f:
+        assert f["evals/update"][()].tolist() == [1]
+    assert np.isfinite(summary["best_eval"])
+    assert (tmp_path / "best.pt").exists()
