@@ -272,6 +272,7 @@ def ref_actor_mode(argv: list[str]) -> int:
     q = make_q(spec, cfg.hidden, cfg.dueling)
     q.load(rng.normal(0, 0.3, q.size).astype(np.float32))
     obs = np.stack([e.reset(seed=j)[0] for j, e in enumerate(envs)])
+    env_action = [envs[0].action_space.dtype.type(i) for i in range(n_act)]  # as the actor
     steps = 0
     t_warm = time.monotonic() + min(1.0, seconds / 5)
     t0 = c0 = None
@@ -286,7 +287,7 @@ def ref_actor_mode(argv: list[str]) -> int:
         u = rng.random(2 * m).tolist()  # the actor's draw (mpirl.actor.Actor.act)
         for j, env in enumerate(envs):
             a = actions[j] if u[j] >= eps[j] else min(int(u[m + j] * n_act), n_act - 1)
-            nxt, _, term, trunc, _ = env.step(a)
+            nxt, _, term, trunc, _ = env.step(env_action[a])
             steps += 1
             if term or trunc:
                 nxt, _ = env.reset()
