@@ -40,7 +40,6 @@ STEPS = ("receive", "checkpoint", "grant_tokens", "change_link", "train", "evalu
 
 
 def build(batch_size: int, tmp: Path):
-    import numpy as np
     import torch
 
     from mpirl import envs as envs_mod
@@ -49,7 +48,7 @@ def build(batch_size: int, tmp: Path):
     from mpirl.link import PROFILES, LinkStats
     from mpirl.logs import RunLog
     from mpirl.qnet import param_count
-    from mpirl.replay.build import make_replay, record_dtype
+    from mpirl.replay.build import record_dtype
     from mpirl.topology import layout
     from mpirl.train_step import TrainStep
     from mpirl.wire import Tag, Wire
@@ -60,17 +59,9 @@ def build(batch_size: int, tmp: Path):
     spec = envs_mod.inspect(cfg.env)
     wire = Wire(record_dtype(cfg, spec),
                 param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
-    rng = np.random.default_rng(0)
-    n = 4096
-    rec = np.zeros(n, wire.record)
-    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
-    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
-    rec["action"] = rng.integers(0, spec.n_actions, n)
-    rec["reward"] = 1.0
-    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma ** cfg.n_step)
-    memory = make_replay(cfg, spec, wire.record, seed=0)
-    memory.add(rec, rng.random(n).astype(np.float32))
-    bufs = [wire.batch(memory.sample(cfg.batch_size), i, 0.0, 1.0, 4) for i in range(64)]
+    from overheads import batch_messages  # bench/overheads.py, next to this file
+
+    bufs = batch_messages(cfg, spec, wire, 64)
 
     class ScriptedLink:
         """A LinkEnd whose buffer always has the next BATCH ready; posts are counted only."""
@@ -109,22 +100,11 @@ def build(batch_size: int, tmp: Path):
 
 
 def loop_rate(lrn, seconds: float) -> float:
-    """Updates per CPU second of the learner's own loop (`Learner.run`'s turn, without its
-    ``serving`` test: the scripted buffers never stop)."""
+    """Updates per CPU second of `Learner.turn` (its loop without the ``serving`` test: the
+    scripted buffers never stop)."""
     t_end, u0, c0 = time.monotonic() + seconds, lrn.updates, time.process_time()
     while time.monotonic() < t_end:
-        now = time.monotonic()
-        lrn.fault.check(now)
-        did = lrn.receive(now)
-        did |= lrn.checkpoint(now)
-        lrn.grant_tokens(now)
-        lrn.change_link(now)
-        did |= lrn.train(now)
-        lrn.evaluate()
-        lrn.decide_stop(now)
-        lrn.send_stop(now)
-        lrn.report(now)
-        lrn.wait(did)
+        lrn.turn()
     return (lrn.updates - u0) / (time.process_time() - c0)
 
 

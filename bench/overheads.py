@@ -297,27 +297,13 @@ def ref_actor_mode(argv: list[str]) -> int:
     return 0
 
 
-def ref_learner_mode(argv: list[str]) -> int:
-    """``_ref_learner CPU SECONDS``: mpirl.train_step.TrainStep in a loop, one process."""
-    pin(argv[0])
-    seconds = float(argv[1])
+def batch_messages(cfg, spec, wire, count: int = 64) -> list:
+    """BATCH messages as the learner receives them: CartPole-like transitions in a prioritized
+    memory, sampled and packed by `Wire.batch` (also bench/learner_loop.py's)."""
     import numpy as np
-    import torch
 
-    from mpirl import envs as envs_mod
-    from mpirl.train_step import TrainStep
-    from mpirl.qnet import param_count
-    from mpirl.replay.build import make_replay, record_dtype
-    from mpirl.wire import Tag, Wire
+    from mpirl.replay.build import make_replay
 
-    cfg = default_cfg()
-    spec = envs_mod.inspect(cfg.env)
-    torch.set_num_threads(cfg.torch_threads)
-    torch.manual_seed(cfg.seed)
-    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                                     cfg.dueling))
-    # batches as the learner receives them: sampled from a prioritized memory, sent as BATCH,
-    # viewed out of the message by Wire.unpack
     rng = np.random.default_rng(0)
     n = 4096
     rec = np.zeros(n, wire.record)
@@ -328,10 +314,29 @@ def ref_learner_mode(argv: list[str]) -> int:
     rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma ** cfg.n_step)
     memory = make_replay(cfg, spec, wire.record, seed=0)
     memory.add(rec, rng.random(n).astype(np.float32))
-    batches = []
-    for i in range(64):
-        buf = wire.batch(memory.sample(cfg.batch_size), i, 0.0)
-        batches.append(wire.unpack(buf, Tag.BATCH, "bench").arrays)
+    return [wire.batch(memory.sample(cfg.batch_size), i, 0.0) for i in range(count)]
+
+
+def ref_learner_mode(argv: list[str]) -> int:
+    """``_ref_learner CPU SECONDS``: mpirl.train_step.TrainStep in a loop, one process."""
+    pin(argv[0])
+    seconds = float(argv[1])
+    import torch
+
+    from mpirl import envs as envs_mod
+    from mpirl.train_step import TrainStep
+    from mpirl.qnet import param_count
+    from mpirl.replay.build import record_dtype
+    from mpirl.wire import Tag, Wire
+
+    cfg = default_cfg()
+    spec = envs_mod.inspect(cfg.env)
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)
+    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
+                                                     cfg.dueling))
+    batches = [wire.unpack(buf, Tag.BATCH, "bench").arrays
+               for buf in batch_messages(cfg, spec, wire)]
     step = TrainStep(cfg, spec)
     updates = 0
     t_warm = time.monotonic() + min(1.0, seconds / 5)

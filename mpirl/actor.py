@@ -77,7 +77,7 @@ class Outgoing:
     def columns(self, k: int | None = None) -> tuple[list, ...]:
         """The first ``k`` transitions (all: None) as seven lists: NAMES, then the boxes."""
         rows = self.rows if k is None else self.rows[:k]
-        return tuple(map(list, zip(*rows))) if rows else ([],) * 7
+        return tuple(map(list, zip(*rows))) if rows else tuple([] for _ in range(7))
 
     def extend(self, *columns) -> None:
         self.rows.extend(zip(*columns))

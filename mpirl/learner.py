@@ -34,6 +34,7 @@ from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.cut import Cut
 from mpirl.evaluation import make_runner
+from mpirl.learner_rows import HeldRows, small_mean, spread
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import RunLog
 from mpirl.pacing import TokenBucket
@@ -44,128 +45,6 @@ from mpirl.wire import Tag, Wire
 
 __all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep",
            "checkpoint_timeout_s"]
-
-
-def _mean(x: np.ndarray) -> float:
-    """Mean of a small array for a log row: np.mean's dispatch costs ~4x the sum of 64 values,
-    and the learner logs four means per update (docs/benchmarks.md, "Component overheads")."""
-    return float(np.add.reduce(x, axis=None)) / x.size if x.size else float("nan")
-
-
-def _spread(p: np.ndarray) -> dict:
-    """Median and p90 of one message's priorities (/transfers), as np.percentile's default
-    (linear) method gives them, from one sort: ~1 us for a batch of 64 where np.percentile
-    costs ~30 us, once per update in the proposed placement."""
-    if not p.size:
-        return {"priority_median": np.nan, "priority_p90": np.nan}
-    s = np.sort(p, axis=None)
-    out = []
-    for q in (0.5, 0.9):
-        h = (s.size - 1) * q
-        lo = int(h)
-        hi = min(lo + 1, s.size - 1)
-        out.append(float(s[lo]) + (h - lo) * (float(s[hi]) - float(s[lo])))
-    return {"priority_median": out[0], "priority_p90": out[1]}
-
-
-class HeldRows:
-    """The learner's per-update log rows, held back and appended in blocks.
-
-    /updates gets one row per update and, with replay_at=buffer, /transfers one per trained
-    batch.  One row at a time their statistics (means of the batch's |td| and priorities, the
-    median and p90, the arrival means: 64 values each) cost ~30 us per update on this machine,
-    as each small numpy call runs right after a train step has evicted the caches; here each
-    batch's arrays are copied into a (rows, batch) block and the statistics are a few numpy
-    calls per block.  Rows are held until ``BLOCK`` of them or the log's next flush
-    (`RunLog.before_flush`), so the file on disk has every row it had when they were appended
-    one by one; each row keeps the time it was made."""
-
-    BLOCK = 256
-
-    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float):
-        self.updates_stream, self.transfers_stream = logs["updates"], logs["transfers"]
-        self.t0, self.alpha, self.eps = log.t0, alpha, eps
-        self.u: list[tuple] = []  # (t, update, loss, beta)
-        self.b: list[tuple] = []  # (t, buffer, update, n, nbytes, raw_nbytes, window)
-        self.u_td = _Rows()  # |td| of each update's batch
-        self.b_pr = _Rows()  # each trained batch's priorities at its buffer
-        self.b_td = _Rows()  # |td| of its arrival subsample (none: --arrival-sample 0)
-        log.before_flush(self.flush)
-
-    def update(self, update: int, loss: float, td: np.ndarray, beta: float) -> None:
-        if not self.u_td.fits(td):
-            self.flush()
-        self.u.append((time.monotonic() - self.t0, update, loss, beta))
-        self.u_td.add(td)
-        if len(self.u) >= self.BLOCK:
-            self.flush()
-
-    def batch(self, buffer: int, update: int, n: int, nbytes: int, raw_nbytes: int, window: int,
-              priorities: np.ndarray, td) -> None:
-        td = np.zeros(0, np.float32) if td is None else td
-        if not (self.b_pr.fits(priorities) and self.b_td.fits(td)):
-            self.flush()
-        self.b.append((time.monotonic() - self.t0, buffer, update, n, nbytes, raw_nbytes, window))
-        self.b_pr.add(priorities)
-        self.b_td.add(td)
-        if len(self.b) >= self.BLOCK:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.u:
-            t, update, loss, beta = zip(*self.u)
-            self.u = []
-            self.updates_stream.extend(t=t, update=update, loss=loss, beta=beta,
-                                       td_abs_mean=_row_means(self.u_td.take()))
-        if self.b:
-            t, buffer, update, n, nbytes, raw, window = zip(*self.b)
-            self.b = []
-            pr, td = self.b_pr.take(), self.b_td.take()
-            k = len(t)
-            if pr.shape[1]:
-                med, p90 = np.percentile(pr, [50, 90], axis=1)
-            else:
-                med = p90 = np.full(k, np.nan)
-            self.transfers_stream.extend(
-                t=t, buffer=buffer, update=update, kind=np.full(k, int(Tag.BATCH)), n=n,
-                nbytes=nbytes, raw_nbytes=raw, priority_mean=_row_means(pr), priority_median=med,
-                priority_p90=p90, arrival_td_mean=_row_means(td),
-                arrival_priority_mean=_row_means((td + self.eps) ** self.alpha),
-                arrival_n=np.full(k, td.shape[1]), window=window)
-
-
-class _Rows:
-    """Equal-length 1-D arrays copied into the rows of one growing 2-D block."""
-
-    def __init__(self):
-        self.a, self.k = None, 0
-
-    def fits(self, x: np.ndarray) -> bool:
-        return self.a is None or self.k == 0 or x.shape[0] == self.a.shape[1]
-
-    def add(self, x: np.ndarray) -> None:
-        """Append ``x`` (the caller empties the block with `take` first unless it `fits`)."""
-        if self.a is None or x.shape[0] != self.a.shape[1]:
-            if self.k:
-                raise ValueError(f"a row of {x.shape[0]} values in a block of "
-                                 f"{self.a.shape[1]}-value rows; take() the block first")
-            self.a = np.empty((HeldRows.BLOCK, x.shape[0]), np.float32)
-        elif self.k == len(self.a):
-            self.a = np.concatenate([self.a, np.empty_like(self.a)])
-        self.a[self.k] = x
-        self.k += 1
-
-    def take(self) -> np.ndarray:
-        out = self.a[:self.k].copy() if self.a is not None else np.zeros((0, 0), np.float32)
-        self.k = 0
-        return out
-
-
-def _row_means(a: np.ndarray) -> np.ndarray:
-    """Mean of each row; NaN for rows of no values."""
-    if not a.shape[1]:
-        return np.full(len(a), np.nan)
-    return a.mean(axis=1, dtype=np.float64)
 
 
 EVAL_DRAIN_S = 15.0  # at the stop, wait this long at most for the evaluation in flight
@@ -275,20 +154,24 @@ class Learner:
     def run(self) -> dict:
         self.start()
         while self.serving():
-            now = time.monotonic()
-            self.fault.check(now)
-            did = self.receive(now)
-            did |= self.checkpoint(now)
-            self.grant_tokens(now)
-            self.change_link(now)
-            if self.stop_reason is None:
-                did |= self.train(now)
-                self.evaluate()
-                self.decide_stop(now)
-            self.send_stop(now)
-            self.report(now)
-            self.wait(did)
+            self.turn()
         return self.finish()
+
+    def turn(self) -> None:
+        """One turn of the loop (bench/learner_loop.py times it on its own)."""
+        now = time.monotonic()
+        self.fault.check(now)
+        did = self.receive(now)
+        did |= self.checkpoint(now)
+        self.grant_tokens(now)
+        self.change_link(now)
+        if self.stop_reason is None:
+            did |= self.train(now)
+            self.evaluate()
+            self.decide_stop(now)
+        self.send_stop(now)
+        self.report(now)
+        self.wait(did)
 
     def serving(self) -> bool:
         """Until every buffer has said DONE and the link has delivered what is queued."""
@@ -343,8 +226,8 @@ class Learner:
         pr = (m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha
         self.logs["transfers"].append(
             buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
-            nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=_mean(pr),
-            **_spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+            nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
+            **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
         self.memory.add(records, m.arrays["td_abs"], frames)
         self.inserted += m.count
         site.served += m.count
@@ -573,8 +456,8 @@ class Learner:
         if td is None:
             return {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
         cfg = self.cfg
-        return {"arrival_td_mean": _mean(td),
-                "arrival_priority_mean": _mean((td + cfg.priority_eps) ** cfg.alpha),
+        return {"arrival_td_mean": small_mean(td),
+                "arrival_priority_mean": small_mean((td + cfg.priority_eps) ** cfg.alpha),
                 "arrival_n": td.size}
 
     # ---- evaluate and stop --------------------------------------------------------------------

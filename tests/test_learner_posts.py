@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mpirl import learner
+from mpirl import learner, learner_rows
 from mpirl.config import Config
 from mpirl.envs import inspect
 from mpirl.link import LinkStats
@@ -129,16 +129,16 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
 def test_priority_spread_is_numpys_linear_percentile():
     """/transfers/priority_median and priority_p90 (issue 14): np.percentile's values, by hand
     on a small case, and on random messages of several sizes."""
-    got = learner._spread(np.array([4.0, 1.0, 3.0, 2.0], np.float32))
+    got = learner_rows.spread(np.array([4.0, 1.0, 3.0, 2.0], np.float32))
     # sorted 1 2 3 4: median at h = 1.5 -> 2.5; p90 at h = 2.7 -> 3 + 0.7 * (4 - 3) = 3.7
     assert got["priority_median"] == 2.5 and abs(got["priority_p90"] - 3.7) < 1e-12
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 64, 256):
         p = rng.random(n).astype(np.float32) ** 3
-        got = learner._spread(p)
+        got = learner_rows.spread(p)
         np.testing.assert_allclose([got["priority_median"], got["priority_p90"]],
                                    np.percentile(p.astype(np.float64), (50, 90)), rtol=1e-6)
-    assert np.isnan(learner._spread(np.zeros(0, np.float32))["priority_p90"])
+    assert np.isnan(learner_rows.spread(np.zeros(0, np.float32))["priority_p90"])
 
 
 def test_held_rows_match_one_row_at_a_time(tmp_path):
@@ -153,23 +153,23 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
     alpha, eps = 0.6, 1e-3
     want_u, want_b = [], []
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1e9) as log:
-        rows = learner.HeldRows(schema.open_streams(log, "learner"), log, alpha, eps)
-        for i in range(2 * learner.HeldRows.BLOCK + 37):
+        rows = learner_rows.HeldRows(schema.open_streams(log, "learner"), log, alpha, eps)
+        for i in range(2 * learner_rows.HeldRows.BLOCK + 37):
             n = 64 if i < 300 else 32  # a change of batch width mid-block
             td = rng.random(n).astype(np.float32)
             pr = (rng.random(n) ** 2).astype(np.float32)
             sub = None if i % 7 == 3 else td[: n // 2]  # --arrival-sample 0 / a subsample
             rows.update(i, float(i) / 10, td, 0.4)
             rows.batch(i % 3, i, n, 1000 + i, 2000 + i, i % 5, pr, sub)
-            want_u.append((i, float(i) / 10, learner._mean(td), 0.4))
+            want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4))
             arrival = {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
             if sub is not None:
-                arrival = {"arrival_td_mean": learner._mean(sub),
-                           "arrival_priority_mean": learner._mean((sub + eps) ** alpha),
+                arrival = {"arrival_td_mean": learner_rows.small_mean(sub),
+                           "arrival_priority_mean": learner_rows.small_mean((sub + eps) ** alpha),
                            "arrival_n": len(sub)}
             want_b.append({"buffer": i % 3, "update": i, "kind": int(Tag.BATCH), "n": n,
                            "nbytes": 1000 + i, "raw_nbytes": 2000 + i,
-                           "priority_mean": learner._mean(pr), **learner._spread(pr),
+                           "priority_mean": learner_rows.small_mean(pr), **learner_rows.spread(pr),
                            **arrival, "window": i % 5})
             if i == 100:
                 log.flush()  # a flush in the middle hands over what is held
