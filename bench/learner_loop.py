@@ -162,6 +162,11 @@ def main() -> None:
                         ("--batch-size", a.batch_size, 1)):
         if not v >= lo:
             ap.error(f"{flag} {v}: give a value >= {lo}")
+    from overheads import BENCH_MEMORY
+
+    if a.batch_size > BENCH_MEMORY:
+        ap.error(f"--batch-size {a.batch_size}: give a batch size up to {BENCH_MEMORY} (the "
+                 "transitions the bench samples its batches from)")
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         lrn, step, batches, log = build(a.batch_size, Path(tmp))

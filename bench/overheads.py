@@ -103,6 +103,7 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 COMPONENTS = ("actor", "learner", "transport", "startup")
 RAW_WINDOW = 64
+BENCH_MEMORY = 4096  # transitions the learner benches sample their batches from
 EXTRA: list[str] = []  # more mpirl.main flags for the pipeline runs (--mpirl-args)
 
 
@@ -305,7 +306,7 @@ def batch_messages(cfg, spec, wire, count: int = 64) -> list:
     from mpirl.replay.build import make_replay
 
     rng = np.random.default_rng(0)
-    n = 4096
+    n = BENCH_MEMORY
     rec = np.zeros(n, wire.record)
     rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
     rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
@@ -635,8 +636,9 @@ def main() -> None:
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds}: give a number of rounds >= 1")
     if a.batch_size is not None:
-        if a.batch_size < 1:
-            ap.error(f"--batch-size {a.batch_size}: give a batch size >= 1")
+        if not 1 <= a.batch_size <= BENCH_MEMORY:
+            ap.error(f"--batch-size {a.batch_size}: give a batch size from 1 to {BENCH_MEMORY} "
+                     "(the transitions the reference samples from)")
         os.environ["MPIRL_OVERHEADS_BATCH"] = str(a.batch_size)
     keep = Path(a.keep) if a.keep else None
     if keep is not None:
