@@ -34,7 +34,7 @@ from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.cut import Cut
 from mpirl.evaluation import make_runner
-from mpirl.learner_rows import HeldRows, small_mean, spread
+from mpirl.learner_rows import HeldRows, small_mean, spread, td_units
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import RunLog
 from mpirl.pacing import TokenBucket
@@ -108,7 +108,7 @@ class Learner:
         self.target_return = target if target is not None and np.isfinite(target) else None
         log.set_attrs(target_return=self.target_return)
         self.logs = schema.open_streams(log, "learner")
-        self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps)
+        self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps, cfg.huber_delta)
         self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
                          Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
                          Tag.CHECKPOINT: self.on_checkpoint}
@@ -227,7 +227,7 @@ class Learner:
         self.logs["transfers"].append(
             buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
             nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
-            **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+            priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
         self.memory.add(records, m.arrays["td_abs"], frames)
         self.inserted += m.count
         site.served += m.count

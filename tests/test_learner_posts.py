@@ -161,7 +161,8 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
             sub = None if i % 7 == 3 else td[: n // 2]  # --arrival-sample 0 / a subsample
             rows.update(i, float(i) / 10, td, 0.4)
             rows.batch(i % 3, i, n, 1000 + i, 2000 + i, i % 5, pr, sub)
-            want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4))
+            huber = np.where(td <= 1.0, 0.5 * td.astype(np.float64) ** 2, td - 0.5)
+            want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4, huber.mean()))
             arrival = {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
             if sub is not None:
                 arrival = {"arrival_td_mean": learner_rows.small_mean(sub),
@@ -170,18 +171,20 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
             want_b.append({"buffer": i % 3, "update": i, "kind": int(Tag.BATCH), "n": n,
                            "nbytes": 1000 + i, "raw_nbytes": 2000 + i,
                            "priority_mean": learner_rows.small_mean(pr), **learner_rows.spread(pr),
+                           "priority_td_mean": np.mean(pr.astype(np.float64) ** (1 / alpha)),
                            **arrival, "window": i % 5})
             if i == 100:
                 log.flush()  # a flush in the middle hands over what is held
                 assert log.file["updates/update"].shape[0] == 101
     import h5py
     with h5py.File(tmp_path / "learner.h5", "r") as f:
-        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta")}
+        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta",
+                                              "loss_unweighted")}
         b = {k: f["transfers"][k][()] for k in want_b[0]}
         t = f["updates/t"][()]
     assert len(u["update"]) == len(want_u) and len(b["n"]) == len(want_b)
     assert np.all(np.diff(t) >= 0)
-    for k, col in enumerate(("update", "loss", "td_abs_mean", "beta")):
+    for k, col in enumerate(("update", "loss", "td_abs_mean", "beta", "loss_unweighted")):
         np.testing.assert_allclose(u[col], [w[k] for w in want_u], rtol=1e-5, err_msg=col)
     for col in want_b[0]:
         np.testing.assert_allclose(b[col], [w[col] for w in want_b], rtol=1e-5, err_msg=col)
