@@ -2,6 +2,7 @@
 a sweep, and one tiny real sweep (2 runs under mpirun -n 3)."""
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -83,6 +84,7 @@ def test_group_axis_and_no_axes(tmp_path):
     ('out = "OUT"\nflags = 3', "[flags] must be a table"),
     ('out = "OUT"\nmystery = 1', "unknown key(s) ['mystery']"),
     ('out = "OUT"\nranks = 2', "ranks = 2 must be an integer >= 3"),
+    ('out = "OUT"\nexport = 1', "export = 1 must be a folder"),
     ('out = "OUT"\nseeds = []', "seeds = [] must be a non-empty list"),
     ('out = "OUT"\nseeds = [0, 0]', "repeat a seed"),
     ('out = "OUT"\nseeds = [-1]', "integers >= 0"),
@@ -253,10 +255,11 @@ def test_repository_specs_pass_the_flag_check():
 
 def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     """Two runs of a few seconds under mpirun -n 3, one after another; the second invocation
-    skips both."""
+    skips both. Each finished run's row lands in the spec's export folder (analysis.export)."""
     mpirun = mpirun_path()
     p = spec_file(tmp_path, f"""
         out = "OUT"
+        export = "OUT-data"
         ranks = 3
         launcher = ["{mpirun}", "-n", "{{ranks}}"]
         [flags]
@@ -283,6 +286,11 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         assert summary["stop_reason"] == "max_seconds" and summary["updates"] > 0
         assert json.loads((run.run_dir / "sweep.json").read_text())["returncode"] == 0
         assert (run.run_dir / "learner.h5").exists()
+    with (tmp_path / "out-data" / "runs.csv").open() as f:
+        rows = {r["replay_at"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"learner", "buffer"}, rows
+    assert all(float(r["T"]) == pytest.approx(3, abs=0.5) and int(r["updates"]) > 0
+               for r in rows.values())
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                        check=False)
     assert r.returncode == 0 and r.stdout.count("complete, skipped") == 2, r.stdout + r.stderr
