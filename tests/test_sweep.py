@@ -238,19 +238,30 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path, capsys):
 
 
 def test_repository_specs_pass_the_flag_check():
-    """The repository's specs are valid (the paper's pacing flags and update budget included)
-    and pin the learner with jobs/pin.sh."""
-    for name in ("paper.toml", "paper-minatar.toml", "matrix.toml"):
-        spec = S.load_spec(ROOT / "experiments" / name)
-        assert S.check(spec, S.expand(spec)) == [], name
-    for name in ("paper.toml", "paper-minatar.toml"):
-        spec = S.load_spec(ROOT / "experiments" / name)
-        assert spec.launcher[-1] == "jobs/pin.sh" and "max_updates" in spec.budget
-    paper = S.load_spec(ROOT / "experiments" / "paper.toml")
-    assert list(paper.axes) == ["bandwidth_mbps", "rho", "replay_at"]
-    assert [lab for lab, _ in paper.axes["rho"]] == ["0.25", "1", "4"]
-    assert len(paper.seeds) >= 6 and len(S.expand(S.load_spec(
-        ROOT / "experiments" / "matrix.toml"))) == 24
+    """The repository's specs are valid (the paper's pacing flags and budgets included) and pin
+    the learner with jobs/pin.sh; the equal-wall-time ones (issue 27) give both placements the
+    same T and no other stop, and export their rows."""
+    fixed = ROOT / "experiments" / "fixed-updates"
+    for path in (fixed / "paper.toml", fixed / "paper-minatar.toml",
+                 ROOT / "experiments" / "matrix.toml"):
+        spec = S.load_spec(path)
+        assert S.check(spec, S.expand(spec)) == [], path
+    paper = S.load_spec(fixed / "paper.toml")
+    assert paper.launcher[-1] == "jobs/pin.sh" and "max_updates" in paper.budget
+    assert len(S.expand(S.load_spec(ROOT / "experiments" / "matrix.toml"))) == 24
+    equal = sorted((ROOT / "experiments" / "equal-time").glob("*.toml"))
+    assert {p.stem for p in equal} >= {"A", "B", "C", "M", "map", "pilot"}
+    for path in equal:
+        spec = S.load_spec(path)
+        runs = S.expand(spec)
+        assert S.check(spec, runs) == [], path
+        assert spec.launcher[-1] == "jobs/pin.sh" and spec.export is not None, path
+        for run in runs:
+            assert run.flags["max_updates"] == 0 and run.flags["max_env_steps"] == 0, path
+            assert run.flags["max_seconds"] > 0 and run.flags["target_return"] == "none", path
+    seeds = {p.stem: len(S.load_spec(p).seeds) for p in equal}
+    assert seeds["A"] >= 20 and seeds["B"] >= 20 and seeds["C"] >= 20 and seeds["M"] >= 10
+    assert seeds["map"] >= 10
 
 
 def test_tiny_real_sweep_runs_and_resumes(tmp_path):
