@@ -6,6 +6,13 @@
 Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->``; everything else on the page is written by hand. The sections:
 
+``equal_time``
+    The equal-wall-time design (issue 27) from ``docs/results/data/equal-time/`` (`analysis.export`
+    writes it, the sweep after every run): the family F with Holm's decisions, the matched
+    control, each cell's achieved rates (marked when off by more than 10%), ratios with
+    t-intervals, IQM and probability of improvement, time to target as survival, and the
+    crossover map (`analysis.equal_time`); the figures go to ``docs/results/equal-time/``.
+
 ``reanalysis``
     The withdrawn fixed-update design (issue 14) re-analysed from its committed CSVs
     (``docs/results/appendix/fixed-updates/paper-cells.csv`` and ``.../minatar/paper-cells.csv``)
@@ -27,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.paired import LogRatio, figure_outcome, holm, log_ratio_t
+from analysis.paired import LogRatio, figure_outcome, holm, km_compare, log_ratio_t
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results.md"
@@ -101,54 +108,14 @@ def confound(rows: list[dict]) -> dict[str, float]:
 
 # --- time to target on the common horizon --------------------------------------------------------
 
-def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, float]:
-    """Kaplan-Meier restricted mean survival time up to ``tau`` and the variance of that
-    estimate: sum over event times t_j <= tau of A_j^2 d_j / (Y_j (Y_j - d_j)), with A_j the area
-    under the KM curve from t_j to tau (terms with Y_j = d_j count 0, as R's survRM2 does).
-    The KM fit is lifelines'; lifelines' own ``return_variance`` is the variance of
-    min(T, tau) itself, not of the estimate."""
-    from lifelines import KaplanMeierFitter
-
-    km = KaplanMeierFitter().fit(durations, events)
-    tab = km.event_table
-    t = np.asarray(tab.index, dtype=float)
-    surv = km.survival_function_at_times(t).to_numpy()
-    keep = t <= tau
-    t, surv = t[keep], surv[keep]
-    edges = np.append(t, tau)
-    pieces = surv * np.diff(edges)  # S is constant on [t_k, t_k+1)
-    area_after = np.cumsum(pieces[::-1])[::-1]  # A at each t_k: from t_k to tau
-    d = tab["observed"].to_numpy()[keep]
-    y = tab["at_risk"].to_numpy()[keep]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(y > d, d / (y * (y - d)), 0.0)
-    return float(pieces.sum()), float(np.sum(area_after ** 2 * w))
-
-
 def survival(cell: dict[str, dict]) -> dict[str, float] | None:
     """KM restricted mean time to target up to the shorter placement's horizon."""
-    from lifelines.statistics import logrank_test
-
     runs = {k: list(v.values()) for k, v in cell.items()}
     if not all(math.isfinite(r["target"]) for rs in runs.values() for r in rs):
         return None
     tau = min(r["wall_s"] for rs in runs.values() for r in rs)
-    out: dict[str, float] = {"tau": tau}
-    data = {}
-    for k, rs in runs.items():
-        t = np.array([r["time_to_target_s"] for r in rs])
-        event = np.isfinite(t) & (t <= tau)
-        dur = np.where(event, t, tau)
-        data[k] = (dur, event)
-        out[f"rmst_{k}"], out[f"var_{k}"] = rmst(dur, event, tau)
-        out[f"reached_{k}"] = int(event.sum())
-        out[f"n_{k}"] = len(rs)
-    diff = out["rmst_proposed"] - out["rmst_existing"]
-    half = 1.96 * math.sqrt(out["var_proposed"] + out["var_existing"])
-    out.update(diff=diff, diff_low=diff - half, diff_high=diff + half)
-    (dp, ep), (de, ee) = data["proposed"], data["existing"]
-    out["logrank_p"] = float(logrank_test(dp, de, ep, ee).p_value)
-    return out
+    times = {k: np.array([r["time_to_target_s"] for r in rs]) for k, rs in runs.items()}
+    return km_compare(times, {k: np.isfinite(t) for k, t in times.items()}, tau)
 
 
 # --- the section ---------------------------------------------------------------------------------
@@ -254,7 +221,25 @@ def _survival_table(cs: dict) -> list[str]:
     return out
 
 
-SECTIONS: dict[str, Callable[[], str]] = {"reanalysis": reanalysis}
+DATA = ROOT / "docs" / "results" / "data" / "equal-time"
+FIGURE_DIR = ROOT / "docs" / "results" / "equal-time"
+#: per cell, the rates its spec asks for (experiments/equal-time/*.toml): P and U
+REQUESTED = {"cell=A": {"P": 12000.0, "U": 187.5}, "cell=B": {"P": 12000.0, "U": 46.875},
+             "cell=C": {"P": 12000.0}, "cell=M": {"P": 4500.0, "U": 17.578125}}
+
+
+def equal_time() -> str:
+    from analysis import equal_time as E
+
+    body = E.section(DATA, REQUESTED)
+    if (DATA / "runs.csv").exists():
+        cells = E.by_cell(E.read(DATA)[0])
+        body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)"
+                                    for c in cells)
+    return body
+
+
+SECTIONS: dict[str, Callable[[], str]] = {"equal_time": equal_time, "reanalysis": reanalysis}
 
 
 def render(page: str) -> str:
@@ -276,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page", type=Path, default=RESULTS)
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when the page differs from the regenerated one")
+    ap.add_argument("--no-plots", action="store_true", help="do not rewrite the figures")
     a = ap.parse_args(argv)
     page = a.page.read_text()
     new = render(page)
@@ -286,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     a.page.write_text(new)
+    if not a.no_plots:
+        from analysis import equal_time as E
+
+        E.figures(DATA, FIGURE_DIR)
     return 0
 
 

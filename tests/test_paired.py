@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import verdict
+from analysis import paired, verdict
 from analysis.paired import MATCHES, OPPOSITE, figure_outcome, holm, log_ratio_t
 
 
@@ -76,10 +76,10 @@ def test_a_page_without_the_markers_is_an_error_naming_the_fix():
 
 def test_rmst_without_censoring_is_the_mean_and_its_variance():
     x = np.random.default_rng(0).exponential(100, 40)
-    mean, var = verdict.rmst(x, np.ones(40, bool), tau=1e9)
+    mean, var = paired.rmst(x, np.ones(40, bool), tau=1e9)
     assert mean == pytest.approx(x.mean())
     assert var == pytest.approx(x.var() / 40)  # Greenwood's variance reduces to this
     # censoring at tau: the area under the KM curve up to tau, i.e. mean(min(T, tau))
     tau = 80.0
-    mean, _ = verdict.rmst(np.minimum(x, tau), x <= tau, tau)
+    mean, _ = paired.rmst(np.minimum(x, tau), x <= tau, tau)
     assert mean == pytest.approx(np.minimum(x, tau).mean())
