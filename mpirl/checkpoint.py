@@ -390,7 +390,9 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
 
 
 def log_rows(log) -> dict[str, int]:
-    """Rows appended so far to each stream of a RunLog (written or still buffered)."""
+    """Rows appended so far to each stream of a RunLog (written or still buffered; rows a
+    writer holds back until the log's next flush, as the learner's `HeldRows`, are not in it:
+    `Checkpointer.write` flushes the log first)."""
     return {name: s.rows_written + s.rows_pending for name, s in log.streams.items()}
 
 
@@ -469,7 +471,7 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, name: str, fault=None, info: dict | None = None,
                  log=None):
         self.run_dir, self.name, self.fault, self.info = Path(run_dir), name, fault, info or {}
-        self.log = log  # the rank's RunLog: its row counts go into every part (log_rows)
+        self.log = log  # the rank's RunLog: flushed, its row counts go into every part
         self.seconds = 0.0  # time spent writing parts, for the logs
 
     def write(self, ckpt_id: int, meta: dict, arrays: dict | None = None,
@@ -477,6 +479,10 @@ class Checkpointer:
         t0 = time.monotonic()
         hook = self.fault.in_checkpoint if self.fault is not None else None
         if self.log is not None:
+            # held rows (the learner's HeldRows) are handed over and every row goes to disk
+            # first: the counts cover every row appended before the part, and a kill after it
+            # loses none of them
+            self.log.flush()
             meta = {**meta, "log_rows": log_rows(self.log)}
         part = write_part(self.run_dir, ckpt_id, self.name, meta, arrays, torch_state, hook)
         self.seconds += time.monotonic() - t0
