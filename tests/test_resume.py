@@ -20,6 +20,7 @@ import pytest
 from mpirun import mpirun_cmd, run_mpirl, stop_signal
 
 from mpirl import checkpoint as ck
+from mpirl.checkpoint_arrays import StoredArray
 from mpirl.config import ConfigError, parse, to_dict
 from mpirl.replay import PrioritizedReplay
 from mpirl.wire import transition_dtype
@@ -64,6 +65,36 @@ def test_memory_round_trip_same_items_priorities_generations(tmp_path, n):
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.generations, b.generations)
         np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_memory_arrays_are_read_from_the_file_on_demand(tmp_path):
+    """load_part hands the replay memory's arrays over as handles into the .npz (rows read when
+    sliced), other arrays as numpy arrays; a file cut short after `select` checked it is one
+    error naming it; a memory found corrupt part-way is left empty."""
+    m = _memory(2500)
+    arrays, meta = ck.memory_state(m)
+    ck.write_part(tmp_path, 1, "buffer-0", {"replay": meta}, {**arrays, "x": np.arange(5)})
+    ck.write_manifest(tmp_path, 1, ["buffer-0"], {"config": {}, "world_size": 3, "layout": []})
+    part = ck.load_part(tmp_path, ck.select(tmp_path)[0], "buffer-0")
+    stored, held = part.arrays["replay_storage"], m.state_dict()["storage"]
+    assert isinstance(stored, StoredArray) and isinstance(part.arrays["x"], np.ndarray)
+    assert stored.shape == (1000,) and stored.dtype == REC
+    assert stored[10:20].tobytes() == held[10:20].tobytes()
+    assert stored[995:2000].tobytes() == held[995:].tobytes()
+    assert np.asarray(stored).tobytes() == held.tobytes()
+    np.testing.assert_array_equal(np.asarray(part.arrays["replay_rng_state"]),
+                                  arrays["replay_rng_state"])
+    path = ck.root(tmp_path) / "000001" / "buffer-0.npz"
+    path.write_bytes(path.read_bytes()[:stored.offset + 500 * REC.itemsize])
+    target = _memory(300)
+    with pytest.raises(ck.CheckpointError, match="buffer-0.npz.*truncated"):
+        ck.restore_memory(target, part.arrays, part.meta["replay"])
+    assert len(target) == 300  # the RNG state is read first: the memory is as it was
+    state = {k: np.array(v) for k, v in target.state_dict().items()}
+    state["priorities"][100] = 0  # found corrupt after the copy began: empty, not half restored
+    with pytest.raises(ValueError, match="corrupt"):
+        target.load_state_dict(state)
+    assert len(target) == 0 and target.total_priority() == 0
 
 
 def test_learner_tensors_round_trip_without_pickle(tmp_path):
