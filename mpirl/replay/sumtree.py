@@ -179,11 +179,3 @@ class SumMinTree:
         self.sum[:] = 0.0
         self.min[:] = np.inf
         self._dirty.clear()
-
-    def load(self, p: np.ndarray) -> None:
-        """Replace all leaves (0 = empty) and rebuild every maintained level."""
-        n = self.n_leaves
-        self.leaves[:] = p
-        self.min[n:n + self.capacity] = np.where(p > 0, p, np.inf)
-        self._dirty = [[n, 2 * n]]
-        self.flush()
