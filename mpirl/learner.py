@@ -591,8 +591,8 @@ class Learner:
     def drain_evaluation(self, timeout: float | None = None) -> None:
         """At the stop, the evaluation still in flight (requested before the stop, its result
         not yet in) is waited for, at most ``timeout`` s (EVAL_DRAIN_S), and handled like any
-        other: its /evals row, best.pt if it is the best.  It used to be dropped, so a run
-        could lose its best weights.  After the final checkpoint, which must not wait for it."""
+        other: its /evals row, best.pt if it is the best.  Before the final checkpoint, so that
+        the checkpoint's best eval and its /evals row count include it."""
         runner = self.eval_runner
         timeout = EVAL_DRAIN_S if timeout is None else timeout
         end = time.monotonic() + timeout
@@ -608,14 +608,15 @@ class Learner:
             time.sleep(0.002)
 
     def finish(self) -> dict:
-        """The final checkpoint (every buffer's DONE says its part is on disk), the summary."""
+        """The evaluation in flight, the final checkpoint (every buffer's DONE says its part is
+        on disk), the summary."""
+        self.drain_evaluation()
         if self.final_ckpt >= 0:
             t0 = time.monotonic()
             self.save(self.final_ckpt, self.stop_reason)
             self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
                      f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
         wall = time.monotonic() - self.t_start
-        self.drain_evaluation()
         links = [s.link for s in self.sites.values()]
         summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,
                    "updates": self.updates, "env_steps": self.env_steps,

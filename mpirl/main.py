@@ -359,7 +359,7 @@ def _run(world, setup: _Setup) -> int:
 
             log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
         if part is not None:
-            _note_resume(log, part)
+            _note_resume(log, part, setup.manifest)
         _run_role(topo, setup, wire, log, ckpt, stop_signal)
     if profiler is not None:
         profiler.disable()
@@ -439,13 +439,13 @@ def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dic
                                                    None if part is None else part.id))}
 
 
-def _note_resume(log, part) -> None:
-    """Where this launch continues: rows past log_rows are from the interrupted launch, after
-    the checkpoint (kept; analysis may cut them)."""
+def _note_resume(log, part, manifest: dict) -> None:
+    """Where this launch continues: rows past the part's log_rows were written by the launch
+    before, after its part of the checkpoint (kept; docs/reliability.md says which to cut)."""
     from mpirl.checkpoint import file_rows
 
     resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
-    resumes.append({"checkpoint": part.id, "unix": time.time(),
+    resumes.append({"checkpoint": part.id, "reason": manifest.get("reason"), "unix": time.time(),
                     "rows_at_checkpoint": part.meta.get("log_rows", {}),
                     "rows_before_resume": file_rows(log.file)})
     log.set_attrs(resumes_json=json.dumps(resumes))
