@@ -4,7 +4,8 @@ The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an eval
 keeps training; it polls for the result once per loop turn and handles it in one place
 (``Learner.evaluated``).  At most one evaluation is in flight: one that is due while
 another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
-``seed + 7919 k + i`` (mpirl.envs.Evaluator), whichever runner plays it.
+``mpirl.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.envs.Evaluator), whichever runner plays
+it.
 
 * ``process`` (default): a child process (``python -m mpirl.evaluation``) with its own envs and
   network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
@@ -61,12 +62,10 @@ class EvalResult(NamedTuple):
 def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
     """What an evaluation runner needs to build its envs and network (JSON-able); ``refset``:
     (path, sha256) of the reference set (mpirl.refloss), or None."""
-    from mpirl import seeds
-
     return {"reference": None if refset is None else {
                 "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
             "env": cfg.env, "episodes": cfg.eval_episodes,
-            "seed": seeds.learner(cfg.seed, 0)["evaluation"], "max_steps": cfg.eval_max_steps,
+            "seed": cfg.seed, "max_steps": cfg.eval_max_steps,
             "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
             "wrappers": cfg.wrapper_specs()}
 

@@ -112,7 +112,7 @@ class Learner:
         self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
                          Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
                          Tag.CHECKPOINT: self.on_checkpoint}
-        self.arrival_rng = np.random.default_rng(self.seed["replay"] + 1)
+        self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
         # counters (a checkpoint's part; `restore` sets them on --resume)
