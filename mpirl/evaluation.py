@@ -10,7 +10,8 @@ it.
 * ``process`` (default): a child process (``python -m mpirl.evaluation``) with its own envs and
   network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
   headers, float32 weights, float64 returns: no pickle).  It runs in parallel with the learner,
-  on whatever core is free.
+  on whatever core is free.  The child gets the learner's environment less the MPI
+  launcher's (`child_environ`).
 * ``thread``: a thread of the learner.  torch releases the GIL inside its kernels, but
   gymnasium's CartPole and the numpy forward are Python that holds it, so the learner's Python
   (the loop, torch's dispatch) waits for the GIL while the thread plays.
@@ -182,6 +183,21 @@ class ThreadRunner(_Runner):
         self.evaluator.close()
 
 
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "MPIR_")
+LAUNCHER_NAMES = ("MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+
+
+def child_environ(environ: dict | None = None) -> dict[str, str]:
+    """``environ`` (default os.environ) less what an MPI launcher sets for its ranks: Hydra's and
+    SLURM's ``PMI_*`` (PMI_RANK, PMI_FD: a descriptor the child does not have), Open MPI's
+    ``OMPI_*``, ``PMIX_*``, ``PRTE_*``, MPICH's ``HYDRA_*``, ``MPIR_*`` and ``MPI_LOCAL*``.  With
+    them, a user's env module that imports mpi4py would try to join the job as the learner's
+    rank; without them it starts a one-process MPI of its own."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items()
+            if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES}
+
+
 class ProcessRunner(_Runner):
     """The evaluation in a child process; see the module docstring for the protocol."""
 
@@ -189,7 +205,7 @@ class ProcessRunner(_Runner):
         super().__init__()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_environ())
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = bytearray()
 
