@@ -1,5 +1,5 @@
-"""The evaluation child process (--evaluator process) runs outside the MPI job that started
-the learner."""
+"""The evaluation child process (--evaluator process): the learner hands it weights without
+waiting for it, and it runs outside the MPI job that started the learner."""
 import json
 import os
 import time
@@ -46,6 +46,40 @@ def _result(runner, timeout: float):
             return res
         time.sleep(0.01)
     raise AssertionError(f"no evaluation result within {timeout} s")
+
+
+def test_weights_reach_a_child_still_starting_without_holding_the_learner(user_env,
+                                                                          monkeypatch):
+    """4.2 MB of weights to a child that reads them only after 3 s of start-up: `request`
+    returns at once (a blocking pipe write waits those 3 s), and the round is still played."""
+    monkeypatch.setenv("MPIRL_TEST_SLOW_S", "3")
+    flat = np.zeros(n_params(4, 2, HIDDEN, False), np.float32)
+    assert flat.nbytes > 4e6
+    r = ProcessRunner(_settings("slow_user_env:MpirlSlowPole-v0"))
+    try:
+        t0 = time.monotonic()
+        r.request(flat, 5, 100, 7)
+        handed = time.monotonic() - t0
+        res = _result(r, 120)
+    finally:
+        r.close()
+    assert handed < 0.5, f"the hand-off held the learner {handed:.2f} s"
+    assert (res.round, res.update, res.env_steps) == (5, 100, 7)
+    assert len(res.returns) == 2 and (res.returns > 0).all() and res.params is flat
+    assert r.proc.returncode == 0
+
+
+def test_close_ends_a_child_that_never_reads(user_env, monkeypatch):
+    """The learner stops while the child is still starting and its request is half written:
+    close kills the child after its timeout, which ends the writer thread too."""
+    monkeypatch.setenv("MPIRL_TEST_SLOW_S", "60")
+    r = ProcessRunner(_settings("slow_user_env:MpirlSlowPole-v0"))
+    r.request(np.zeros(n_params(4, 2, HIDDEN, False), np.float32), 0, 1, 1)
+    t0 = time.monotonic()
+    r.close(timeout=2)
+    assert time.monotonic() - t0 < 10 and r.proc.returncode is not None
+    r._writer.join(timeout=5)
+    assert not r._writer.is_alive()
 
 
 LAUNCHER = {"PMI_RANK": "0", "PMI_SIZE": "3", "PMI_FD": "9", "PMI_HOSTNAME": "vm",
@@ -102,7 +136,7 @@ print("returns", res.returns.tolist())
 def test_a_users_env_module_may_import_mpi4py_under_mpirun(tmp_path):
     """A real launch: the learner's rank under mpirun starts the evaluation child, whose env
     module imports mpi4py.  With the launcher's PMI_FD and PMI_RANK inherited, MPICH's child
-    aborted in PMI_Init (and the learner with it); now it is an MPI of one process."""
+    aborts in PMI_Init (and the learner with it); without them it is an MPI of one process."""
     import subprocess
     import sys
 
