@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpirl import seeds
+
 IMAGES_EXTRA = 'pip install -e ".[images]"'
 ATARI_STACK = 4
 ATARI_NOOP_MAX = 30
@@ -292,8 +294,6 @@ class Evaluator:
     def run(self, q) -> np.ndarray:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
         n = len(self.envs)
-        from mpirl import seeds
-
         obs = np.stack([e.reset(seed=s)[0] for e, s in
                         zip(self.envs, seeds.evaluation(self.seed, n, self.round))])
         self.round += 1
