@@ -6,14 +6,18 @@ Two kinds, disjoint by construction:
   ``SeedSequence(seed, spawn_key=(stream, *index))``, one stream per row below, as a 64-bit
   integer with its top bit set (``>= 2**63``), so none equals an env reset seed;
 * **env reset seeds** (actors' envs, evaluation episodes, the reference set): one 32-bit space
-  (MinAtar and other envs seed ``numpy.random.RandomState``, which takes ``< 2**32``), in which
-  every reset gets its own slot ``c``: ``3 x + 0`` for evaluation episode ``x = k E + i``
-  (episode ``i`` of round ``k``, ``E`` = --eval-episodes), ``3 x + 1`` for env ``x = L T + g``
-  of the actors (``g`` = actor index * --envs-per-actor + j of ``T`` envs in all; launch ``L``:
-  0 for a new run, the checkpoint id after --resume, so a resumed run starts fresh episodes),
-  ``3 * 0 + 2`` for the reference set.  The seed is ``(a c + b) mod 2**32`` with ``a`` odd and
-  ``a, b`` drawn from ``SeedSequence(seed, spawn_key=(ENV_RESETS,))``: a bijection, so distinct
-  slots get distinct seeds in every run, and runs of different ``--seed`` get unrelated ones.
+  (MinAtar and other envs seed ``numpy.random.RandomState``, which takes ``< 2**32``) in which
+  every reset has its own slot ``c``::
+
+      episode i of evaluation round k      c = 3 (k E + i)
+      env j of actor a, launch L           c = 3 (L A M + a M + j) + 1
+      the reference set                    c = 2
+
+  (``E`` = --eval-episodes; ``A`` actors of ``M`` = --envs-per-actor envs; ``L`` = 0 for a new
+  run, the checkpoint id after --resume, so a resumed run starts fresh episodes).  The seed is
+  ``(a_S c + b_S) mod 2**32``, ``a_S`` odd, ``a_S, b_S`` from ``SeedSequence(seed,
+  spawn_key=(ENV_RESETS,))``: a bijection, so distinct slots get distinct seeds in every run,
+  and runs of another ``--seed`` get unrelated ones.
 
 =========================  ==========================================  =========================
 rank                       seed                                        drives
@@ -32,7 +36,7 @@ learner (rank 0)           env resets, slot 2                          --referen
                                                                        held-out set's env and
                                                                        random policy
 actor at world rank r      generator EXPLORATION (r)                   exploration draws
-actor index a, env j       env resets, slot 3 (L T + a M + j) + 1      env resets, action space
+actor index a, env j       env resets, slot 3 (L A M + a M + j) + 1    env resets, action space
 =========================  ==========================================  =========================
 
 Each rank's HDF5 file stores its own as the attribute ``seeds_json`` (of its latest launch; the
