@@ -50,8 +50,9 @@ _COMMON = {
     "world_size": "ranks in the job",
     "link_profile": "the long-haul link as resolved at start (profile and overrides, in words)",
     "seeds_json": "JSON: the random seeds this rank derived from `--seed` in its latest launch "
-                  "(mpirl/seeds.py): learner `torch`, `replay`, `evaluation`, `link` (per site); "
-                  "buffer `replay`, `link`; actor `exploration`, `envs` (one per env)",
+                  "(mpirl/seeds.py): learner `torch`, `replay`, `arrival`, `evaluation` (round "
+                  "0's episodes), `link` (per site); buffer `replay`, `link`; actor "
+                  "`exploration`, `envs` (one per env)",
     "reference_set": "learner, with --reference-set: path of the reference set (.npz, "
                      "mpirl.refloss) behind /evals/reference_loss",
     "reference_set_sha256": "learner, with --reference-set: sha256 of that set's contents "

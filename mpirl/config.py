@@ -51,7 +51,7 @@ class Config:
         "gymnasium.make returns (before mpirl's Atari/MinAtar preprocessing), at every actor "
         "and at the evaluator; a list of strings in --config")
     buffers: int = _f(1, "number of edge buffers (sites); actors are split over them")
-    seed: int = _f(0, "base random seed; each rank and env offsets it")
+    seed: int = _f(0, "base random seed; every stream of every rank derives its own (seeds.py)")
     max_env_steps: int = _f(2_000_000, "stop after this many env steps (all actors), 0 = no limit")
     max_seconds: float = _f(600.0, "stop after this many seconds of wall time, 0 = no limit")
     max_updates: int = _f(0, "stop after this many learner updates (over every launch of a "

@@ -69,7 +69,7 @@ class Site:
         self.rank, self.index, self.link, self.weight = rank, rank - 1, link, weight
         self.steps = 0  # env steps of its actors, as last reported
         self.ready: deque = deque()  # replay_at=buffer: (BATCH, bytes, arrival) not yet trained
-        self.max_weight = 0.0  # its memory's max importance weight, as last reported
+        self.max_weight = 0.0  # its memory's max importance weight, of its batch trained last
         self.served = 0  # batches trained (replay_at=buffer) / transitions inserted (learner)
         self.owed = 0  # replay_at=learner: forward tokens to give back
         self.done = False  # it sent DONE: nothing more is posted to it
@@ -112,7 +112,7 @@ class Learner:
         self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
                          Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
                          Tag.CHECKPOINT: self.on_checkpoint}
-        self.arrival_rng = np.random.default_rng(self.seed["replay"] + 1)
+        self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
         # counters (a checkpoint's part; `restore` sets them on --resume)
@@ -216,7 +216,6 @@ class Learner:
 
     def on_batch(self, site: Site, m, buf, now: float) -> None:
         """replay_at=buffer: a sampled batch, trained in fair order (`next_batch`)."""
-        site.max_weight = m.b
         if self.stop_reason is None:
             site.ready.append((m, buf.nbytes, now))
 
@@ -408,11 +407,12 @@ class Learner:
             site = min(waiting, key=Site.share)  # weighted fair queueing
             m, nbytes, arrived = site.ready.popleft()
             site.served += 1
+            site.max_weight = m.b  # the normaliser this batch was sampled with
             source = (site, m, nbytes, arrived)
             records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
                 "frames")
             top = max(s.max_weight for s in self.sites.values())
-            if m.b < top:  # one scale for every site: the global largest is 1 (design.md)
+            if m.b < top:  # one scale for every site (design.md); one site: factor 1
                 weights = weights * np.float32(m.b / top)
         t0 = time.monotonic()
         batch = self.trainer.put(records, weights, frames)

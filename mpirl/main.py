@@ -435,7 +435,7 @@ def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dic
             "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
             "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
             "link_profile": profile.describe(),
-            "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
+            "seeds_json": json.dumps(seeds.of_rank(cfg, topo,
                                                    None if part is None else part.id))}
 
 

@@ -23,7 +23,9 @@ to [-1, 1]), reset with ``seed``, and a policy that is uniform random (default) 
 epsilon-greedy with a given Q-function; actions come from ``numpy.random.default_rng(seed)``,
 so a set depends only on (env, seed, size, n_step, gamma, policy) and the library versions. The
 n-step transitions are built by the actors' `mpirl.nstep.NStep`, so ``n_step`` and ``gamma``
-must be the run's. Pick a seed no actor uses (actors use ``seed + 1000 * rank + env index``).
+must be the run's. ``--reference-set auto`` uses `mpirl.seeds.reference`, which no actor's or
+evaluation's reset seed equals; a seed picked by hand is one of 2**32 that a run's env resets
+spread over (`mpirl.seeds`).
 
 The hash: ``sha256`` is over the arrays' contents (name, dtype, shape and bytes of each array,
 in name order, the metadata included), not over the file's bytes: ``numpy.savez`` stamps the
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "and print its sha256.")
     ap.add_argument("--env", required=True, help="gymnasium id, as --env of mpirl.main")
     ap.add_argument("--seed", type=int, required=True,
-                    help="env and policy seed (pick one no actor uses)")
+                    help="env and policy seed (mpirl.seeds.reference(--seed) is the run's own)")
     ap.add_argument("--size", type=int, default=10_000, help="transitions")
     ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")
     ap.add_argument("--gamma", type=float, required=True, help="the run's --gamma")

@@ -126,6 +126,48 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
                                    err_msg=f"site {b - 1}'s weights")
 
 
+def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path, monkeypatch):
+    """replay_at=buffer, 1 site: each batch's weights are divided by the max weight of the
+    memory it was sampled from (BATCH.b), so the learner's rescale is exactly 1, however many
+    batches wait.  Two batches queued in one turn, max weights 2 then 5: the older one must not
+    be scaled by 2 / 5 (the newer batch's figure)."""
+    cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), max_env_steps=100,
+                 progress_seconds=0, target_return=float("nan"))
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    w = np.linspace(0.1, 1, 8, dtype=np.float32)
+
+    def batch(max_weight, batch_id):
+        s = Sample(indices=np.arange(8), generations=np.arange(8), weights=w,
+                   priorities=np.ones(8), records=np.zeros(8, record))
+        return Tag.BATCH, wire.batch(s, batch_id, 0.0, max_weight=max_weight)
+
+    updates = []
+
+    def on_post(link, tag):
+        if tag == Tag.PRIORITIES:
+            updates.append(tag)
+            if len(updates) == 2:  # both batches trained: the run is over
+                link.inbox.append((Tag.STATS, wire.stats([], 100, 0)))
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    posts, trained = [], []
+    links = {1: ScriptedLink(posts, on_post, [batch(2.0, 0), batch(5.0, 1)])}
+    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
+        comm, peer, *a, **k))
+    put = learner.TrainStep.put
+    monkeypatch.setattr(learner.TrainStep, "put", lambda self, records, weights, frames=None: (
+        trained.append(np.array(weights)), put(self, records, weights, frames))[1])
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+    assert len(trained) == 2
+    for i, got in enumerate(trained):
+        np.testing.assert_array_equal(got, w, err_msg=f"batch {i}'s weights were rescaled")
+
+
 def test_priority_spread_is_numpys_linear_percentile():
     """/transfers/priority_median and priority_p90 (issue 14): np.percentile's values, by hand
     on a small case, and on random messages of several sizes."""

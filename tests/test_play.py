@@ -85,9 +85,11 @@ def test_every_rank_logs_its_derived_seeds(trained):
     for name in ("learner", "buffer-0", "actor-2"):
         with h5py.File(trained / f"{name}.h5", "r") as f:
             seeds[name] = json.loads(f.attrs["seeds_json"])
-    assert seeds["learner"] == {"torch": 5, "replay": 5, "evaluation": 10_005, "link": [22]}
-    assert seeds["buffer-0"] == {"replay": 6, "link": 6}
-    assert seeds["actor-2"] == {"exploration": 2005, "envs": [2005, 2006, 2007, 2008]}
+    from mpirl import seeds as S
+
+    assert seeds["learner"] == S.learner(5, 1, 3)
+    assert seeds["buffer-0"] == S.buffer(5, 1)
+    assert seeds["actor-2"] == S.actor(5, 2, 0, 1, 4)
 
 
 # ---- best.pt -----------------------------------------------------------------------------------
@@ -262,7 +264,9 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]
         seeds = json.loads(f.attrs["seeds_json"])
     assert len(ret) > 0 and (length == 7).all() and (ret % 2 == 0).all()
-    assert seeds["envs"][0] == 2005 + 7919 * 1  # fresh episodes after checkpoint 1
+    from mpirl import seeds as S
+
+    assert seeds["envs"] == S.actor(5, 2, 0, 1, 4, 1)["envs"]  # fresh episodes after checkpoint 1
 
 
 # ---- TensorBoard ------------------------------------------------------------------------------
