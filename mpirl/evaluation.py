@@ -126,6 +126,9 @@ class _Runner:
     def request(self, params: np.ndarray, rnd: int, update: int, env_steps: int) -> None:
         if self._pending is not None:
             raise RuntimeError("evaluation requested while one is in flight")
+        # Its own copy: the writer thread and best.pt read it later, and the caller's weight
+        # buffer may be refilled by the next broadcast meanwhile (a few ms for Atari's 6.7 MB).
+        params = np.array(params, copy=True)
         self._pending = (rnd, update, env_steps, params)
         self._start(params, rnd)
 

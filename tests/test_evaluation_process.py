@@ -60,12 +60,14 @@ def test_weights_reach_a_child_still_starting_without_holding_the_learner(user_e
         t0 = time.monotonic()
         r.request(flat, 5, 100, 7)
         handed = time.monotonic() - t0
+        flat += 1.0  # the learner refills its buffer at the next broadcast: not what was asked
         res = _result(r, 120)
     finally:
         r.close()
     assert handed < 0.5, f"the hand-off held the learner {handed:.2f} s"
     assert (res.round, res.update, res.env_steps) == (5, 100, 7)
-    assert len(res.returns) == 2 and (res.returns > 0).all() and res.params is flat
+    assert len(res.returns) == 2 and (res.returns > 0).all()
+    assert not res.params.any()  # the weights evaluated (and offered as best.pt), not the refill
     assert r.proc.returncode == 0
 
 
