@@ -164,8 +164,9 @@ class Config:
 
     reference_set: str | None = _f(
         None, "the reference loss at every greedy evaluation (logged as /evals/reference_loss): "
-        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env, "
-        "--seed, --n-step, --gamma and --reference-size with a random policy, cached in "
+        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env "
+        "with its --env-kwargs and --env-wrappers, --seed, --n-step, --gamma and "
+        "--reference-size with a random policy, cached in "
         "<run folder's parent>/.refsets/); default off")
     reference_size: int = _f(10_000, "transitions of an --reference-set auto set")
 

@@ -109,9 +109,10 @@ def _bcast_text(world, text: str | None) -> str:
     return bytes(buf).decode()
 
 
-def _reference_set(world, cfg, run_dir: Path | None) -> tuple[str, str]:
-    """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once, see
-    mpirl.refloss.resolve); every rank gets ``(path, sha256)`` or the same ConfigError."""
+def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
+    """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
+    run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
+    ``(path, sha256)`` or the same ConfigError."""
     from mpirl.config import ConfigError
 
     text = None
@@ -119,7 +120,7 @@ def _reference_set(world, cfg, run_dir: Path | None) -> tuple[str, str]:
         from mpirl import refloss
 
         try:
-            path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir)
+            path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir, spec)
             text = f"P{path}\n{sha}"
         except (ValueError, OSError) as e:
             text = f"E{e}"
@@ -261,7 +262,7 @@ def _configure(world, argv) -> _Setup | int:
     spec, record = _check_resources(world, cfg, resumed=manifest is not None)
     refset = None
     if cfg.reference_set and cfg.reference_set != "auto":  # a bad file: before any folder
-        refset = _reference_set(world, cfg, None)
+        refset = _reference_set(world, cfg, None, spec)
     if manifest is None:
         run_dir = _prepare_run_dir(world, cfg)
         part = None
@@ -270,7 +271,7 @@ def _configure(world, argv) -> _Setup | int:
         part = _resume_parts(world, run_dir, manifest,
                              topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
     if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
-        refset = _reference_set(world, cfg, run_dir)
+        refset = _reference_set(world, cfg, run_dir, spec)
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 
