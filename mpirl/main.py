@@ -339,10 +339,11 @@ def _run(world, setup: _Setup) -> int:
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
                 resume=part is not None) as log:
         ckpt.log = log
-        if cfg.tensorboard and topo.role == "learner":
+        if cfg.tensorboard and topo.role != "actor":  # buffers: a subfolder (a run) each
             from mpirl.dashboard import TensorBoardMirror
 
-            log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
+            tb = run_dir / "tensorboard" / ("" if topo.role == "learner" else name)
+            log.mirror = TensorBoardMirror(tb, log, topo.role)
         if part is not None:
             _note_resume(log, part)
         _run_role(topo, setup, wire, log, ckpt, stop_signal)
