@@ -1,17 +1,17 @@
 """Host checks before a run starts: each rank checks, on its own host, what its role uses; the
 verdicts are gathered and rank 0 says the outcome once, naming the rank, host, role and check.
 
-=============  =====================================================================
-check          ranks that run it
-=============  =====================================================================
-``env``        those that build envs: the learner (greedy evaluation) and the actors;
-               the env imports and builds, and gives the learner's spaces
-``memory``     those that hold a replay memory: the buffers (``--replay-at buffer``) or
-               the learner (``--replay-at learner``); summed per host (two buffers on
-               one host need two memories of that host's ``MemAvailable``)
+===============  ===================================================================
+check            ranks that run it
+===============  ===================================================================
+``env``          those that build envs: the learner (greedy evaluation) and the actors;
+                 the env imports and builds, and gives the learner's spaces
+``memory``       those that hold a replay memory: the buffers (``--replay-at buffer``)
+                 or the learner (``--replay-at learner``); summed per host (two buffers
+                 on one host need two memories of that host's ``MemAvailable``)
 ``tensorboard``  with ``--tensorboard``: the learner and the buffers (they write events)
-``zstandard``  when the link compresses (``--compress``): the learner and the buffers
-=============  =====================================================================
+``zstandard``    when the link compresses (``--compress``): the learner and the buffers
+===============  ===================================================================
 
 Protocol (`check`): every rank fills one fixed-size `ROW` (host = ``MPI.Get_processor_name()``,
 its reading of available memory, its first failing check and that check's message, and the
@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.envs import EnvSpec
 
 CHECKS = ("env", "memory", "tensorboard", "zstandard")
 
@@ -76,13 +79,13 @@ def who(place) -> str:
                                                  else ")")
 
 
-def spec_json(spec) -> str:
+def spec_json(spec: EnvSpec) -> str:
     d = dataclasses.asdict(spec)
     d["obs_dtype"] = np.dtype(spec.obs_dtype).str
     return json.dumps(d, sort_keys=True)
 
 
-def spec_from_json(text: str):
+def spec_from_json(text: str) -> EnvSpec:
     from mpirl.envs import EnvSpec
 
     d = json.loads(text)
@@ -201,7 +204,9 @@ def verdict(rows: np.ndarray, places, cfg, need: int | None) -> str:
     if first.check != "memory" and sorted(r for f in alike for r in f.ranks) == runs:
         head, rest = first.text, [f for f in fails if f not in alike]  # alike on every rank
     else:
-        names = " and ".join(who(places[r]) for r in first.ranks)
+        names = ", ".join(who(places[r]) for r in first.ranks[:-1])
+        names = f"{names} and {who(places[first.ranks[-1]])}" if names else who(places[
+            first.ranks[0]])
         head, rest = f"{names} on host {first.host}: {first.check}: {first.text}", fails[1:]
     if rest:
         head += "; also failing: " + ", ".join(
@@ -211,7 +216,7 @@ def verdict(rows: np.ndarray, places, cfg, need: int | None) -> str:
     return head
 
 
-def check(world, cfg):
+def check(world, cfg) -> EnvSpec:
     """Run the host checks on every rank (the module docstring); returns the env spec, the
     same on every rank, or raises the same ConfigError on every rank."""
     from mpi4py import MPI
