@@ -193,7 +193,8 @@ def check_fits(rs: RefSet, path: str | Path, cfg, spec=None) -> None:
     """ValueError naming the mismatch unless ``rs`` was collected on the run's env (id,
     kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.envs.EnvSpec`)
     holds observations of the env's shape and dtype."""
-    want = {"env": cfg.env, "env_kwargs": dict(cfg.env_kwargs or {}),
+    kwargs = json.loads(json.dumps(dict(cfg.env_kwargs or {})))  # as stored (tuples: lists)
+    want = {"env": cfg.env, "env_kwargs": kwargs,
             "env_wrappers": cfg.wrapper_specs(), "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
     got = {"env_kwargs": {}, "env_wrappers": [], **rs.meta}  # older sets: collected without
     bad = {k: got.get(k) for k, v in want.items() if got.get(k) != v}
