@@ -68,9 +68,9 @@ class Config:
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
                               "lost if a rank is killed)")
-    tensorboard: bool = _f(False, "also write TensorBoard event files (learner rank only, "
-                           "RUN_DIR/tensorboard) mirroring the learner's logs; needs pip install "
-                           "-e \".[tensorboard]\"")
+    tensorboard: bool = _f(False, "also write TensorBoard event files mirroring the learner's "
+                           "logs (RUN_DIR/tensorboard) and each buffer's (RUN_DIR/tensorboard/"
+                           "buffer-<s>); needs pip install -e \".[tensorboard]\"")
     checkpoint_seconds: float = _f(
         300.0, "seconds between coordinated checkpoints in RUN_DIR/checkpoint (0 = none on a "
         "cadence); a clean stop (budget, target, SIGTERM/SIGINT) always writes one, so the run "
@@ -164,8 +164,9 @@ class Config:
 
     reference_set: str | None = _f(
         None, "the reference loss at every greedy evaluation (logged as /evals/reference_loss): "
-        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env, "
-        "--seed, --n-step, --gamma and --reference-size with a random policy, cached in "
+        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env "
+        "with its --env-kwargs and --env-wrappers, --seed, --n-step, --gamma and "
+        "--reference-size with a random policy, cached in "
         "<run folder's parent>/.refsets/); default off")
     reference_size: int = _f(10_000, "transitions of an --reference-set auto set")
 
