@@ -182,20 +182,19 @@ class Fault:
 FAULT = Fault(spec="")
 
 
-def forced_checks(rank: int, spec: str | None = None) -> frozenset[str]:
+def forced_checks(rank: int, checks: tuple[str, ...], spec: str | None = None
+                  ) -> frozenset[str]:
     """Test-only: ``MPIRL_FAULT_CHECK="RANK:CHECK"`` (several: comma) makes host check CHECK
-    (env, memory, tensorboard, zstandard; see mpirl.resources) fail on world rank RANK, as if
-    that host lacked it.  Returns this rank's forced checks (empty without the variable); says
-    so on stderr with the time, from which the fault test measures how soon the job ends."""
-    from mpirl.resources import CHECKS
-
+    (one of ``checks``: mpirl.resources.CHECKS) fail on world rank RANK, as if that host lacked
+    it.  Returns this rank's forced checks (empty without the variable); says so on stderr with
+    the time, from which the fault test measures how soon the job ends."""
     spec = spec if spec is not None else os.environ.get("MPIRL_FAULT_CHECK", "")
     out = set()
     for item in filter(None, (x.strip() for x in spec.split(","))):
         r, _, check = item.partition(":")
-        if not r.strip().isdigit() or check not in CHECKS:
+        if not r.strip().isdigit() or check not in checks:
             raise ValueError(f"MPIRL_FAULT_CHECK={spec!r}: each item must be RANK:CHECK with "
-                             f"CHECK one of {', '.join(CHECKS)}")
+                             f"CHECK one of {', '.join(checks)}")
         if int(r) == rank:
             out.add(check)
     if out:

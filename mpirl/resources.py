@@ -228,7 +228,7 @@ def check(world, cfg) -> EnvSpec:
     rank = world.Get_rank()
     places = topology.layout(world.Get_size(), cfg.buffers)
     try:
-        forced = failure.forced_checks(rank)
+        forced = failure.forced_checks(rank, CHECKS)
     except ValueError as e:  # the same on every rank
         raise ConfigError(str(e)) from None
     row, _ = local_row(cfg, places[rank].role, MPI.Get_processor_name(), forced)

@@ -118,6 +118,7 @@ def test_image_specs_travel_whole():
 
 def test_local_checks_and_the_test_hook():
     from mpirl.failure import forced_checks
+    from mpirl.resources import CHECKS
 
     cfg = Config(tensorboard=True, compress="on")
     row, spec = R.local_row(cfg, "actor", "h", frozenset({"memory", "tensorboard"}))
@@ -129,7 +130,7 @@ def test_local_checks_and_the_test_hook():
     assert row["check"] == b"zstandard" and "MPIRL_FAULT_CHECK" in R._text(row["error"])
     row, _ = R.local_row(cfg, "learner", "h", frozenset({"env"}))
     assert row["check"] == b"env" and row["host"] == b"h"
-    assert forced_checks(2, "1:memory,2:env, 2:zstandard") == {"env", "zstandard"}
-    assert forced_checks(0, "") == frozenset()
+    assert forced_checks(2, CHECKS, "1:memory,2:env, 2:zstandard") == {"env", "zstandard"}
+    assert forced_checks(0, CHECKS, "") == frozenset()
     with pytest.raises(ValueError, match="RANK:CHECK"):
-        forced_checks(0, "1:disk")
+        forced_checks(0, CHECKS, "1:disk")
