@@ -734,7 +734,8 @@ def plot_curves(c: "Cell", runs: list[Run], path: Path) -> Path:
 
 def paper_report(exp_dir: str | Path, report: str | Path, target: float | None = None,
                  plots: bool = True) -> list[Cell]:
-    """The fixed-update Plan's report (docs/results/appendix/fixed-updates.md) from the HDF5 files under ``exp_dir``: writes
+    """The fixed-update Plan's report (docs/results/appendix/fixed-updates.md) from the HDF5
+    files under ``exp_dir``: writes
     ``paper.md`` (per-cell tables, decisions, crossover map), ``paper-cells.csv`` (every run's
     metrics), ``paper-forest.png``, ``paper-<cell>-return-vs-link.png`` and
     ``paper-<cell>-curves.png`` (loss and priority curves, median and IQR) into ``report``."""

@@ -28,7 +28,8 @@ METRICS = (("train_loss", "training loss (IS-weighted)"),
            ("arrival_td", "\\|td\\| on arrival"),
            ("auc_return", "return AUC over [0, T]"),
            ("final_return", "final-window return"),
-           ("return_per_mb", "return AUC per link MB"))
+           ("return_per_mb", "return AUC per link MB"),
+           ("ref_loss_norm", "reference loss / mean Q^2 (secondary)"))
 OUTCOMES = (("auc_return", "return AUC"), ("return_per_mb", "return per MB"))
 REQUESTED_TOLERANCE = 0.10
 

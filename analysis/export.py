@@ -14,7 +14,8 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
 - window W = [T/2, T]: ``train_loss`` (importance-weighted ``/updates/loss``),
   ``train_loss_unweighted``, ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by
   ``n``: PER's |td|+eps as held by the sender), ``prio_held`` (the same after the exponent,
-  p^alpha), ``arrival_td`` (weighted by ``arrival_n``), ``ref_loss`` (mean over W's evaluations);
+  p^alpha), ``arrival_td`` (weighted by ``arrival_n``), ``ref_loss`` (mean over W's evaluations)
+  and ``ref_loss_norm`` (the same of reference loss / mean Q^2 on the set: the Q scale out);
 - the return curve R(t): the latest finished greedy evaluation's mean return (the first one's
   before it); ``auc_return`` = its mean over [0, T]; ``final_return`` = the mean of the
   evaluations in [0.75 T, T]; ``evals``: evaluations in [0, T];
@@ -49,8 +50,8 @@ from analysis.runs import Run, find_runs, load_run
 GRID = 48
 RUN_FIELDS = ("run", "cell", "replay_at", "seed", "T", "wall_s", "env_steps", "updates", "evals",
               "P", "U", "rho", "delivered_fraction", "train_loss", "train_loss_unweighted",
-              "prio_td_held", "prio_held", "arrival_td", "ref_loss", "auc_return",
-              "final_return", "target", "reached", "time_to_target_s", "link_mb",
+              "prio_td_held", "prio_held", "arrival_td", "ref_loss", "ref_loss_norm",
+              "auc_return", "final_return", "target", "reached", "time_to_target_s", "link_mb",
               "return_per_mb", "load_mean", "load_max")
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
@@ -124,6 +125,8 @@ def _eval_metrics(run: Run, big_t: float) -> dict[str, Any]:
     return {"evals": int(by_t.sum()), "auc_return": auc(te[by_t], ret[by_t], big_t),
             "final_return": _mean(ret[by_t & (te >= 0.75 * big_t)]),
             "ref_loss": _mean(_col(ev, "reference_loss")[order][in_w]),
+            "ref_loss_norm": _mean((_col(ev, "reference_loss")
+                                    / _col(ev, "reference_q_sq_mean"))[order][in_w]),
             "target": tgt if tgt is not None else math.nan, "reached": bool(len(hit)),
             "time_to_target_s": float(te[hit[0]]) if len(hit) else big_t}
 

@@ -300,7 +300,8 @@ def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
 
 
 def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
-    """The per-run metrics of the fixed-update Plan (docs/results/appendix/fixed-updates.md), each defined the same way in both
+    """The per-run metrics of the fixed-update Plan (docs/results/appendix/fixed-updates.md),
+    each defined the same way in both
     placements. Window: updates N/2 .. N (`budget_window_start`); rows of ``/transfers`` and
     ``/evals`` count by their ``update``.
 

@@ -1,7 +1,7 @@
 """Generate docs/results.md's result sections from committed per-run data (no HDF5, no MPI).
 
     python -m analysis.verdict            # rewrite the generated sections of docs/results.md
-    python -m analysis.verdict --check    # exit 1 if docs/results.md differs from what the data give
+    python -m analysis.verdict --check    # exit 1 if docs/results.md is not what the data give
 
 Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->``; everything else on the page is written by hand. The sections:

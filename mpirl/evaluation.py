@@ -48,7 +48,7 @@ import numpy as np
 
 _REQ = 2  # int64 header of a request: round, n_params
 _RES = 3  # int64 header of a result: round, n_episodes, eval time in ns
-_REF = 2  # float64 after the returns: reference loss, reference mean |td| (NaN: no set)
+_REF = 3  # float64 after the returns: reference loss, mean |td|, mean Q^2 (NaN: no set)
 
 
 class EvalResult(NamedTuple):
@@ -60,6 +60,7 @@ class EvalResult(NamedTuple):
     params: np.ndarray  # the flat weights evaluated
     reference_loss: float = float("nan")  # on the --reference-set (NaN: none)
     reference_td: float = float("nan")  # mean |td| on it
+    reference_q_sq: float = float("nan")  # mean Q(s, a)^2 on it (the Q scale)
 
 
 def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
@@ -85,21 +86,22 @@ class _Reference:
         self.refset = refloss.load(r["path"], sha256=r["sha256"])
         self.delta = r["huber_delta"]
 
-    def __call__(self, q) -> tuple[float, float]:
+    def __call__(self, q) -> tuple[float, float, float]:
         from mpirl import refloss
 
         out = refloss.reference_loss_self(q, self.refset, huber_delta=self.delta)
-        return out["loss"], out["td_abs_mean"]
+        return out["loss"], out["td_abs_mean"], out["q_sq_mean"]
 
 
 def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
-    """(returns, seconds, reference loss, reference mean |td|) of one evaluation round."""
+    """(returns, seconds, reference loss, reference mean |td|, reference mean Q^2) of one
+    evaluation round."""
     t0 = time.monotonic()
     q.load(flat)
     evaluator.round = rnd
     returns = evaluator.run(q)
-    rl, rt = ref(q) if ref is not None else (float("nan"), float("nan"))
-    return returns, time.monotonic() - t0, rl, rt
+    rl, rt, rq = ref(q) if ref is not None else (float("nan"),) * _REF
+    return returns, time.monotonic() - t0, rl, rt, rq
 
 
 def _build(s: dict, threads: int | None):
@@ -133,10 +135,11 @@ class _Runner:
         self._start(params, rnd)
 
     def _finish(self, returns: np.ndarray, eval_s: float, ref_loss: float = float("nan"),
-                ref_td: float = float("nan")) -> EvalResult:
+                ref_td: float = float("nan"), ref_q_sq: float = float("nan")) -> EvalResult:
         rnd, update, steps, params = self._pending
         self._pending = None
-        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td)
+        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td,
+                          ref_q_sq)
 
 
 class InlineRunner(_Runner):
@@ -270,12 +273,12 @@ class ProcessRunner(_Runner):
         if len(self._buf) < end:
             return None
         tail = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64)
-        returns, (ref_loss, ref_td) = tail[: int(n)].copy(), tail[int(n):]
+        returns, ref = tail[: int(n)].copy(), tail[int(n):]
         del self._buf[:end]
         if rnd != self._pending[0]:
             raise RuntimeError(f"evaluation process answered round {rnd}, expected "
                                f"{self._pending[0]}")
-        return self._finish(returns, ns / 1e9, float(ref_loss), float(ref_td))
+        return self._finish(returns, ns / 1e9, *(float(x) for x in ref))
 
     def close(self, timeout: float = 30.0) -> None:
         """A request not yet written is dropped; one being written is finished, then EOF on
@@ -347,12 +350,12 @@ def child(argv: list[str], parent: int) -> int:
         raw = _read(fin, 4 * int(n))
         if raw is None:
             break
-        returns, secs, rl, rt = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd),
-                                      ref)
+        returns, secs, *reference = _play(evaluator, q, np.frombuffer(raw, np.float32),
+                                          int(rnd), ref)
         try:
             fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
                        + returns.astype(np.float64).tobytes()
-                       + np.array([rl, rt], np.float64).tobytes())
+                       + np.array(reference, np.float64).tobytes())
             fout.flush()
         except BrokenPipeError:  # the learner is gone
             break

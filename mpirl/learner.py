@@ -483,7 +483,8 @@ class Learner:
         self.logs["evals"].append(
             update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(), ret_std=rets.std(),
             ret_min=rets.min(), eval_s=res.eval_s, lag_updates=self.updates - res.update,
-            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td)
+            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td,
+            reference_q_sq_mean=res.reference_q_sq)
         if float(rets.mean()) > self.best_eval:  # the weights evaluated, not today's online net
             best_model.offer(self.log.path.parent, self.trainer.state_dict_of(res.params), rets,
                              self.best_eval, update=res.update, env_steps=res.env_steps)

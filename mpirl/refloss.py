@@ -279,20 +279,23 @@ def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
     ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.qnet.NumpyQ`, or the torch
     CNN behind `mpirl.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
     observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
-    Huber with ``huber_delta``, unweighted means."""
+    Huber with ``huber_delta``, unweighted means; ``q_sq_mean`` = mean Q(s, a)^2, the Q scale
+    the loss is divided by to compare weights whose values grew by different amounts."""
     n = len(refset)
-    loss_sum = td_sum = 0.0
+    loss_sum = td_sum = q_sq_sum = 0.0
     for i in range(0, n, chunk):
         j = min(n, i + chunk)
         rows = np.arange(j - i)
         q_s = np.asarray(q(refset.obs[i:j]), np.float32)
         q_n = np.asarray(q(refset.next_obs[i:j]), np.float32)
         y = refset.reward[i:j] + refset.discount[i:j] * q_n[rows, q_n.argmax(axis=1)]
-        td = np.abs(q_s[rows, refset.action[i:j]] - y)
+        q_a = q_s[rows, refset.action[i:j]]
+        td = np.abs(q_a - y)
+        q_sq_sum += float(np.square(q_a, dtype=np.float64).sum())
         huber = np.where(td <= huber_delta, 0.5 * td * td, huber_delta * (td - 0.5 * huber_delta))
         loss_sum += float(huber.sum(dtype=np.float64))
         td_sum += float(td.sum(dtype=np.float64))
-    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
+    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "q_sq_mean": q_sq_sum / n, "n": n}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,9 @@ LEARNER = (
         Field("reference_loss", "f8", "", "unweighted Huber TD loss of the evaluated weights "
               "(their own target) on the --reference-set (NaN without one)"),
         Field("reference_td_abs_mean", "f8", "", "mean |td| on the --reference-set"),
+        Field("reference_q_sq_mean", "f8", "", "mean Q(s,a)^2 of the evaluated weights on the "
+              "--reference-set: the Q scale (reference_loss / it compares runs whose Q grew "
+              "differently)"),
     )),
     Stream("progress", "one row per progress interval", (
         Field("env_steps", "i8", "steps", "env steps of all actors"),

@@ -26,6 +26,8 @@ def _run(path, **kw):
     import h5py
     with h5py.File(path / "learner.h5", "r+") as f:
         f["updates/loss_unweighted"] = np.where(u >= 50, 7.0, 1.0)
+        f["evals/reference_q_sq_mean"] = np.where(np.arange(1.0, 11.0) >= 5, 4.0, 1.0)
+        f["evals"].attrs["fields"] = [*f["evals"].attrs["fields"], "reference_q_sq_mean"]
         f["updates"].attrs["fields"] = [*f["updates"].attrs["fields"], "loss_unweighted"]
     return path
 
@@ -47,6 +49,8 @@ def test_run_row_by_hand(tmp_path):
     assert r["link_mb"] == pytest.approx(1.0)  # 1e5 B/s for 10 s
     assert r["return_per_mb"] == pytest.approx(r["auc_return"])
     assert math.isnan(r["delivered_fraction"])  # the proposed placement delivers by sampling
+    # reference loss 1 at every evaluation, Q scale 4 in W: normalised 0.25; NaN without it
+    assert r["ref_loss"] == 1.0 and r["ref_loss_norm"] == pytest.approx(0.25)
 
 
 def test_not_reached_is_censored_at_T(tmp_path):

@@ -63,7 +63,10 @@ def test_reference_loss_with_the_network_as_its_own_target_by_hand():
         got = R.reference_loss_self(q, tiny(), huber_delta=1.0, chunk=chunk)
         assert got["loss"] == pytest.approx((0.045 + 1.5 + 2.5) / 3, rel=1e-6)
         assert got["td_abs_mean"] == pytest.approx((0.3 + 2 + 3) / 3, rel=1e-6)
+        assert got["q_sq_mean"] == pytest.approx((2 ** 2 + 3 ** 2 + 2 ** 2) / 3, rel=1e-6)
+    q_sq = got.pop("q_sq_mean")  # the Q scale: only the evaluation's numpy form gives it
     assert got == pytest.approx(R.reference_loss(net, net, tiny(), huber_delta=1.0))
+    assert q_sq > 0
 
 
 def test_hash_is_over_contents_and_pinned(tmp_path):
@@ -180,6 +183,11 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     sha = R.save(rs, path)
     nets = [qnet.make_learner_q(spec, cfg.hidden, cfg.dueling) for _ in range(2)]
     want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
+    for w, n in zip(want, nets):  # the Q scale: mean Q(s, a)^2 of the taken actions
+        with torch.no_grad():
+            q_a = n(torch.from_numpy(rs.obs)).gather(1, torch.from_numpy(rs.action).long()
+                                                    .view(-1, 1))
+        w["q_sq_mean"] = float((q_a.double() ** 2).mean())
     assert want[0]["loss"] != pytest.approx(want[1]["loss"])  # the test can tell them apart
     for refset in ((str(path), sha), None):
         r = make_runner(kind, cfg, spec, refset)
@@ -194,9 +202,11 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
                 assert res is not None
                 if refset is None:
                     assert np.isnan(res.reference_loss) and np.isnan(res.reference_td)
+                    assert np.isnan(res.reference_q_sq)
                 else:
                     assert res.reference_loss == pytest.approx(want[rnd]["loss"], rel=1e-5)
                     assert res.reference_td == pytest.approx(want[rnd]["td_abs_mean"], rel=1e-5)
+                    assert res.reference_q_sq == pytest.approx(want[rnd]["q_sq_mean"], rel=1e-4)
         finally:
             r.close()
 
