@@ -219,10 +219,18 @@ class ProcessRunner(_Runner):
     returns; the writer thread writes it to the child's stdin, waiting for the child to read."""
 
     def __init__(self, s: dict):
+        from mpirl.failure import STOP_SIGNALS
+
         super().__init__()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_environ())
+        # the child starts with the stop signals blocked, until it ignores them: one that comes
+        # while it imports (launchers signal each rank's process group) would kill it
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_environ())
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = bytearray()
         self._slot: tuple | None = None  # (round, params) not yet written
@@ -329,10 +337,14 @@ def _die_with_parent() -> None:
 def child(argv: list[str], parent: int) -> int:
     """The evaluation process: read requests from stdin until EOF, answer each on stdout.
 
-    SIGINT and SIGTERM are ignored: Ctrl-C (the terminal's process group) and SLURM's SIGTERM
-    (every process of the step) reach the learner too, whose clean stop closes stdin."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    The stop signals are ignored: Ctrl-C (the terminal's process group), SLURM's SIGTERM (every
+    process of the step) and the SIGUSR1 Hydra forwards to each rank's process group reach the
+    learner too, whose clean stop closes stdin."""
+    from mpirl.failure import STOP_SIGNALS
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)  # discards one pending since the start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _die_with_parent()
     if os.getppid() != parent:  # the learner died before prctl
         return 0

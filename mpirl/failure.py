@@ -10,6 +10,7 @@ MPI's default is to hang: a rank that raises sits in MPI_Finalize while the othe
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -69,6 +70,10 @@ class Watchdog:
 
 STOP_GRACE_S = 60.0  # a clean stop after SIGTERM/SIGINT, before the checkpoint's allowance
 
+#: a stop signal this soon after the first is the same request: SLURM's scancel and preemption
+#: signal every process of the job (the ranks, the launcher, mpirl.launch), and the launcher
+#: relays the one it gets, so each rank sees a burst of two or three within milliseconds
+REPEAT_S = 2.0
 
 #: the signals that ask for a clean stop; a run's stop_reason is then one of their names
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -77,28 +82,43 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 class StopSignal:
     """SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, Ctrl-C, job scripts) -> a clean, coordinated stop.
 
-    SIGUSR1 is the one to send to Open MPI's mpirun: it forwards SIGUSR1 to every rank and waits,
-    while on SIGTERM/SIGINT it SIGKILLs the ranks about 0.25 s after forwarding the signal
-    (measured with the 5.0.11 wheel), too soon for a checkpoint. Hydra forwards all three.
-
     The learner turns the first signal into its normal STOP protocol (every rank finishes its
     sends, closes its files, exits 0); other ranks ignore the first signal because the stop
-    reaches them through the pipeline, and arm a watchdog in case it does not.  A second
-    signal on any rank ends the job at once.
+    reaches them through the pipeline, and arm a watchdog in case it does not.  Signals within
+    ``repeat_s`` of the first are the same request; a signal after that ends the job at once.
+
+    The signals are unblocked first: ``mpirl.launch`` starts the launcher with them blocked (so
+    that Open MPI's mpirun cannot act on them, see there), and Hydra passes that mask on to the
+    ranks. At exit they are ignored, so that one still on its way cannot kill a finished rank.
     """
 
-    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S):
+    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S,
+                 repeat_s: float = REPEAT_S):
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
-        self._grace = grace_s
+        self._grace, self._repeat = grace_s, repeat_s
+        self._first_at = 0.0
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        atexit.register(self._ignore)  # runs before mpi4py's MPI_Finalize (registered earlier)
+
+    @staticmethod
+    def _ignore() -> None:
+        """At exit: a stop signal still on its way (relayed twice, or sent by SLURM and by the
+        launcher) must not kill a rank that has finished; Python would reset the handler to the
+        default action, which ends the process."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
+        now = time.monotonic()
         if self.requested is not None:
+            if now - self._first_at <= self._repeat:
+                return
             raise KeyboardInterrupt(f"second {name}")
-        self.requested = name
+        self.requested, self._first_at = name, now
         self._watchdog.arm(self._grace, f"a clean stop after {name}")
 
 

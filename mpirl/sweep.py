@@ -81,6 +81,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from mpirl.failure import STOP_SIGNALS
+from mpirl.launch import Relay
 
 __all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status",
            "slurm_script"]
@@ -407,20 +408,7 @@ def _resolve(cmd: list[str]) -> list[str]:
     return cmd
 
 
-class _Stop:
-    """SIGTERM/SIGINT: forward once to the running launcher, start no further run."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self.proc: subprocess.Popen | None = None
-
-    def __call__(self, signum, _frame):
-        self.signal = signum
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-
-def execute(spec: Spec, run: Run, stop: _Stop, say=print) -> int:
+def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
     """Run one run (see the module docstring for complete, incomplete and resumed folders)."""
     status = run_status(run.run_dir)
     if status == "done":
@@ -444,17 +432,10 @@ def execute(spec: Spec, run: Run, stop: _Stop, say=print) -> int:
     with open(log_path, "a") as log:
         log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # signals reach it through _Stop only
-        stop.proc = proc
-        if stop.signal is not None:  # it came between the check and the start
-            proc.send_signal(stop.signal)
-        while True:
-            try:
-                rc = proc.wait(timeout=LOAD_SAMPLE_S)
-                break
-            except subprocess.TimeoutExpired:
-                loads.append(os.getloadavg()[0])
+        # a stop signal reaches the launcher only as the relay's SIGUSR1 (mpirl.launch)
+        stop.start(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while (rc := stop.wait(timeout=LOAD_SAMPLE_S)) is None:
+            loads.append(os.getloadavg()[0])
         stop.proc = None
     loads.append(os.getloadavg()[0])
     record = {"index": run.index, "seed": run.seed, "cell": run.cell, "command": cmd,
@@ -516,7 +497,8 @@ def slurm_script(spec: Spec, n_runs: int) -> str:
         "# one node per task: MPICH's mpirun starts the ranks itself rather than through srun,",
         "# which some SLURM versions bind to one CPU (docs/cluster.md); other launchers ignore it",
         "export HYDRA_LAUNCHER=fork",
-        "# exec: SLURM's TERM reaches the sweep, which passes it to the launcher and every rank",
+        "# exec: SLURM's TERM reaches the sweep, which relays it to the launcher as USR1 (see",
+        "# mpirl.launch); every rank then writes its part of a final checkpoint",
         f'exec python -m mpirl.sweep {shlex.quote(str(spec.path))} --index '
         '"$SLURM_ARRAY_TASK_ID"',
         "",
@@ -593,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     elif copy.read_bytes() != spec.path.read_bytes():
         print(f"mpirl.sweep: note: {spec.path} differs from {copy}, the spec this output root "
               "was started with; runs are matched by their folder names", file=sys.stderr)
-    stop = _Stop()
+    stop = Relay()  # SIGTERM/SIGINT: a clean stop of the running run, start no further run
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     failed = []
     try:

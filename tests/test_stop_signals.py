@@ -1,0 +1,206 @@
+"""SIGTERM and SIGINT, however they arrive, end in a complete final checkpoint, under MPICH and
+Open MPI: a job script signalled by SLURM (`--signal=B:TERM`, or scancel / preemption, which
+signal every process of the job), a terminal (Ctrl-C, `kill` of mpirun) and a sweep.
+
+Open MPI's mpirun kills the ranks 0.25 s after it gets a SIGTERM or SIGINT; mpirl.launch keeps
+those from it and relays a SIGUSR1 (see there).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+from mpirun import launcher, mpirun_cmd, signal_job
+
+from mpirl import checkpoint as ck
+from mpirl.failure import STOP_SIGNALS
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["--hidden", "16", "--target-return", "none", "--progress-seconds", "1",
+       "--flush-seconds", "1"]
+STOPS = {s.name for s in STOP_SIGNALS}
+
+
+def _updates(run: Path) -> int:
+    try:
+        with h5py.File(run / "learner.h5", "r", locking=False) as f:
+            return len(f["updates/update"]) if "updates" in f else 0
+    except (OSError, KeyError):  # not created yet, or the read overlapped a flush
+        return 0
+
+
+def _wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
+    """Until the learner has logged updates (a checkpoint with something in it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None and _updates(run) == 0:
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it was signalled"
+    assert _updates(run) > 0, "no updates logged: the run did not start training in time"
+
+
+def _assert_complete_final_checkpoint(run: Path, out: str) -> dict:
+    """summary.json from a signal stop, and a checkpoint of that stop with every rank's part."""
+    assert (run / "summary.json").exists(), f"no summary.json: the ranks were killed\n{out}"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] in STOPS, summary["stop_reason"]
+    manifest, skipped = ck.select(run)
+    assert manifest is not None, f"no complete checkpoint (skipped: {skipped})\n{out}"
+    assert manifest["id"] == summary["checkpoint"] and manifest["reason"] == summary["stop_reason"]
+    assert sorted(manifest["parts"]) == ["actor-2", "actor-3", "buffer-0", "learner"]
+    assert manifest["counters"]["updates"] == summary["updates"] > 0
+    steps = sum(p["meta"]["env_steps"] for n, p in manifest["parts"].items() if "actor" in n)
+    assert steps == summary["env_steps"]  # a consistent cut: every step counted once
+    return summary
+
+
+def _job_env(tmp_path: Path) -> dict:
+    """jobs/single-node.sbatch as SLURM would start it: 4 ranks, this venv, one job id."""
+    (tmp_path / ".venv").symlink_to(sys.prefix)  # the script sources .venv/bin/activate
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="7", NTASKS="4",
+               RUN_ROOT=str(tmp_path / "runs"), MAX_SECONDS="150", MPIRL_ARGS=" ".join(RUN),
+               LAUNCHER="openmpi" if launcher() == "openmpi" else "mpirun",
+               MPIRUN_FLAGS="--oversubscribe" if launcher() == "openmpi" else "")
+    return env
+
+
+@pytest.mark.parametrize("how", ["script", "scancel"])
+def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
+    """`script`: SIGTERM to the batch shell only (`#SBATCH --signal=B:TERM@120`); `scancel`:
+    SIGTERM to every process of the job at once (scancel, preemption)."""
+    proc = subprocess.Popen(["bash", str(ROOT / "jobs" / "single-node.sbatch")],
+                            env=_job_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "mpirl-7-r0"
+    try:
+        _wait_for_training(proc, run)
+        if how == "script":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            signal_job(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            signal_job(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    _assert_complete_final_checkpoint(run, out)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-mpirun"])
+def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, how):
+    """`ctrl-c`: SIGINT to the terminal's foreground process group (mpirl.launch and mpirun);
+    `kill-mpirun`: SIGTERM to mpirun's pid alone."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "mpirl.launch", *mpirun_cmd(4),
+                             sys.executable, "-m", "mpirl.main", "--run-dir", str(run),
+                             "--max-seconds", "150", *RUN],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group, as a terminal job is
+    try:
+        _wait_for_training(proc, run)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            mpirun = _children(proc.pid)  # mpirl.launch starts the launcher only
+            assert len(mpirun) == 1, mpirun
+            os.kill(mpirun[0], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            signal_job(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "SIGUSR1 to the launcher" in out
+    _assert_complete_final_checkpoint(run, out)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
+    """SIGTERM to `python -m mpirl.sweep` (an array task's TERM): its running run stops with a
+    final checkpoint, the sweep exits 128+15, and the next invocation continues that run."""
+    cmd = json.dumps([*mpirun_cmd(4)[:-1], "{ranks}"])
+    spec = tmp_path / "spec.toml"
+    body = textwrap.dedent(f"""
+        out = "{tmp_path / 'out'}"
+        ranks = 4
+        resume = true
+        launcher = {cmd}
+        [flags]
+        hidden = [16]
+        target_return = "none"
+        progress_seconds = 1
+        flush_seconds = 1
+        [budget]
+        max_seconds = MAX
+        """)
+    spec.write_text(body.replace("MAX", "150"))
+    run = tmp_path / "out" / "seed0"
+    proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_training(proc, run)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            signal_job(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "out" / "seed0.log").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, out + log
+    assert "stopped by SIGTERM" in out
+    first = _assert_complete_final_checkpoint(run, out + log)
+    # the next invocation continues it from that checkpoint (a shorter budget for this launch)
+    spec.write_text(body.replace("MAX", "4"))
+    again = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(spec)], check=False,
+                           capture_output=True, text=True, timeout=150)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "continuing from its checkpoint" in again.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_seconds" and summary["updates"] > first["updates"]
+
+
+# ---- mpirl.launch alone, with a stand-in launcher (no MPI) ------------------------------------
+
+FAKE = """
+import signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: (print("got SIGUSR1", flush=True), sys.exit(3)))
+blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+print("blocked", sorted(s.name for s in blocked), flush=True)
+time.sleep(30)
+"""
+
+
+def _fake_launch(tmp_path: Path) -> subprocess.Popen:
+    (tmp_path / "fake.py").write_text(FAKE)
+    proc = subprocess.Popen([sys.executable, "-m", "mpirl.launch", sys.executable,
+                             str(tmp_path / "fake.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().startswith("blocked ['SIGHUP', 'SIGINT', 'SIGTERM']")
+    return proc
+
+
+@pytest.mark.parametrize("to", ["launch", "launcher"])
+def test_launch_relays_a_stop_signal_as_sigusr1(tmp_path, to):
+    """The launcher starts with TERM/INT/HUP blocked; a TERM to mpirl.launch, or one left
+    pending at the launcher, reaches it as USR1; the exit status is the launcher's."""
+    proc = _fake_launch(tmp_path)
+    target = proc.pid if to == "launch" else _children(proc.pid)[0]
+    os.kill(target, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "SIGTERM: SIGUSR1 to the launcher" in out and "got SIGUSR1" in out
+    assert proc.returncode == 3
+
+
+def test_launch_without_a_launcher_is_one_error():
+    p = subprocess.run([sys.executable, "-m", "mpirl.launch", "no-such-mpirun", "-n", "3"],
+                       check=False, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 127 and p.stderr.count("error") == 1 and "no-such-mpirun" in p.stderr
