@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from mpirl import device as device_mod
-from mpirl.checkpoint import memory_state, restore_memory
 from mpirl import schema, seeds
+from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.learner_group import (
     GTag,
     SubmitSync,
