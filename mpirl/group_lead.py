@@ -225,7 +225,8 @@ class LeadGroup(Solo):
     def _apply(self, now: float) -> bool:
         """async / gba: every assembled global batch becomes one update."""
         lead, t, did = self.lead, self.lead.trainer, False
-        while (taken := self.agg.take(t.updates)) is not None:
+        most = self.cfg.max_updates
+        while not (most and t.updates >= most) and (taken := self.agg.take(t.updates)):
             set_grads(t.params, taken.grad)
             t.apply_step()
             lead.updates = t.updates

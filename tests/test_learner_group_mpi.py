@@ -43,3 +43,25 @@ def test_killed_non_lead_learner_ends_the_job(tmp_path):
     assert m is not None, p.stderr
     assert ended - float(m.group(1)) < 10.0
     assert p.stderr.count("injected fault") == 1
+
+
+def test_group_checkpoint_resumes_with_every_learners_part(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--hidden", "32", "32", "--target-return", "none", "--progress-seconds", "0",
+            "--learning-starts", "200"]
+    p = run_mpirl(5, "--learners", "2", "--learner-sync", "allreduce", "--replay-at", "learner",
+                  "--max-updates", "300", "--run-dir", str(run_dir), *args, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    part = json.loads(next(run_dir.glob("checkpoint/*/learner-1.json")).read_text())
+    assert part["meta"]["updates"] == 300 and part["meta"]["replay"]["inserted"] > 0
+    # --learners is fixed by the stored configuration: one clear error, nothing started
+    bad = run_mpirl(5, "--resume", str(run_dir), "--learners", "3", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1
+    assert "not --learners" in bad.stderr, bad.stderr
+    p = run_mpirl(5, "--resume", str(run_dir), "--max-updates", "400", timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with h5py.File(run_dir / "learner-1.h5", "r") as f:  # the second learner went on from 300
+        version = f["work/version"][()]
+        assert version.max() == 399 and (np.diff(version) > 0).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 400 and summary["resumed_from"] is not None
