@@ -50,3 +50,15 @@ def test_flags_are_checked():
         parse(["--learners", "0"])
     with pytest.raises(LayoutError, match="needs >= 6 ranks"):
         parse(["--learners", "4"]).validate(5)
+
+
+def test_placement_puts_every_learner_on_the_cloud_host():
+    from mpirl import placement as pl
+
+    alloc = pl.allocation_from_nodes("cloud1,node[01-02]", 4, None)
+    p = pl.plan(10, 2, alloc, learners=2)
+    assert p.lines[0] == ("cloud1", 2) and sum(n for _, n in p.lines) == 10
+    hosts = p.hosts()
+    assert pl.check_hosts(hosts, 2, learners=2) == []
+    assert pl.check_hosts(["cloud1"] * 3 + hosts[3:], 2, learners=2)  # a buffer on the cloud
+    assert "2 learners" in pl.render(p)
