@@ -33,6 +33,7 @@ class Solo:
     """K = 1: the learner alone; every hook is a no-op."""
 
     logs_updates = False
+    k = 1
 
     def __init__(self, lead):
         self.sync = make_sync(lead.cfg, None, 0, lead.trainer.device)
@@ -205,8 +206,8 @@ class LeadGroup(Solo):
 
     def _on_grad(self, m: Member, buf: np.ndarray, now: float) -> None:
         h = header(buf)
-        oid, version, n, loss = int(h[1]), int(h[2]), int(h[3]), float(h[4])
-        want, src, t_sent = m.orders.popleft()
+        oid, version, n, loss, spent = int(h[1]), int(h[2]), int(h[3]), float(h[4]), h[5]
+        want, src, _ = m.orders.popleft()
         if oid != want:
             raise RuntimeError(f"learner: learner {m.index} answered order {oid}, expected {want}")
         m.served += 1
@@ -218,7 +219,7 @@ class LeadGroup(Solo):
         td = floats(raw, n)
         lead = self.lead
         if src is not None and not src[0].done:  # replay_at=buffer: priorities to its buffer
-            lead.post_priorities(src, td, now - t_sent)
+            lead.post_priorities(src, td, spent)
         if grad is not None:
             self._add(m.index, version, grad, loss, td, now)
 

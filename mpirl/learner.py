@@ -3,6 +3,8 @@
 `Learner.run` is the loop; each turn is a list of named steps, each a method:
 
     receive        take what every buffer sent; one handler per message kind (``on_<kind>``)
+    group          --learners K: the other learners' answers, orders for them, the global
+                   updates of async / gba (`mpirl.group_lead`; K = 1: nothing)
     checkpoint     advance the consistent cut (`mpirl.cut.Cut`): start one, write when complete
     grant_tokens   replay_at=learner: tokens for more forwarded experiences (rate limiter)
     train          one double-DQN update (`mpirl.train_step.TrainStep`) on the next batch, its
@@ -397,6 +399,7 @@ class Learner:
         seconds): its priorities back to its buffer, the transfer's row."""
         site, m, nbytes, arrived = source
         t_done = time.monotonic()
+        spent /= self.group.k  # K learners serve K batches at a time: the time per batch
         self.step_s = spent if self.step_s is None else 0.9 * self.step_s + 0.1 * spent
         site.link.post(self.wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                             m.seq, m.a, hold=t_done - arrived, step=self.step_s,
