@@ -62,3 +62,26 @@ def test_placement_puts_every_learner_on_the_cloud_host():
     assert pl.check_hosts(hosts, 2, learners=2) == []
     assert pl.check_hosts(["cloud1"] * 3 + hosts[3:], 2, learners=2)  # a buffer on the cloud
     assert "2 learners" in pl.render(p)
+
+
+def test_straggle_sleeps_in_every_update_of_its_rank_only():
+    import time
+
+    from mpi4py import MPI
+
+    from mpirl.learner_group import make_sync
+
+    class Trainer:
+        steps = 0
+
+        def apply_step(self):
+            self.steps += 1
+
+    cfg = parse(["--learners", "2", "--straggle", "0:30"])
+    slow = make_sync(cfg, None, 0, None)  # K = 1 view: this rank is learner 0
+    t, t0 = Trainer(), time.monotonic()
+    for _ in range(3):
+        slow.step(t, None, None)
+    assert t.steps == 3 and time.monotonic() - t0 >= 0.09
+    other = parse(["--learners", "2", "--straggle", "1:30"])
+    assert make_sync(other, MPI.COMM_SELF, 0, None).straggle_s == 0.0  # rank 0 of COMM_SELF
