@@ -6,7 +6,8 @@
 Streams, fields, dtypes, units and meanings come from the files themselves (the writer stores
 ``doc`` on every group and ``units``/``doc`` on every dataset); file attributes carry no doc in
 the file, so their meanings come from `ATTR_DOCS` here ("(not documented here)" flags a new one).
-One file of each kind is described: ``learner.h5``, the first ``buffer-<site>.h5`` and the first
+One file of each kind is described: ``learner.h5``, the first ``learner-<rank>.h5`` (the other
+learners of a ``--learners K`` group, when present), the first ``buffer-<site>.h5`` and the first
 ``actor-<rank>.h5``; ``summary.json`` too when present.
 """
 
@@ -91,6 +92,12 @@ ATTR_DOCS: dict[str, dict[str, str]] = {
                 "device_name": "the GPU's name, or the CPU model for `cpu`",
                 "device_memory_gib": "the GPU's memory in GiB (0 for `cpu`)",
                 "torch_cuda": "torch.version.cuda of the learner's torch ('' for a CPU build)"},
+    "learner_worker": {**_COMMON,
+                       "device": "this learner's torch device as resolved from --device",
+                       "device_name": "the GPU's name, or the CPU model for `cpu`",
+                       "device_memory_gib": "the GPU's memory in GiB (0 for `cpu`)",
+                       "torch_cuda": "torch.version.cuda of this learner's torch ('' for a CPU "
+                                     "build)"},
     "buffer": {**_COMMON,
                "env_steps": "set at stop: env steps of this site's actors",
                "inserted": "set at stop: transitions received from the actors",
@@ -173,7 +180,8 @@ def describe_run(run_dir: str | Path) -> str:
     if not (run_dir / "learner.h5").exists():
         raise FileNotFoundError(f"{run_dir} has no learner.h5: not an mpirl run folder")
     files = [("learner.h5", run_dir / "learner.h5", "learner")]
-    for pattern, role in (("buffer-*.h5", "buffer"), ("actor-*.h5", "actor")):
+    for pattern, role in (("learner-*.h5", "learner_worker"), ("buffer-*.h5", "buffer"),
+                          ("actor-*.h5", "actor")):
         found = sorted(run_dir.glob(pattern), key=lambda p: int(p.stem.split("-")[-1]))
         if found:
             label = pattern.replace("*", "<site>" if role == "buffer" else "<rank>")

@@ -67,8 +67,11 @@ def root(run_dir: str | Path) -> Path:
 
 
 def part_name(role: str, site: int, rank: int) -> str:
-    """The same names as the HDF5 files: learner, buffer-<site>, actor-<rank>."""
-    return {"learner": "learner", "buffer": f"buffer-{site}", "actor": f"actor-{rank}"}[role]
+    """The same names as the HDF5 files: learner (the lead), learner-<rank> (the other learners
+    of a group), buffer-<site>, actor-<rank>."""
+    if role == "learner":
+        return "learner" if rank == 0 else f"learner-{rank}"
+    return {"buffer": f"buffer-{site}", "actor": f"actor-{rank}"}[role]
 
 
 def _sha256(path: Path) -> str:

@@ -102,6 +102,23 @@ class Config:
         "(0 = never throttle)",
     )
 
+    # --- the learner group (docs/design.md, "The learner group") -------------------------------
+    learners: int = _f(1, "learner ranks training one network (the first K world ranks, the "
+                       "cloud); learner 0 talks to the buffers, evaluates, checkpoints and "
+                       "decides the stop")
+    learner_sync: str = _f(
+        "gba", "how K > 1 learners combine gradients: 'allreduce' (every update averages every "
+        "learner's gradient: global batch K x batch_size), 'async' (parameter server at learner "
+        "0: each gradient applied as it arrives) or 'gba' (learner 0 applies one update per "
+        "K x batch_size samples of gradients from whichever learners deliver; stale ones "
+        "decayed or dropped, see --max-grad-staleness)", choices=("allreduce", "async", "gba"))
+    max_grad_staleness: int = _f(
+        4, "--learner-sync gba: drop a gradient computed on weights more than this many updates "
+        "old; inside the bound it is scaled by 1/(1+staleness) (0 = no bound)")
+    straggle: str | None = _f(
+        None, "test / bench hook: 'RANK:MS' makes learner RANK sleep MS milliseconds in every "
+        "update (a slow worker that does not steal CPU)")
+
     # --- pacing (docs/design.md, "Pacing") ------------------------------------------------------
     actor_steps_per_s: float = _f(
         0.0, "env steps per second of each actor rank, all its envs together (a token bucket): "
@@ -211,7 +228,7 @@ class Config:
     def validate(self, world_size: int | None = None) -> None:
         """Raise ConfigError naming the first bad value and the fix."""
         c = self
-        pos_int = ["buffers", "n_step", "batch_size", "target_update", "replay_capacity",
+        pos_int = ["buffers", "learners", "n_step", "batch_size", "target_update", "replay_capacity",
                    "envs_per_actor", "actor_chunk", "actor_credits", "weights_every",
                    "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
                    "torch_threads", "reference_size"]
@@ -220,7 +237,7 @@ class Config:
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name}={v!r} must be an integer > 0")
         for name in ["max_env_steps", "max_updates", "learning_starts", "beta_steps", "seed",
-                     "max_staleness", "eval_max_steps", "arrival_sample"]:
+                     "max_staleness", "max_grad_staleness", "eval_max_steps", "arrival_sample"]:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
@@ -284,6 +301,20 @@ class Config:
         if c.amp != "off" and c.device == "cpu":
             raise ConfigError(f"amp={c.amp!r} needs the learner on CUDA, not device='cpu': pass "
                               "--amp off or --device cuda")
+        if c.learner_sync not in ("allreduce", "async", "gba"):
+            raise ConfigError(f"learner_sync={c.learner_sync!r} must be 'allreduce', 'async' or "
+                              "'gba'")
+        if c.straggle is not None:
+            from mpirl.learner_group import parse_straggle
+
+            try:
+                rank, _ = parse_straggle(c.straggle)
+            except ValueError:
+                rank = -1
+            if not 0 <= rank < c.learners:
+                raise ConfigError(f"straggle={c.straggle!r} must be 'RANK:MS' with RANK a "
+                                  f"learner (0..{c.learners - 1}) and MS >= 0, e.g. --straggle "
+                                  f"{c.learners - 1}:20")
         c.link_change_at()  # raises on a bad --link-change
         from mpirl.link import resolve_profile  # local: link imports nothing from config
 
@@ -291,7 +322,7 @@ class Config:
         if world_size is not None:
             from mpirl.topology import check_layout
 
-            check_layout(world_size, c.buffers)
+            check_layout(world_size, c.buffers, c.learners)
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -3,6 +3,8 @@
 `Learner.run` is the loop; each turn is a list of named steps, each a method:
 
     receive        take what every buffer sent; one handler per message kind (``on_<kind>``)
+    group          --learners K: the other learners' answers, orders for them, the global
+                   updates of async / gba (`mpirl.group_lead`; K = 1: nothing)
     checkpoint     advance the consistent cut (`mpirl.cut.Cut`): start one, write when complete
     grant_tokens   replay_at=learner: tokens for more forwarded experiences (rate limiter)
     train          one double-DQN update (`mpirl.train_step.TrainStep`) on the next batch, its
@@ -34,6 +36,8 @@ from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.cut import Cut
 from mpirl.evaluation import make_runner
+from mpirl.group_lead import make_group
+from mpirl.learner_group import shard_config
 from mpirl.learner_rows import HeldRows, small_mean, spread, td_units
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import RunLog
@@ -68,7 +72,7 @@ class Site:
     def __init__(self, rank: int, link: LinkEnd, weight: float):
         self.rank, self.index, self.link, self.weight = rank, rank - 1, link, weight
         self.steps = 0  # env steps of its actors, as last reported
-        self.ready: deque = deque()  # replay_at=buffer: (BATCH, bytes, arrival) not yet trained
+        self.ready: deque = deque()  # replay_at=buffer: (BATCH, bytes, arrival, raw) untrained
         self.max_weight = 0.0  # its memory's max importance weight, of its batch trained last
         self.served = 0  # batches trained (replay_at=buffer) / transitions inserted (learner)
         self.owed = 0  # replay_at=learner: forward tokens to give back
@@ -102,8 +106,10 @@ class Learner:
         say(device_mod.banner(dev_info, cfg.amp))
         self.trainer = TrainStep(cfg, spec, dev, cfg.amp)
         self.at_learner = cfg.replay_at == "learner"
-        self.memory = (make_replay(cfg, spec, wire.record, seed=self.seed["replay"])
-                       if self.at_learner else None)
+        group = getattr(topo, "learners", None)  # (a bench or test may pass a bare topology)
+        k = group.Get_size() if group is not None else 1
+        self.memory = (make_replay(shard_config(cfg, k), spec, wire.record,
+                                   seed=self.seed["replay"]) if self.at_learner else None)
         target = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
         self.target_return = target if target is not None and np.isfinite(target) else None
         log.set_attrs(target_return=self.target_return)
@@ -149,6 +155,8 @@ class Learner:
                        self.t_start)
         self.part_names = [part_name(p.role, p.site, p.rank) for p in topo.places]
         self.eval_runner = None
+        self.group = make_group(self)  # --learners K: the other learners (K = 1: no-op)
+        self.trainer.sync = self.group.sync
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
@@ -162,6 +170,7 @@ class Learner:
         now = time.monotonic()
         self.fault.check(now)
         did = self.receive(now)
+        did |= self.group.serve(now)
         did |= self.checkpoint(now)
         self.grant_tokens(now)
         self.change_link(now)
@@ -187,6 +196,7 @@ class Learner:
         evaluation runner (after the first weights: off start-up)."""
         if self.resume is not None:
             self.restore(self.resume)
+        self.group.start()  # every learner starts from the lead's networks
         self.prog.update(steps=self.env_steps, updates=self.updates, inserted=self.inserted)
         self.send_weights()
         if self.at_learner:
@@ -217,7 +227,7 @@ class Learner:
     def on_batch(self, site: Site, m, buf, now: float) -> None:
         """replay_at=buffer: a sampled batch, trained in fair order (`next_batch`)."""
         if self.stop_reason is None:
-            site.ready.append((m, buf.nbytes, now))
+            site.ready.append((m, buf.nbytes, now, buf))
 
     def on_forward(self, site: Site, m, buf, now: float) -> None:
         """replay_at=learner: forwarded experiences into the memory here; a token is owed."""
@@ -226,8 +236,10 @@ class Learner:
         self.logs["transfers"].append(
             buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
             nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
-            priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
-        self.memory.add(records, m.arrays["td_abs"], frames)
+            priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr),
+            **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+        if not self.group.insert(records, m.arrays["td_abs"], frames, buf):  # a shard elsewhere
+            self.memory.add(records, m.arrays["td_abs"], frames)
         self.inserted += m.count
         site.served += m.count
         site.owed += 1
@@ -284,6 +296,7 @@ class Learner:
         arrays = None
         if self.memory is not None:
             arrays, meta["replay"] = memory_state(self.memory)
+        self.group.checkpoint(cid, CKPT_TIMEOUT_S)  # the other learners' parts
         t = self.trainer
         self.ckpt.write(cid, meta, arrays, {
             "online": t.online.state_dict(), "target": t.target.state_dict(),
@@ -351,7 +364,8 @@ class Learner:
         self.beta = beta_at(cfg, self.updates)
         if self.staged is None:
             self.staged = self.next_batch()
-        go = self.staged is not None and not (cfg.max_updates and self.updates >= cfg.max_updates)
+        go = (self.staged is not None and self.group.ready()
+              and not (cfg.max_updates and self.updates >= cfg.max_updates))
         held = go and self.cap is not None and not self.cap.try_take(now)
         if self.t_turn is not None:  # the cap held the batch from the last turn until now
             self.capped_s += now - self.t_turn
@@ -359,20 +373,33 @@ class Learner:
         if not go:
             return False
         source, batch = self.staged
+        before = self.updates
+        self.group.before_update()
         if self.at_learner:
             td, _ = self.update(batch)
             self.memory.update(source.indices, source.generations, td)
         else:
             self.train_site_batch(source, batch)
-        if self.updates % cfg.weights_every == 0:  # not again on a turn without an update
-            self.send_weights()
+        if self.updates != before:
+            self.applied()
         return True
+
+    def applied(self) -> None:
+        """After an update (here or in the learner group): the weight broadcast on its cadence."""
+        if self.updates % self.cfg.weights_every == 0:
+            self.send_weights()
 
     def train_site_batch(self, source, batch) -> None:
         """replay_at=buffer: train a site's batch, send its priorities back, log the transfer."""
-        site, m, nbytes, arrived = source
         td, spent = self.update(batch)
+        self.post_priorities(source, td, spent)
+
+    def post_priorities(self, source, td: np.ndarray, spent: float) -> None:
+        """A site's batch was trained (here, or by another learner of the group, ``spent``
+        seconds): its priorities back to its buffer, the transfer's row."""
+        site, m, nbytes, arrived = source
         t_done = time.monotonic()
+        spent /= self.group.k  # K learners serve K batches at a time: the time per batch
         self.step_s = spent if self.step_s is None else 0.9 * self.step_s + 0.1 * spent
         site.link.post(self.wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
                                             m.seq, m.a, hold=t_done - arrived, step=self.step_s,
@@ -391,33 +418,48 @@ class Learner:
         cfg = self.cfg
         if self.at_learner:
             memory = self.memory
-            if len(memory) < max(cfg.learning_starts, 1):
+            if len(memory) < max(self.group.learning_starts, 1) or not self.may_sample():
                 return None
-            if cfg.replay_ratio and self.sampled > cfg.replay_ratio * (self.inserted
-                                                                       - cfg.learning_starts):
-                return None  # the ratio holds sampling too (credits hold inserts)
             memory.beta = self.beta
             s = memory.sample(cfg.batch_size)
             self.sampled += cfg.batch_size
             source, records, weights, frames = s, s.records, s.weights, s.frames
         else:
-            waiting = [s for s in self.sites.values() if s.ready]
-            if not waiting:
+            got = self.take_site_batch()
+            if got is None:
                 return None
-            site = min(waiting, key=Site.share)  # weighted fair queueing
-            m, nbytes, arrived = site.ready.popleft()
-            site.served += 1
-            site.max_weight = m.b  # the normaliser this batch was sampled with
-            source = (site, m, nbytes, arrived)
+            source, scale, _ = got
+            m = source[1]
             records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
                 "frames")
-            top = max(s.max_weight for s in self.sites.values())
-            if m.b < top:  # one scale for every site (design.md); one site: factor 1
-                weights = weights * np.float32(m.b / top)
+            if scale != 1.0:
+                weights = weights * np.float32(scale)
         t0 = time.monotonic()
         batch = self.trainer.put(records, weights, frames)
         self.busy += time.monotonic() - t0
         return source, batch
+
+    def may_sample(self) -> bool:
+        """replay_at=learner: whether --replay-ratio lets the learner(s) sample another batch
+        (the ratio holds sampling too; credits hold inserts)."""
+        cfg = self.cfg
+        return not (cfg.replay_ratio and self.sampled > cfg.replay_ratio * (
+            self.inserted - cfg.learning_starts))
+
+    def take_site_batch(self):
+        """replay_at=buffer: the next site's batch in weighted fair order, or None:
+        ``((site, BATCH message, bytes, arrival), importance-weight scale, raw message)``."""
+        waiting = [s for s in self.sites.values() if s.ready]
+        if not waiting:
+            return None
+        site = min(waiting, key=Site.share)  # weighted fair queueing
+        m, nbytes, arrived, buf = site.ready.popleft()
+        site.served += 1
+        site.max_weight = m.b  # the normaliser this batch was sampled with
+        top = max(s.max_weight for s in self.sites.values())
+        # one scale for every site: the global largest weight is 1 (design.md)
+        scale = float(m.b / top) if m.b < top else 1.0
+        return (site, m, nbytes, arrived), scale, buf
 
     def update(self, batch) -> tuple[np.ndarray, float]:
         """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
@@ -431,9 +473,11 @@ class Learner:
         loss, td = pending.result()
         self.updates = self.trainer.updates
         t3 = time.monotonic()
-        self.rows.update(self.updates, loss, td, self.beta)
-        self.loss_sum += loss
-        self.loss_n += 1
+        if not self.group.logs_updates:  # async / gba: the group logs each applied update
+            self.rows.update(self.updates, loss, td, self.beta)
+            self.loss_sum += loss
+            self.loss_n += 1
+        self.group.after_update(loss, td)
         spent = (t1 - t0) + (t3 - t2)
         self.busy += spent
         return td, spent
@@ -617,6 +661,7 @@ class Learner:
             self.save(self.final_ckpt, self.stop_reason)
             self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
                      f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
+        self.group.close(CKPT_TIMEOUT_S)  # the other learners stop after the final checkpoint
         wall = time.monotonic() - self.t_start
         links = [s.link for s in self.sites.values()]
         summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,

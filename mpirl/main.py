@@ -269,7 +269,8 @@ def _configure(world, argv) -> _Setup | int:
     else:
         run_dir = Path(cfg.run_dir)
         part = _resume_parts(world, run_dir, manifest,
-                             topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
+                             topology.layout(world.Get_size(), cfg.buffers, cfg.learners), cfg, spec,
+                             record)
     if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
         refset = _reference_set(world, cfg, run_dir, spec)
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
@@ -308,7 +309,7 @@ def _run(world, setup: _Setup) -> int:
 
     cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
     rank = world.Get_rank()
-    topo = topology.build(world, cfg.buffers)
+    topo = topology.build(world, cfg.buffers, cfg.learners)
     who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
                                          else ")")
     failure.install(world, who)
@@ -325,8 +326,9 @@ def _run(world, setup: _Setup) -> int:
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
-    name = {"learner": "learner", "buffer": f"buffer-{topo.place.site}",
-            "actor": f"actor-{rank}"}[topo.role]
+    from mpirl.checkpoint import part_name
+
+    name = part_name(topo.role, topo.place.site, rank)
     profiler = None
     if os.environ.get("MPIRL_PROFILE"):  # cProfile every rank: <run_dir>/profile-<name>.pstats
         import cProfile
@@ -339,7 +341,7 @@ def _run(world, setup: _Setup) -> int:
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
                 resume=part is not None) as log:
         ckpt.log = log
-        if cfg.tensorboard and topo.role != "actor":  # buffers: a subfolder (a run) each
+        if cfg.tensorboard and (topo.lead or topo.role == "buffer"):  # buffers: a run each
             from mpirl.dashboard import TensorBoardMirror
 
             tb = run_dir / "tensorboard" / ("" if topo.role == "learner" else name)
@@ -356,7 +358,11 @@ def _run(world, setup: _Setup) -> int:
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
     """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor."""
     cfg, spec, part = setup.cfg, setup.spec, setup.part
-    if topo.role == "learner":
+    if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
+        from mpirl.learner_worker import GroupWorker
+
+        GroupWorker(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+    elif topo.role == "learner":
         from mpirl.learner import Learner
 
         if setup.refset is not None:

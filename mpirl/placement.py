@@ -6,7 +6,7 @@ given by hand) and writes a hostfile for ``mpirun -f`` (MPICH/Hydra, ``host:slot
 with ``srun --distribution=arbitrary``. The launchers fill hosts in file order, so
 the file *is* the rank -> host map, and rank order is the role map (``mpirl.topology.layout``)::
 
-    rank 0                    learner      -> the cloud host, alone
+    ranks 0..K-1              learners     -> the cloud host, alone (--learners K, default 1)
     per site s: buffer, actors             -> edge hosts, a site on one host when slots allow
 
 Usage inside a job (see jobs/edge-cloud.sbatch)::
@@ -260,19 +260,20 @@ class Plan:
     world_size: int
     buffers: int
     lines: tuple[tuple[str, int], ...]
+    learners: int = 1
 
     @property
     def places(self) -> list[Place]:
-        return layout(self.world_size, self.buffers)
+        return layout(self.world_size, self.buffers, self.learners)
 
     def hosts(self) -> list[str]:
         """The host of every rank."""
         return [h for h, n in self.lines for _ in range(n)]
 
 
-def _sites(world_size: int, buffers: int) -> list[tuple[int, int]]:
+def _sites(world_size: int, buffers: int, learners: int = 1) -> list[tuple[int, int]]:
     """[start, end) rank block of each site (buffer first)."""
-    places = layout(world_size, buffers)
+    places = layout(world_size, buffers, learners)
     out = []
     for s in range(buffers):
         ranks = [p.rank for p in places if p.site == s]
@@ -289,35 +290,37 @@ def require_edge(alloc: Allocation) -> None:
             "one node with jobs/single-node.sbatch")
 
 
-def plan(world_size: int, buffers: int, alloc: Allocation) -> Plan:
-    """Place rank 0 alone on the cloud host and the sites on the edge hosts.
+def plan(world_size: int, buffers: int, alloc: Allocation, learners: int = 1) -> Plan:
+    """Place the learners (ranks 0..K-1) alone on the cloud host and the sites on the edge
+    hosts.
 
     Raises PlacementError (naming the numbers and the fix) when the edge cannot hold the ranks.
     """
     try:
-        layout(world_size, buffers)
+        layout(world_size, buffers, learners)
     except LayoutError as e:
         raise PlacementError(f"ntasks={world_size}: {e}") from None
-    need = world_size - 1
+    need = world_size - learners
     require_edge(alloc)
     have = alloc.edge_slots
     if need > have:
         per = ", ".join(f"{h}:{n}" for h, n in alloc.edge[:6]) + (" ..." if len(alloc.edge) > 6
                                                                   else "")
-        fix = f"lower --ntasks to {have + 1}, or " if have + 1 >= 1 + 2 * buffers else ""
+        fix = (f"lower --ntasks to {have + learners}, or "
+               if have + learners >= learners + 2 * buffers else "")
         raise PlacementError(
-            f"ntasks={world_size} needs {need} edge slots (every rank but the learner) but the "
+            f"ntasks={world_size} needs {need} edge slots (every rank but the learners) but the "
             f"edge hosts have {have} ({per}; from {alloc.source}); {fix}request more edge "
             "nodes or tasks per node (#SBATCH --ntasks-per-node)")
-    chunks = _best_chunks(world_size, buffers, tuple(n for _, n in alloc.edge))
+    chunks = _best_chunks(world_size, buffers, tuple(n for _, n in alloc.edge), learners)
     # Hand out actual hosts: each capacity class in allocation order.
     pools: dict[int, list[str]] = {}
     for h, n in alloc.edge:
         pools.setdefault(n, []).append(h)
-    lines = [(alloc.cloud, 1)]
+    lines = [(alloc.cloud, learners)]
     for cap, count in chunks:
         lines.append((pools[cap].pop(0), count))
-    return Plan(world_size, buffers, tuple(lines))
+    return Plan(world_size, buffers, tuple(lines), learners)
 
 
 def _chunk_score(a: int, b: int, sites: list[tuple[int, int]]) -> tuple[int, int, int, int]:
@@ -335,14 +338,14 @@ def _chunk_score(a: int, b: int, sites: list[tuple[int, int]]) -> tuple[int, int
     return whole, coloc, -(touched > 1), -1
 
 
-def _best_chunks(world_size: int, buffers: int,
-                 caps: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Best split of ranks 1..N-1 into contiguous blocks, one per host: [(capacity, count)].
+def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
+                 learners: int = 1) -> list[tuple[int, int]]:
+    """Best split of ranks K..N-1 into contiguous blocks, one per host: [(capacity, count)].
 
     Dynamic programming over (next rank, hosts left per capacity class). A block ends at a site
     boundary or at its host's capacity: ending anywhere else is never better (extend it).
     """
-    sites = _sites(world_size, buffers)
+    sites = _sites(world_size, buffers, learners)
     bounds = sorted({s1 for _, s1 in sites})
     classes = sorted(set(caps), reverse=True)
     counts0 = tuple(caps.count(c) for c in classes)
@@ -351,7 +354,7 @@ def _best_chunks(world_size: int, buffers: int,
     for k in counts0:
         states *= k + 1
     if states * len(bounds) > 200_000 or len(caps) > 400:  # too big to search: fill big first
-        out, r = [], 1
+        out, r = [], learners
         for cap in sorted(caps, reverse=True):
             if r >= n:
                 break
@@ -378,7 +381,7 @@ def _best_chunks(world_size: int, buffers: int,
                     top = (score, ((cap, e - r),) + sub[1])
         return top
 
-    result = best(1, counts0)
+    result = best(learners, counts0)
     best.cache_clear()
     if result is None:  # unreachable: capacity was checked
         raise PlacementError(f"no placement of {n} ranks on edge slots {list(caps)}")
@@ -396,8 +399,9 @@ def describe(p: Plan) -> list[str]:
         block = places[r:r + count]
         ranks = f"rank {r}" if count == 1 else f"ranks {r}-{r + count - 1}"
         parts = []
-        if block[0].role == LEARNER:
-            parts.append("learner")
+        n_learners = sum(q.role == LEARNER for q in block)
+        if n_learners:
+            parts.append("learner" if n_learners == 1 else f"{n_learners} learners")
         for s in sorted({q.site for q in block if q.site >= 0}):
             mine = [q for q in block if q.site == s]
             buf = [q for q in mine if q.role == BUFFER]
@@ -422,10 +426,11 @@ def render(p: Plan, fmt: str = "hydra", source: str = "") -> str:
         raise PlacementError(f"format={fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt == "slurm":
         return "".join(f"{h}\n" for h in p.hosts())
-    n_act = p.world_size - 1 - p.buffers
+    n_act = p.world_size - p.learners - p.buffers
+    who = "1 learner" if p.learners == 1 else f"{p.learners} learners"
     run = (f"mpirun -f FILE -n {p.world_size}" if fmt == "hydra"
            else f"mpirun --hostfile FILE -np {p.world_size} --map-by slot")
-    head = [f"# mpirl hostfile ({fmt}): 1 learner + {p.buffers} buffer(s) + {n_act} actors = "
+    head = [f"# mpirl hostfile ({fmt}): {who} + {p.buffers} buffer(s) + {n_act} actors = "
             f"{p.world_size} ranks; {run}",
             "# ranks fill the hosts in file order; -n must equal the slot total "
             f"({p.world_size}) or ranks wrap back onto the cloud host"]
@@ -464,15 +469,16 @@ def rank_hosts(entries: Sequence[tuple[str, int]], world_size: int) -> list[str]
     return [seq[r % len(seq)] for r in range(world_size)]
 
 
-def check_hosts(hosts: Sequence[str], buffers: int) -> list[str]:
+def check_hosts(hosts: Sequence[str], buffers: int, learners: int = 1) -> list[str]:
     """Problems with a rank -> host map for the edge/cloud layout (empty when it fits)."""
-    places = layout(len(hosts), buffers)
+    places = layout(len(hosts), buffers, learners)
     out = []
-    cloud = hosts[0]
-    shared = [p.rank for p in places[1:] if hosts[p.rank] == cloud]
+    cloud = set(hosts[:learners])
+    shared = [p.rank for p in places[learners:] if hosts[p.rank] in cloud]
     if shared:
-        out.append(f"the learner's host {cloud} also holds ranks {shared}: the cloud is not "
-                   "alone")
+        which = "learner's host" if learners == 1 else "learners' hosts"
+        out.append(f"the {which} {', '.join(sorted(cloud))} also hold(s) ranks {shared}: the "
+                   "cloud is not alone")
     for s in range(buffers):
         site = [p for p in places if p.site == s]
         apart = [p.rank for p in site[1:] if hosts[p.rank] != hosts[site[0].rank]]
@@ -487,10 +493,12 @@ def check_hosts(hosts: Sequence[str], buffers: int) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mpirl.placement",
-        description="Write a hostfile that puts the learner (rank 0) alone on the cloud host and "
-                    "each site's buffer with its actors on edge hosts. Reads the SLURM allocation "
+        description="Write a hostfile that puts the learners (ranks 0..K-1) alone on the cloud "
+                    "host and each site's buffer with its actors on edge hosts. Reads the SLURM allocation "
                     "from the environment (plain or heterogeneous job) unless --nodelist is given.")
     ap.add_argument("--buffers", type=int, default=1, help="edge sites, as mpirl's --buffers")
+    ap.add_argument("--learners", type=int, default=1,
+                    help="learner ranks on the cloud host, as mpirl's --learners")
     ap.add_argument("--ntasks", type=int, default=None,
                     help="MPI world size (mpirun -n); default: 1 + every edge slot")
     ap.add_argument("--cloud", default=None, help="the learner's host (default: first node of "
@@ -526,21 +534,22 @@ def main(argv: list[str] | None = None) -> int:
             alloc = allocation_from_slurm(cloud=args.cloud, slots=args.slots)
         if args.world_size:
             require_edge(alloc)
-            print(1 + alloc.edge_slots)
+            print(args.learners + alloc.edge_slots)
             return 0
-        ntasks = args.ntasks if args.ntasks is not None else 1 + alloc.edge_slots
-        p = plan(ntasks, args.buffers, alloc)
+        ntasks = args.ntasks if args.ntasks is not None else args.learners + alloc.edge_slots
+        p = plan(ntasks, args.buffers, alloc, args.learners)
     except (PlacementError, LayoutError) as e:
         sys.stderr.write(f"mpirl.placement: error: {e}\n")
         return 2
     if args.json:
         print(json.dumps({"world_size": p.world_size, "buffers": p.buffers,
+                          "learners": p.learners,
                           "lines": p.lines, "hosts": p.hosts()}))
     else:
         sys.stdout.write(render(p, args.format, alloc.source))
     sys.stderr.write(f"mpirl.placement: {p.world_size} ranks on {len(p.lines)} hosts "
                      f"(learner on {alloc.cloud}); problems: "
-                     f"{'; '.join(check_hosts(p.hosts(), p.buffers)) or 'none'}\n")
+                     f"{'; '.join(check_hosts(p.hosts(), p.buffers, p.learners)) or 'none'}\n")
     return 0
 
 
@@ -555,13 +564,13 @@ def _check(args) -> int:
     n = args.ntasks if args.ntasks is not None else total
     hosts = rank_hosts(entries, n)
     try:
-        places = layout(n, args.buffers)
+        places = layout(n, args.buffers, args.learners)
     except LayoutError as e:
         raise PlacementError(str(e)) from None
     for p_, h in zip(places, hosts):
         site = "-" if p_.site < 0 else str(p_.site)
         print(f"{p_.rank:>5}  {p_.role:<7}  {site:>4}  {h}")
-    problems = check_hosts(hosts, args.buffers)
+    problems = check_hosts(hosts, args.buffers, args.learners)
     if n > total:
         problems.insert(0, f"ntasks={n} but the hostfile has {total} slots: ranks wrap back "
                            f"onto the first hosts; pass -n {total} or add slots")

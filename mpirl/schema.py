@@ -106,6 +106,20 @@ LEARNER = (
         Field("utilization", "f4", "", "fraction of the interval the learner->buffer side was "
               "busy at the modelled bandwidth (0 without emulation)"),
     )),
+    Stream("group", "--learners K > 1: one row per gradient contribution to an update (allreduce: "
+           "one row per update for the whole group)", (
+        Field("update", "i8", "", "the update it went into (or was dropped at)"),
+        Field("learner", "i4", "", "learner that computed it (0 = the lead; -1 = all, "
+              "allreduce)"),
+        Field("staleness", "i4", "updates", "updates applied between the weights it was "
+              "computed on and its update"),
+        Field("samples", "i8", "transitions", "samples in it"),
+        Field("scale", "f4", "", "weight it was applied with: 1/(1+staleness) under gba, 1 "
+              "otherwise, 0 when dropped"),
+        Field("wait_s", "f8", "s", "allreduce: the lead's wait in the Allreduce; async / gba: "
+              "from the first contribution's arrival to the update"),
+        Field("dropped", "i1", "", "1 = dropped as too stale (--max-grad-staleness)"),
+    )),
 )
 
 BUFFER = (
@@ -175,7 +189,20 @@ ACTOR = (
     )),
 )
 
-ROLES = {"learner": LEARNER, "buffer": BUFFER, "actor": ACTOR}
+LEARNER_WORKER = (
+    Stream("work", "learners 1..K-1 of a group: one row per batch the lead ordered", (
+        Field("order", "i8", "", "order id (the lead numbers them)"),
+        Field("version", "i8", "", "updates applied on the weights the gradient was computed "
+              "on"),
+        Field("samples", "i8", "transitions", "samples in the batch"),
+        Field("loss", "f4", "", "weighted Huber loss of the batch"),
+        Field("compute_s", "f8", "s", "from the order's arrival to the answer (allreduce: the "
+              "Allreduce included)"),
+        Field("wait_s", "f8", "s", "allreduce: the wait in the Allreduce (0 otherwise)"),
+    )),
+)
+
+ROLES = {"learner": LEARNER, "buffer": BUFFER, "actor": ACTOR, "learner_worker": LEARNER_WORKER}
 
 
 def open_streams(log: RunLog, role: str) -> dict[str, LogStream]:

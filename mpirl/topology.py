@@ -3,14 +3,17 @@
 World ranks are assigned from rank order (never from host names), so a hostfile or a SLURM
 heterogeneous job places them::
 
-    rank 0                  learner            (the cloud)
+    ranks 0..K-1            learners           (the cloud; --learners K, rank 0 the lead)
     then, for each site s:  buffer s, its actors (the edge; sites are contiguous rank blocks)
 
 Actors are spread over the B buffers as evenly as possible (the first sites get one more).
-Two kinds of communicator are split from COMM_WORLD:
+Three kinds of communicator are split from COMM_WORLD:
 
 * ``site``  : buffer s (site rank 0) + its actors (site ranks 1..k). The edge network.
-* ``link``  : learner (link rank 0) + every buffer (buffer s is link rank s + 1). The long haul.
+* ``link``  : the lead learner (link rank 0) + every buffer (buffer s is link rank s + 1). The
+  long haul.
+* ``learners``: the K learners (learner j is rank j), the cloud's own network; only with K > 1
+  does anything travel on it (mpirl.learner_group).
 
 The learner never talks to actors: weights go learner -> buffer (link) -> actors (site).
 """
@@ -26,24 +29,29 @@ class LayoutError(ValueError):
     """The world size cannot hold the requested layout; the message says what to change."""
 
 
-def check_layout(world_size: int, buffers: int) -> None:
+def check_layout(world_size: int, buffers: int, learners: int = 1) -> None:
     if buffers < 1:
         raise LayoutError(f"buffers={buffers} must be >= 1")
-    need = 1 + 2 * buffers
+    if learners < 1:
+        raise LayoutError(f"learners={learners} must be >= 1")
+    need = learners + 2 * buffers
     if world_size < need:
         fix = f"run with `mpirun -n {need}` or more"
-        if world_size >= 3:
-            fix += f", or use fewer buffers (--buffers {(world_size - 1) // 2})"
+        if world_size >= learners + 2:
+            fix += f", or use fewer buffers (--buffers {(world_size - learners) // 2})"
+        if learners > 1:
+            fix += f", or fewer learners (--learners {max(1, world_size - 2 * buffers)})"
+        what = "1 learner" if learners == 1 else f"{learners} learners"
         raise LayoutError(
-            f"{world_size} MPI ranks cannot hold 1 learner + {buffers} buffer(s) with at least "
+            f"{world_size} MPI ranks cannot hold {what} + {buffers} buffer(s) with at least "
             f"one actor each (needs >= {need} ranks); {fix}"
         )
 
 
-def site_sizes(world_size: int, buffers: int) -> list[int]:
+def site_sizes(world_size: int, buffers: int, learners: int = 1) -> list[int]:
     """Number of actors in each site."""
-    check_layout(world_size, buffers)
-    actors = world_size - 1 - buffers
+    check_layout(world_size, buffers, learners)
+    actors = world_size - learners - buffers
     return [actors // buffers + (1 if s < actors % buffers else 0) for s in range(buffers)]
 
 
@@ -54,14 +62,14 @@ class Place:
     rank: int
     role: str
     site: int  # -1 for the learner
-    index: int  # actor index within all actors (0..A-1); site index for a buffer; 0 for learner
+    index: int  # actor index within all actors (0..A-1); site index for a buffer; learner j: j
 
 
-def layout(world_size: int, buffers: int) -> list[Place]:
+def layout(world_size: int, buffers: int, learners: int = 1) -> list[Place]:
     """The full rank layout; pure, so every rank computes the same table without talking."""
-    places = [Place(0, LEARNER, -1, 0)]
-    rank, actor = 1, 0
-    for s, n in enumerate(site_sizes(world_size, buffers)):
+    places = [Place(j, LEARNER, -1, j) for j in range(learners)]
+    rank, actor = learners, 0
+    for s, n in enumerate(site_sizes(world_size, buffers, learners)):
         places.append(Place(rank, BUFFER, s, s))
         rank += 1
         for _ in range(n):
@@ -78,12 +86,18 @@ class Topology:
     world: object
     place: Place
     places: list[Place]
-    site: object | None  # site communicator (buffer + its actors), None on the learner
-    link: object | None  # link communicator (learner + buffers), None on actors
+    site: object | None  # site communicator (buffer + its actors), None on learners
+    link: object | None  # link communicator (lead learner + buffers), None on the others
+    learners: object | None = None  # the learners' communicator, None on buffers and actors
 
     @property
     def role(self) -> str:
         return self.place.role
+
+    @property
+    def lead(self) -> bool:
+        """The lead learner (learner 0): the one that talks to the buffers."""
+        return self.place.role == LEARNER and self.place.index == 0
 
     @property
     def n_actors(self) -> int:
@@ -97,18 +111,22 @@ class Topology:
         return [p for p in self.places if p.role == ACTOR and p.site == site]
 
 
-def build(world, buffers: int) -> Topology:
-    """Split COMM_WORLD into site and link communicators (collective over ``world``)."""
+def build(world, buffers: int, learners: int = 1) -> Topology:
+    """Split COMM_WORLD into site, link and learners communicators (collective over
+    ``world``)."""
     from mpi4py import MPI
 
-    places = layout(world.Get_size(), buffers)
+    places = layout(world.Get_size(), buffers, learners)
     me = places[world.Get_rank()]
     # Site: color = site id; key orders the buffer first (it is the lower world rank anyway).
     site = world.Split(me.site if me.role != LEARNER else MPI.UNDEFINED, me.rank)
-    link = world.Split(0 if me.role != ACTOR else MPI.UNDEFINED, me.rank)
+    on_link = me.role == BUFFER or (me.role == LEARNER and me.index == 0)
+    link = world.Split(0 if on_link else MPI.UNDEFINED, me.rank)
+    group = world.Split(0 if me.role == LEARNER else MPI.UNDEFINED, me.rank)
     site = None if site == MPI.COMM_NULL else site
     link = None if link == MPI.COMM_NULL else link
-    return Topology(world=world, place=me, places=places, site=site, link=link)
+    group = None if group == MPI.COMM_NULL else group
+    return Topology(world=world, place=me, places=places, site=site, link=link, learners=group)
 
 
 def format_table(places: list[Place], hosts: list[str]) -> str:

@@ -86,6 +86,9 @@ class TrainStep:
         self._staging = [({}, None), ({}, None)]
         self._turn = 0
         self._out = None  # pinned buffer for loss + |td| coming back
+        from mpirl.learner_group import LocalSync
+
+        self.sync = LocalSync()  # what follows backward (the learner group's seam)
 
     def state_dict_of(self, flat: np.ndarray) -> dict:
         """The online network's state_dict (on the host) with ``flat`` (``flat_params`` order)
@@ -148,13 +151,18 @@ class TrainStep:
         loss, td = self._loss(batch)
         self.opt.zero_grad()
         loss.backward()
+        self.sync.step(self, loss, td)  # K = 1: apply_step(); a learner group: see learner_group
+        return self._back(loss.detach(), td)
+
+    def apply_step(self) -> None:
+        """Clip the gradients in ``.grad``, take one Adam step, count it, copy the target on
+        its cadence."""
         if self.grad_clip > 0:
             self._clip()
         self.opt.step()
         self.updates += 1
         if self.updates % self.target_update == 0:
             self.sync_target()
-        return self._back(loss.detach(), td)
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_'s foreach path without its wrappers (with them it was

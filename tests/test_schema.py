@@ -10,7 +10,8 @@ from mpirl import schema
 from mpirl.logs import T_FIELD
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
-FILES = {"learner": "learner.h5", "buffer": "buffer-<site>.h5", "actor": "actor-<rank>.h5"}
+FILES = {"learner": "learner.h5", "learner_worker": "learner-<rank>.h5", "buffer": "buffer-<site>.h5",
+         "actor": "actor-<rank>.h5"}
 
 
 def declared_tables(role: str) -> dict[str, str]:

@@ -1,0 +1,139 @@
+"""Global-batch gradient aggregation (GBA, Su et al. 2022) for the learner group: pure, no MPI.
+
+The lead learner acts as GBA's parameter server.  Every learner computes gradients on its own
+batches, each on the weights of some version ``v`` (the number of updates the lead had applied
+when those weights were taken); the lead hands each gradient to a `GlobalBatch` as a
+`Contribution`.  An update is applied once ``samples`` (K x batch) samples' worth of gradients is
+assembled (token control: a contribution is a token, a batch of ``n`` samples):
+
+* staleness ``s = version_now - v`` (updates applied since the contribution's weights);
+* **drop** a contribution with ``s > max_staleness`` (its samples do not count toward the
+  global batch);
+* **scale** one inside the bound by ``1 / (1 + s)``: a fresh gradient counts in full, one a
+  single update old by half, and so on;
+* the update is the sample-weighted mean ``g = sum_i w_i n_i g_i / sum_i n_i`` over exactly the
+  contributions whose samples sum to ``samples`` (``w_i = 1 / (1 + s_i)``), so with no staleness
+  it equals the gradient of one batch of ``samples`` samples (synchronous all-reduce's update).
+
+Contributions are taken in arrival order; one that would overfill the global batch waits for the
+next one.  A contribution's id is remembered once added: adding it again raises, and ``take``
+hands each out exactly once, so no gradient is ever applied twice.
+
+``GlobalBatch(samples=batch, max_staleness=None, decay=False)`` is plain asynchronous
+parameter-server training (every gradient applied as it arrives, at full weight).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Contribution:
+    """One learner's gradient on one batch: ``grad`` is the mean over its ``n`` samples."""
+
+    id: int  # unique over the run (the lead numbers them)
+    learner: int  # learner index (0 = the lead)
+    version: int  # updates applied on the weights it was computed on
+    n: int  # samples in its batch
+    grad: np.ndarray  # float32, flat (every parameter's gradient, in parameters() order)
+    arrived: float = 0.0  # monotonic time it reached the lead
+    extra: dict = field(default_factory=dict)  # loss, |td|, ... for the caller's logs
+
+
+@dataclass
+class Taken:
+    """One global update: the gradient to apply and what went into it."""
+
+    grad: np.ndarray
+    used: list[Contribution]
+    scales: list[float]  # w_i of each used contribution, in ``used`` order
+    staleness: list[int]
+    dropped: list[tuple[Contribution, int]]  # (contribution, staleness) dropped on this take
+
+
+def decay(staleness: int, max_staleness: int | None) -> float:
+    """w(s): 1 / (1 + s) for 0 <= s <= max_staleness, 0 beyond (dropped); None: no bound."""
+    if staleness < 0:
+        raise ValueError(f"staleness={staleness} must be >= 0 (a gradient from the future)")
+    if max_staleness is not None and staleness > max_staleness:
+        return 0.0
+    return 1.0 / (1.0 + staleness)
+
+
+class GlobalBatch:
+    """The token-control aggregator: ``add`` contributions, ``take`` one global update when
+    ``ready``.  ``samples``: the global batch (K x batch).  ``decay=False``: every contribution
+    inside the bound at full weight."""
+
+    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True):
+        if samples <= 0:
+            raise ValueError(f"samples={samples} must be > 0")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness={max_staleness} must be >= 0 or None")
+        self.samples, self.max_staleness, self.decay = samples, max_staleness, decay
+        self.waiting: deque[Contribution] = deque()
+        self.seen: set[int] = set()
+        self.applied = 0  # contributions handed out by take()
+        self.dropped = 0  # contributions dropped as too stale
+        self._drops: list[tuple[Contribution, int]] = []  # dropped since the last take
+
+    def add(self, c: Contribution) -> None:
+        if c.id in self.seen:
+            raise ValueError(f"contribution {c.id} (learner {c.learner}) was added before: a "
+                             "gradient is applied at most once")
+        if c.n <= 0 or c.n > self.samples:
+            raise ValueError(f"contribution {c.id} has n={c.n} samples; it must be in "
+                             f"1..{self.samples} (the global batch)")
+        self.seen.add(c.id)
+        self.waiting.append(c)
+
+    def _prune(self, version: int) -> list[tuple[Contribution, int]]:
+        out = []
+        if self.max_staleness is None:
+            return out
+        keep: deque[Contribution] = deque()
+        for c in self.waiting:
+            s = version - c.version
+            (out.append((c, s)) if s > self.max_staleness else keep.append(c))
+        self.waiting = keep
+        self.dropped += len(out)
+        return out
+
+    def _pick(self) -> list[int] | None:
+        """Indices into ``waiting`` (arrival order) whose samples sum to exactly ``samples``:
+        greedy in arrival order, skipping one that would overfill."""
+        got, need = [], self.samples
+        for i, c in enumerate(self.waiting):
+            if c.n <= need:
+                got.append(i)
+                need -= c.n
+                if need == 0:
+                    return got
+        return None
+
+    def ready(self, version: int) -> bool:
+        """Whether a global batch is assembled at ``version`` (drops what is too stale now)."""
+        self._drops += self._prune(version)
+        return self._pick() is not None
+
+    def take(self, version: int) -> Taken | None:
+        """The global update at ``version``, or None when not ready; its contributions leave."""
+        self._drops += self._prune(version)
+        pick = self._pick()
+        if pick is None:
+            return None
+        dropped, self._drops = self._drops, []
+        used = [self.waiting[i] for i in pick]
+        for i in reversed(pick):
+            del self.waiting[i]
+        stale = [version - c.version for c in used]
+        scales = [decay(s, self.max_staleness) if self.decay else 1.0 for s in stale]
+        total = np.zeros_like(used[0].grad, dtype=np.float64)
+        for c, w in zip(used, scales):
+            total += (w * c.n) * c.grad.astype(np.float64)
+        self.applied += len(used)
+        return Taken((total / self.samples).astype(np.float32), used, scales, stale, dropped)

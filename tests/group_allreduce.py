@@ -1,0 +1,59 @@
+"""Run under `mpirun -n K`: K learners with AllreduceSync, each on its own batch, against one
+lone learner (rank 0) on the K batches concatenated; rank 0 prints the largest parameter
+difference and the Adam state's as JSON (used by tests/test_learner_group.py)."""
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from mpirl import envs
+from mpirl.config import Config
+from mpirl.learner_group import AllreduceSync, bcast_weights
+from mpirl.train_step import TrainStep
+from mpirl.wire import transition_dtype
+
+comm = MPI.COMM_WORLD
+rank, k = comm.Get_rank(), comm.Get_size()
+B, UPDATES = int(sys.argv[1]), int(sys.argv[2])
+cfg = dataclasses.replace(Config(), hidden=(32, 32), grad_clip=0.5, target_update=2)
+spec = envs.inspect("CartPole-v1")
+torch.manual_seed(100 + rank)  # different initial networks: bcast_weights must align them
+group = TrainStep(cfg, spec)
+group.sync = AllreduceSync(comm, sum(p.numel() for p in group.params))
+bcast_weights(comm, group)
+
+
+def batches(update: int):
+    """The K batches of one update (the same on every rank: seeded by the update)."""
+    rng = np.random.default_rng(update)
+    rec = np.zeros(k * B, transition_dtype(spec.obs_shape, np.float32))
+    rec["obs"] = rng.normal(size=rec["obs"].shape)
+    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, k * B)
+    rec["reward"] = rng.normal(size=k * B)
+    rec["discount"] = 0.99 * (rng.random(k * B) > 0.1)
+    return rec, rng.uniform(0.2, 1.0, k * B).astype(np.float32)
+
+
+lone = None
+if rank == 0:
+    lone = TrainStep(cfg, spec)
+    lone.online.load_state_dict(group.online.state_dict())
+    lone.target.load_state_dict(group.target.state_dict())
+for u in range(UPDATES):
+    rec, w = batches(u)
+    mine = slice(rank * B, (rank + 1) * B)
+    group.step(rec[mine], w[mine])
+    if lone is not None:
+        lone.step(rec, w)
+if rank == 0:
+    diff = max(float((a - b).abs().max()) for a, b in zip(group.params, lone.params))
+    tdiff = max(float((a - b).abs().max()) for a, b in zip(group.target.parameters(),
+                                                           lone.target.parameters()))
+    moved = max(float((a - b).abs().max()) for a, b in zip(
+        group.params, TrainStep(cfg, spec).params))
+    print(json.dumps({"param_diff": diff, "target_diff": tdiff, "moved": moved,
+                      "updates": group.updates}))

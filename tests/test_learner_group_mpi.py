@@ -1,0 +1,67 @@
+"""The learner group under real mpirun: K = 2 learners learn CartPole-v1 to its 475 threshold
+in every --learner-sync mode and both placements; a killed non-lead learner ends the job."""
+import json
+import re
+import time
+
+import h5py
+import numpy as np
+import pytest
+from mpirun import run_mpirl
+
+
+@pytest.mark.parametrize("replay_at", ["buffer", "learner"])
+@pytest.mark.parametrize("sync", ["allreduce", "async", "gba"])
+def test_two_learners_learn_cartpole(tmp_path, sync, replay_at):
+    run_dir = tmp_path / "run"
+    p = run_mpirl(10, "--learners", "2", "--learner-sync", sync, "--replay-at", replay_at,
+                  "--max-seconds", "240", "--run-dir", str(run_dir), "--seed", "1", timeout=420)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_return", p.stdout[-3000:]
+    with h5py.File(run_dir / "learner.h5", "r") as f:
+        evals = f["evals/ret_mean"][()]
+        assert evals.max() >= 475 and evals[0] < 100
+        learners = f["group/learner"][()]
+        if sync == "allreduce":  # one row per update, both learners in it
+            assert (learners == -1).all() and (f["group/samples"][()] == 128).all()
+        else:  # both learners contributed gradients
+            assert set(np.unique(learners)) == {0, 1}
+    with h5py.File(run_dir / "learner-1.h5", "r") as f:
+        assert len(f["work/order"]) > 100  # the second learner worked
+    assert (run_dir / "checkpoint").is_dir() and list(run_dir.glob("checkpoint/*/learner-1.*"))
+
+
+def test_killed_non_lead_learner_ends_the_job(tmp_path):
+    p = run_mpirl(5, "--learners", "2", "--run-dir", str(tmp_path / "run"), "--max-seconds",
+                  "60", "--hidden", "32", "32", "--target-return", "none", "--progress-seconds",
+                  "0", timeout=120, env={"MPIRL_FAULT": "learner:1:3:kill",
+                                         "MPIRL_TRACEBACK": "0"})
+    ended = time.time()
+    assert p.returncode != 0
+    m = re.search(r"injected fault: kill at unix (\d+\.\d+)", p.stderr)
+    assert m is not None, p.stderr
+    assert ended - float(m.group(1)) < 10.0
+    assert p.stderr.count("injected fault") == 1
+
+
+def test_group_checkpoint_resumes_with_every_learners_part(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--hidden", "32", "32", "--target-return", "none", "--progress-seconds", "0",
+            "--learning-starts", "200"]
+    p = run_mpirl(5, "--learners", "2", "--learner-sync", "allreduce", "--replay-at", "learner",
+                  "--max-updates", "300", "--run-dir", str(run_dir), *args, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    part = json.loads(next(run_dir.glob("checkpoint/*/learner-1.json")).read_text())
+    assert part["meta"]["updates"] == 300 and part["meta"]["replay"]["inserted"] > 0
+    # --learners is fixed by the stored configuration: one clear error, nothing started
+    bad = run_mpirl(5, "--resume", str(run_dir), "--learners", "3", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1
+    assert "not --learners" in bad.stderr, bad.stderr
+    p = run_mpirl(5, "--resume", str(run_dir), "--max-updates", "400", timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with h5py.File(run_dir / "learner-1.h5", "r") as f:  # the second learner went on from 300
+        version = f["work/version"][()]
+        assert version.max() == 399 and (np.diff(version) > 0).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 400 and summary["resumed_from"] is not None
