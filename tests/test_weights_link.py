@@ -103,3 +103,28 @@ def test_stop_within_one_weight_transfer_over_mpi():
     assert res["stop_delay_s"] <= tx + lat_ms / 1e3 + 0.05, res
     assert 5 <= res["weights_received"] <= 2.0 / tx + 2, res
 
+
+def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
+    """CartPole at 0.2 Mb/s, --weights-every 1, --replay-ratio 0: a broadcast (18 kB) takes
+    0.74 s on the wire and the learner makes several a second.  The job stops within 15 s of
+    --max-seconds (the STOP is not held behind a backlog of weights) and the learner's resident
+    memory does not grow with the run."""
+    from mpirun import read_h5, run_mpirl
+
+    run = tmp_path / "run"
+    p = run_mpirl(3, "--bandwidth-mbps", "0.2", "--latency-ms", "20", "--weights-every", "1",
+                  "--replay-ratio", "0", "--max-seconds", "25", "--target-return", "none",
+                  "--checkpoint-seconds", "0", "--progress-seconds", "2", "--evaluator", "thread",
+                  "--run-dir", str(run), timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_seconds"
+    assert summary["wall_s"] <= 25 + 15, summary
+    data, _ = read_h5(run / "learner.h5")
+    rss, t = data["progress/rss_bytes"], data["progress/t"]
+    late = rss[t >= t[0] + 8]
+    assert late.size >= 3 and late.max() - late[0] < 32 << 20, rss  # flat, not one backlog
+    assert data["progress/weights_replaced"][-1] > 0  # the link could not carry them all
+    assert np.nanmax(data["progress/weights_interval"]) <= 1.0 + 1e-9
+    lag = data["progress/lag_median"]
+    assert np.isfinite(lag).any()
