@@ -257,6 +257,7 @@ class Learner:
     def on_done(self, site: Site, m, buf, now: float) -> None:
         site.steps = int(m.a)
         site.done = True
+        site.link.drop_latest()  # weights waiting to go: the buffer leaves after our DONE
         site.link.post(self.wire.done(0, 0), Tag.DONE)
 
     def on_checkpoint(self, site: Site, m, buf, now: float) -> None:

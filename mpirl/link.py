@@ -191,6 +191,10 @@ class LinkEnd:
         self.poll(now)
         return self._slot is None
 
+    def drop_latest(self) -> None:
+        """Forget the latest-wins message waiting in the slot (the peer has left: its DONE)."""
+        self._slot = None
+
     @property
     def latest_waiting_bytes(self) -> int:
         """Bytes of the latest-wins message waiting in the slot (0 or one message)."""

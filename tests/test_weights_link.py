@@ -128,3 +128,15 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
     assert np.nanmax(data["progress/weights_interval"]) <= 1.0 + 1e-9
     lag = data["progress/lag_median"]
     assert np.isfinite(lag).any()
+
+
+def test_drop_latest_leaves_nothing_for_a_peer_that_left():
+    comm = _Comm()
+    end = LinkEnd(comm, 1, LinkProfile(rate_bps=1e6))
+    end.post_latest(Tag.WEIGHTS, lambda: (_weights(1), None), 0.0)
+    end.post_latest(Tag.WEIGHTS, lambda: (_weights(2), None), 0.01)
+    end.drop_latest()
+    end.post(np.full(8, 9, np.uint8), Tag.DONE, 0.02)
+    end.poll(1.0)
+    end.poll(1.0)
+    assert [b for _, b, _ in comm.sent] == [1, 9] and end.backlog == 0
