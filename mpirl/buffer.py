@@ -163,7 +163,8 @@ class Buffer:
         self.site_sends: list = []  # (request, buffer) toward actors, in flight
         self.fwd_tokens = 0  # granted by the learner
         self.owed = {a: 0 for a in self.actors}  # tokens to give back to each actor
-        self.inflight: dict[int, tuple[float, float]] = {}  # batch id -> (send time, queue wait)
+        # batch id -> (send time, queue wait, serialization time on the modelled link)
+        self.inflight: dict[int, tuple[float, float, float]] = {}
         self.returns: list[float] = []
         self.rtts: list[float] = []
         self.weights_version = -1
@@ -240,7 +241,7 @@ class Buffer:
         hold, step = m.arrays["timing"]
         if sent is not None:
             self.rtts.append(now - sent[0])
-            self.window.observe(now - sent[0], float(hold), sent[1], float(step))
+            self.window.observe(now - sent[0], float(hold), sent[1], float(step), sent[2])
         memory = self.memory
         if memory is None:
             return
@@ -405,7 +406,8 @@ class Buffer:
             self.logs["batches"].append(batch=self.batch_id,
                                         priority_mean=float(sample.priorities.mean()),
                                         size=len(memory), beta=beta, max_weight=max_w)
-            self.inflight[self.batch_id] = (now, wait)
+            tx = out.nbytes * 8 / self.link.profile.rate_bps  # 0 on a real link
+            self.inflight[self.batch_id] = (now, wait, tx)
             self.batch_id += 1
             self.sampled += cfg.batch_size
             did = True
