@@ -111,7 +111,9 @@ class WeightSync:
         if st.keys.key_due(st.base is not None):
             return full(), True, (version, params)
         base_version, base = st.base
-        key = ("delta", base_version)  # sites that hold the same version share the message
+        # sites that hold the same vector share the message (the same version reached by a delta
+        # or by a keyframe is not the same vector)
+        key = ("delta", base_version, id(base))
         if key not in shared:
             scales, q, rebuilt = wc.encode_delta(params, base)
             shared[key] = (self.wire.weights_delta(scales, q, base_version, wc.checksum(rebuilt),

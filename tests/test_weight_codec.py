@@ -159,3 +159,24 @@ def test_auto_interval_from_link_rate():
     fast = WeightSync(_Cfg(encoding="full"), wire, {1: _Site(_Comm(), math.inf)})
     fast.broadcast(np.zeros(n, np.float32), 0, 0, 0.0)
     assert fast.due(AUTO_MIN_UPDATES, 0.0)
+
+
+def test_sync_two_sites_one_version_two_vectors():
+    """Site 1 holds version 1 from a delta, site 2 from a keyframe (it asked for one): the same
+    version, two vectors. Each gets a delta from its own, and both rebuild within one step."""
+    from mpirl.weight_sync import WeightSync
+
+    n = 5000
+    wire = Wire(np.dtype([("x", "<f4")]), n)
+    comms = {1: _Comm(), 2: _Comm()}
+    sync = WeightSync(_Cfg(every="1"), wire, {r: _Site(c, math.inf) for r, c in comms.items()})
+    caches = {1: wc.WeightCache(), 2: wc.WeightCache()}
+    for v, w in enumerate(_walk(n, steps=4)):
+        if v == 1:
+            sync.request_keyframe(2)
+        sync.broadcast(w, v, v, float(v))
+        for r, comm in comms.items():
+            tag, buf = comm.sent[-1]
+            m = wire.unpack(buf, tag)
+            assert caches[r].apply(m.count, m.seq, int(m.a), m.arrays), (r, v)
+            assert np.abs(caches[r].params - w).max() < 1e-3
