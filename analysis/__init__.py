@@ -13,6 +13,7 @@ Reads only the run's HDF5 files and ``summary.json`` (h5py + numpy; matplotlib f
   interval (scipy), the decision rule against the paper's 0.26 and 3.92, censored time to target,
   the forest plot.
 - `analysis.schema`: the HDF5 layout of a run as markdown (``python -m analysis.schema RUN_DIR``).
-- `analysis.to_tensorboard`: TensorBoard event files from a run's ``learner.h5`` (``python -m
-  analysis.to_tensorboard RUN_DIR``; also the mapping behind mpirl's live ``--tensorboard``).
+- `analysis.to_tensorboard`: TensorBoard event files from a run's ``learner.h5`` and
+  ``buffer-<s>.h5`` files (``python -m analysis.to_tensorboard RUN_DIR``; also the mapping behind
+  mpirl's live ``--tensorboard``).
 """

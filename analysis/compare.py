@@ -561,7 +561,7 @@ DECIDING = 0.9  # a cell is in the paper's regime when the existing placement de
 
 def deciding(c: Cell) -> bool:
     """The cell is in the paper's regime: the median delivered fraction of its existing runs
-    is below `DECIDING` (docs/results.md, Plan)."""
+    is below `DECIDING` (docs/results/appendix/fixed-updates.md, Plan)."""
     v = [m["delivered_fraction"] for m in c.metrics["learner"]
          if np.isfinite(m["delivered_fraction"])]
     return bool(v) and float(np.median(v)) < DECIDING
@@ -734,7 +734,8 @@ def plot_curves(c: "Cell", runs: list[Run], path: Path) -> Path:
 
 def paper_report(exp_dir: str | Path, report: str | Path, target: float | None = None,
                  plots: bool = True) -> list[Cell]:
-    """The Plan's report of docs/results.md from the HDF5 files under ``exp_dir``: writes
+    """The fixed-update Plan's report (docs/results/appendix/fixed-updates.md) from the HDF5
+    files under ``exp_dir``: writes
     ``paper.md`` (per-cell tables, decisions, crossover map), ``paper-cells.csv`` (every run's
     metrics), ``paper-forest.png``, ``paper-<cell>-return-vs-link.png`` and
     ``paper-<cell>-curves.png`` (loss and priority curves, median and IQR) into ``report``."""
@@ -748,7 +749,7 @@ def paper_report(exp_dir: str | Path, report: str | Path, target: float | None =
     lines = ["# The paper experiment: proposed / existing per cell", "",
              f"Experiment `{exp_dir}`: {len(runs)} runs in {len(cells)} cell(s). Metric "
              "definitions: `analysis.metrics.paper_metrics`; ratios, intervals, the decision "
-             "and censoring: `analysis.stats` (docs/results.md, Plan).", ""]
+             "and censoring: `analysis.stats` (docs/results/appendix/fixed-updates.md, Plan).", ""]
     if errors:
         lines += ["**Unreadable run folders:**", "", *[f"- {e}" for e in errors], ""]
     lines += ["## Verdict", "", headline(cells), "", "## Crossover map", "",

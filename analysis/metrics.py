@@ -22,7 +22,7 @@ fewer than ``2 W`` updates, the loss has not settled within the run (it was stil
 rising at the end); then the window is the **last 25%** of the updates. `Convergence.method`
 says which rule gave the window (``"settled"`` or ``"fallback"``); the tables report it.
 
-Fixed window (the primary one, issue 14; docs/results.md "Plan")
+Fixed window (the primary one, issue 14; docs/results/appendix/fixed-updates.md "Plan")
 ---------------------------------------------------------------
 With an update budget ``N`` per run (``--max-updates N``; without one, ``N`` is the updates the
 run made), "after convergence" is the fixed window of updates ``N/2 .. N``: update numbers
@@ -300,7 +300,8 @@ def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
 
 
 def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
-    """The per-run metrics of the Plan in docs/results.md, each defined the same way in both
+    """The per-run metrics of the fixed-update Plan (docs/results/appendix/fixed-updates.md),
+    each defined the same way in both
     placements. Window: updates N/2 .. N (`budget_window_start`); rows of ``/transfers`` and
     ``/evals`` count by their ``update``.
 

@@ -17,9 +17,11 @@ Reading rules (see mpirl's log docstring; nothing here imports mpirl):
   stream on one clock: **seconds since the learner's loop start**, the clock of ``summary.json``'s
   ``wall_s`` and ``time_to_target_s``. The loop starts after the learner's imports and setup
   (seconds after its file's t = 0, more on a loaded machine), so this clock also lines up runs
-  whose start-up took different times. The loop start on the learner file's clock is the first
-  ``/link`` row's ``t - interval_s`` (that row closes the interval that began with the loop),
-  else the first ``/progress`` row's ``t - progress_seconds``, else 0. Other files are shifted
+  whose start-up took different times. The loop start on the learner file's clock is the
+  ``loop_start_t`` attribute the learner records when its loop starts. For runs without it, it is
+  estimated: the first ``/link`` row's ``t - interval_s`` (that row closes the interval that
+  began with the loop; tens of ms late on a loaded machine), else the first ``/progress`` row's
+  ``t - progress_seconds``, else 0. Other files are shifted
   by ``t0_unix(file) - t0_unix(learner)`` first. `Run.loop_start` keeps the shift.
 """
 
@@ -217,7 +219,11 @@ def derive_summary(learner: H5Data, buffers: dict[int, H5Data]) -> tuple[dict[st
 
 
 def loop_start(learner: H5Data, config: dict[str, Any]) -> float:
-    """When the learner's loop started, in s after ``learner.h5``'s t0 (see module docstring)."""
+    """When the learner's loop started, in s after ``learner.h5``'s t0 (see module docstring):
+    the recorded ``loop_start_t`` attribute, else an estimate from the first rows."""
+    recorded = learner.attrs.get("loop_start_t")
+    if recorded is not None:
+        return float(recorded)
     link = learner.stream("link")
     if len(link.get("t", ())) and "interval_s" in link:
         return float(link["t"][0] - link["interval_s"][0])

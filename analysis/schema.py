@@ -36,9 +36,10 @@ _COMMON = {
     "writer_host": "host that wrote the file",
     "writer_pid": "process id of the writer",
     "resumed_unix": "wall-clock times the file was reopened to continue (absent if never)",
-    "resumes_json": "JSON list, one entry per `--resume` launch: `checkpoint` id, `unix` time, "
-                    "`rows_at_checkpoint` and `rows_before_resume` per stream (rows in between "
-                    "were written after the checkpoint by the interrupted launch)",
+    "resumes_json": "JSON list, one entry per `--resume` launch: `checkpoint` id, its `reason`, "
+                    "`unix` time, `rows_at_checkpoint` and `rows_before_resume` per stream (rows "
+                    "in between were written by the launch before, after its part of the "
+                    "checkpoint; docs/reliability.md says which to drop)",
     "resumed_online_sha256": "learner, set at each resume: SHA-256 of the online network as "
                              "loaded (equals `online_sha256` in the checkpoint's learner.json)",
     "resumed_target_sha256": "learner, set at each resume: the same for the target network",
@@ -49,8 +50,9 @@ _COMMON = {
     "world_size": "ranks in the job",
     "link_profile": "the long-haul link as resolved at start (profile and overrides, in words)",
     "seeds_json": "JSON: the random seeds this rank derived from `--seed` in its latest launch "
-                  "(mpirl/seeds.py): learner `torch`, `replay`, `evaluation`, `link` (per site); "
-                  "buffer `replay`, `link`; actor `exploration`, `envs` (one per env)",
+                  "(mpirl/seeds.py): learner `torch`, `replay`, `arrival`, `evaluation` (round "
+                  "0's episodes), `link` (per site); buffer `replay`, `link`; actor "
+                  "`exploration`, `envs` (one per env)",
     "reference_set": "learner, with --reference-set: path of the reference set (.npz, "
                      "mpirl.refloss) behind /evals/reference_loss",
     "reference_set_sha256": "learner, with --reference-set: sha256 of that set's contents "

@@ -21,7 +21,7 @@ every seed has the same ratio the interval is that ratio (``method = "degenerate
 gives no interval (NaN). A seed with a value in only one placement is left out of the ratio and
 listed in `Ratio.unpaired`.
 
-Decision rule (`decide`; written into docs/results.md before any experiment)
+Decision rule (`decide`; the fixed-update Plan, docs/results/appendix/fixed-updates.md)
 --------------------------------------------------------------------------------
 With the paper's figures L = 0.26 (training loss, proposed / existing) and P = 3.92 (average
 priority of the transferred experiences, proposed / existing), and the 95% intervals

@@ -6,7 +6,9 @@ and no TensorBoard; HDF5 stays the source of truth)::
 
 Works on a finished, a live or a killed run (the rows up to the writers' last flush; run it again
 for newer rows: it rewrites its folder).  The scalars are those of the live ``--tensorboard``
-mirror (mpirl.dashboard), made by the same `Scalars` from ``learner.h5``:
+mirror (mpirl.dashboard), made by the same `Scalars` from ``learner.h5`` (the folder itself)
+and `BufferScalars` from each ``buffer-<s>.h5`` (its subfolder ``buffer-<s>``, a TensorBoard run
+of its own: the sites' curves share one chart per tag):
 
 =============================================  ===========================  ====================
 tag                                            from ``learner.h5``          step
@@ -24,6 +26,20 @@ busy_fraction, link_bytes_per_s)
 ``arrival_priority_mean``, ``window``          ``EVERY`` updates            group
 =============================================  ===========================  ====================
 
+=============================================  ===========================  ====================
+tag (run ``buffer-<s>``)                       from ``buffer-<s>.h5``       step
+=============================================  ===========================  ====================
+``buffer/<field>``, every field of ``/site``   ``/site``, every row (NaN   ms since start
+(``SITE``: counters, ``replay_size``,           left out)
+``window``, ``rtt_s``, ...)
+``buffer/link_mb_out_per_s``, ``_mb_in_per_s``  ``/link``, every row        ms since start
+, ``_utilization``, ``_compression`` (raw /
+sent bytes)
+``buffer/batch_priority_mean``,                ``/batches``, mean of each  last batch id of
+``batch_max_weight``, ``batch_beta``,          ``EVERY`` batches            the group
+``batch_size`` (last)
+=============================================  ===========================  ====================
+
 Every event's wall time is the row's ``t + t0_unix``, so TensorBoard's "Relative" and "Wall"
 axes line all tags up.  Needs the tensorboard package (``pip install -e ".[tensorboard]"``);
 no mpirl import.
@@ -39,12 +55,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["EVERY", "EventWriter", "Scalars", "convert"]
+__all__ = ["EVERY", "SCALARS", "BufferScalars", "EventWriter", "Scalars", "convert"]
 
 EVERY = 100  # updates per point of the per-update series
 TENSORBOARD_EXTRA = 'pip install -e ".[tensorboard]"'
 PROGRESS = ("env_steps", "env_steps_per_s", "updates_per_s", "recent_return", "loss",
             "busy_fraction", "link_bytes_per_s")
+#: the buffer's /site fields, all mirrored (counters so far, the memory, the in-flight window)
+SITE = ("env_steps", "inserted", "sampled", "replay_size", "forward_queue", "forwarded",
+        "forward_dropped", "inflight", "window", "rtt_s", "rtt_net_s", "step_s", "throttled",
+        "stale_dropped", "too_stale", "prio_received", "prio_applied", "prio_moved")
 
 
 class _Groups:
@@ -127,6 +147,50 @@ class Scalars:
         return self.rows("updates", empty, done=True) + self.rows("transfers", empty, done=True)
 
 
+class BufferScalars:
+    """buffer-<s>.h5 rows -> TensorBoard scalars, as `Scalars` does for learner.h5 (the second
+    table of the module docstring).  /site and /link rows come every half ``--flush-seconds``,
+    so their step is milliseconds since the start (seconds would repeat); NaN values (no round
+    trip measured in the interval) are left out."""
+
+    def __init__(self, t0_unix: float):
+        self.t0 = float(t0_unix)
+        self.batches = _Groups(("priority_mean", "max_weight", "beta"), last=("size",))
+
+    def rows(self, stream: str, cols: dict[str, np.ndarray], done: bool = False) -> list[tuple]:
+        out = []
+        t = np.asarray(cols.get("t", []), np.float64)
+        ms = np.round(t * 1000).astype(np.int64)
+        if stream == "site":
+            for i in range(len(t)):
+                out += [(f"buffer/{f}", int(ms[i]), float(cols[f][i]), self.t0 + t[i])
+                        for f in SITE if f in cols and np.isfinite(cols[f][i])]
+        elif stream == "link":
+            for i in range(len(t)):
+                dt, sent = max(float(cols["interval_s"][i]), 1e-9), int(cols["bytes_out"][i])
+                vals = {"mb_out_per_s": sent / dt / 1e6,
+                        "mb_in_per_s": cols["bytes_in"][i] / dt / 1e6,
+                        "utilization": cols["utilization"][i]}
+                if sent > 0:
+                    vals["compression"] = cols["raw_bytes_out"][i] / sent
+                out += [(f"buffer/link_{k}", int(ms[i]), float(v), self.t0 + t[i])
+                        for k, v in vals.items()]
+        elif stream == "batches":
+            for step, tt, vals in self.batches.add(cols, "batch", done):
+                out += [(f"buffer/batch_{f}", step, v, self.t0 + tt) for f, v in vals.items()]
+        return out
+
+    def finish(self) -> list[tuple]:
+        """The last, incomplete group of /batches."""
+        return self.rows("batches", {"t": np.zeros(0), "batch": np.zeros(0, np.int64)},
+                         done=True)
+
+
+#: the scalars of each role's file, and its streams in the order the converter reads them
+SCALARS = {"learner": (Scalars, ("progress", "evals", "updates", "link", "transfers")),
+           "buffer": (BufferScalars, ("site", "link", "batches"))}
+
+
 class EventWriter:
     """Scalars into a TensorBoard event file (tensorboard's own writer; no torch, no TF)."""
 
@@ -159,9 +223,22 @@ def _read(f: h5py.File, name: str) -> dict[str, np.ndarray]:
     return {k: d[:n] for k, d in g.items()}
 
 
+def _convert_file(src: Path, role: str, logdir: Path) -> None:
+    writer = EventWriter(logdir)
+    kind, streams = SCALARS[role]
+    with h5py.File(src, "r", locking=False) as f:
+        scalars = kind(f.attrs["t0_unix"])
+        for name in streams:
+            if name in f:
+                writer.add(scalars.rows(name, _read(f, name)))
+    writer.add(scalars.finish())
+    writer.close()
+
+
 def convert(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write the scalars of ``run_dir``'s learner.h5 into ``out`` (default
-    RUN_DIR/tensorboard-offline, replaced); returns the folder."""
+    RUN_DIR/tensorboard-offline, replaced), and those of each buffer-<s>.h5 into
+    ``out/buffer-<s>``; returns the folder."""
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "tensorboard-offline"
     src = run_dir / "learner.h5"
@@ -170,14 +247,9 @@ def convert(run_dir: str | Path, out: str | Path | None = None) -> Path:
                                 "not started")
     writer_dir = out.with_name(out.name + ".tmp")
     shutil.rmtree(writer_dir, ignore_errors=True)
-    writer = EventWriter(writer_dir)
-    with h5py.File(src, "r", locking=False) as f:
-        scalars = Scalars(f.attrs["t0_unix"])
-        for name in ("progress", "evals", "updates", "link", "transfers"):
-            if name in f:
-                writer.add(scalars.rows(name, _read(f, name)))
-    writer.add(scalars.finish())
-    writer.close()
+    _convert_file(src, "learner", writer_dir)
+    for buf in sorted(run_dir.glob("buffer-*.h5")):
+        _convert_file(buf, "buffer", writer_dir / buf.stem)
     shutil.rmtree(out, ignore_errors=True)
     writer_dir.rename(out)
     return out

@@ -94,7 +94,8 @@ class Actor:
         self.comm, self.me = topo.site, topo.place
         m = self.m = cfg.envs_per_actor
         # a resumed run starts fresh episodes, seeded apart from those of earlier launches
-        self.seed = seeds.actor(cfg.seed, self.me.rank, m, None if resume is None else resume.id)
+        self.seed = seeds.actor(cfg.seed, self.me.rank, self.me.index, topo.n_actors, m,
+                                None if resume is None else resume.id)
         self.rng = np.random.default_rng(self.seed["exploration"])
         self.envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs,
                                    wrappers=cfg.wrapper_specs()) for s in self.seed["envs"]]

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from mpirl.checkpoint_arrays import stored_members
 from mpirl.config import ConfigError
 
 FORMAT = 1
@@ -46,12 +47,18 @@ class CheckpointError(ConfigError):
     """A checkpoint that is missing, corrupt, or does not fit this job; the text says the fix."""
 
 
+#: Arrays of a part whose names start with this (the replay memory's, `memory_state`) are not
+#: loaded by `load_part`: they come as `StoredArray`s, read from the file a chunk at a time
+#: straight into the live memory by `restore_memory`.
+READ_ON_DEMAND = "replay_"
+
+
 class Part(NamedTuple):
     """One rank's share of a checkpoint, as loaded for --resume."""
 
     id: int
     meta: dict
-    arrays: dict  # name -> np.ndarray (empty when the part has no .npz)
+    arrays: dict  # name -> np.ndarray, or StoredArray for READ_ON_DEMAND names (empty: no .npz)
     torch: dict | None  # the learner's tensors, else None
 
 
@@ -366,7 +373,8 @@ def learner_tensors(run_dir: str | Path, ckpt_id: int | None = None) -> tuple[in
 
 
 def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
-    """This rank's part of ``manifest`` (already checked by `select`), without pickle."""
+    """This rank's part of ``manifest`` (already checked by `select`), without pickle; the
+    replay memory's arrays (``READ_ON_DEMAND``) as `StoredArray` handles into the file."""
     ckpt_id = int(manifest["id"])
     part = manifest["parts"].get(name)
     if part is None:
@@ -378,7 +386,9 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
     try:
         if f"{name}.npz" in part["files"]:
             with np.load(d / f"{name}.npz", allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
+                arrays = {k: z[k] for k in z.files if not k.startswith(READ_ON_DEMAND)}
+                later = {k for k in z.files if k.startswith(READ_ON_DEMAND)}
+            arrays.update(stored_members(d / f"{name}.npz", later))
         if f"{name}.pt" in part["files"]:
             import torch
 
@@ -390,7 +400,9 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
 
 
 def log_rows(log) -> dict[str, int]:
-    """Rows appended so far to each stream of a RunLog (written or still buffered)."""
+    """Rows appended so far to each stream of a RunLog (written or still buffered; rows a
+    writer holds back until the log's next flush, as the learner's `HeldRows`, are not in it:
+    `Checkpointer.write` flushes the log first)."""
     return {name: s.rows_written + s.rows_pending for name, s in log.streams.items()}
 
 
@@ -424,7 +436,9 @@ def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
 
 
 def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") -> None:
-    """Load what `memory_state` saved into a memory built with the run's config."""
+    """Load what `memory_state` saved into a memory built with the run's config.  The arrays
+    (numpy arrays, or `StoredArray`s from `load_part`) are copied into the memory's own a chunk
+    at a time: a restore takes the memory plus one chunk (tests/test_checkpoint_memory.py)."""
     if hasattr(memory, "restore_checkpoint"):
         try:
             return memory.restore_checkpoint(arrays, meta, prefix)
@@ -441,14 +455,10 @@ def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") ->
         raise CheckpointError(f"replay memory in the checkpoint is {stored.dtype} "
                               f"{stored.shape} with priorities {prios.shape}; expected "
                               f"{memory.dtype} ({n},)")
-    storage = np.zeros(cap, memory.dtype)
-    storage[:n] = stored
-    p = np.zeros(cap, np.float64)
-    p[:n] = prios
-    d = {"storage": storage, "priorities": p, **meta}
-    if f"{prefix}rng_state" in arrays:
-        d["rng_state"] = arrays[f"{prefix}rng_state"]
+    d = {"storage": stored, "priorities": prios, **meta}  # the held slots only: [0, n)
     try:
+        if f"{prefix}rng_state" in arrays:
+            d["rng_state"] = np.asarray(arrays[f"{prefix}rng_state"])
         memory.load_state_dict(d)
     except ValueError as e:
         raise CheckpointError(f"replay memory in the checkpoint: {e}") from None
@@ -469,7 +479,7 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, name: str, fault=None, info: dict | None = None,
                  log=None):
         self.run_dir, self.name, self.fault, self.info = Path(run_dir), name, fault, info or {}
-        self.log = log  # the rank's RunLog: its row counts go into every part (log_rows)
+        self.log = log  # the rank's RunLog: flushed, its row counts go into every part
         self.seconds = 0.0  # time spent writing parts, for the logs
 
     def write(self, ckpt_id: int, meta: dict, arrays: dict | None = None,
@@ -477,6 +487,10 @@ class Checkpointer:
         t0 = time.monotonic()
         hook = self.fault.in_checkpoint if self.fault is not None else None
         if self.log is not None:
+            # held rows (the learner's HeldRows) are handed over and every row goes to disk
+            # first: the counts cover every row appended before the part, and a kill after it
+            # loses none of them
+            self.log.flush()
             meta = {**meta, "log_rows": log_rows(self.log)}
         part = write_part(self.run_dir, ckpt_id, self.name, meta, arrays, torch_state, hook)
         self.seconds += time.monotonic() - t0

@@ -51,7 +51,7 @@ class Config:
         "gymnasium.make returns (before mpirl's Atari/MinAtar preprocessing), at every actor "
         "and at the evaluator; a list of strings in --config")
     buffers: int = _f(1, "number of edge buffers (sites); actors are split over them")
-    seed: int = _f(0, "base random seed; each rank and env offsets it")
+    seed: int = _f(0, "base random seed; every stream of every rank derives its own (seeds.py)")
     max_env_steps: int = _f(2_000_000, "stop after this many env steps (all actors), 0 = no limit")
     max_seconds: float = _f(600.0, "stop after this many seconds of wall time, 0 = no limit")
     max_updates: int = _f(0, "stop after this many learner updates (over every launch of a "
@@ -68,9 +68,9 @@ class Config:
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
                               "lost if a rank is killed)")
-    tensorboard: bool = _f(False, "also write TensorBoard event files (learner rank only, "
-                           "RUN_DIR/tensorboard) mirroring the learner's logs; needs pip install "
-                           "-e \".[tensorboard]\"")
+    tensorboard: bool = _f(False, "also write TensorBoard event files mirroring the learner's "
+                           "logs (RUN_DIR/tensorboard) and each buffer's (RUN_DIR/tensorboard/"
+                           "buffer-<s>); needs pip install -e \".[tensorboard]\"")
     checkpoint_seconds: float = _f(
         300.0, "seconds between coordinated checkpoints in RUN_DIR/checkpoint (0 = none on a "
         "cadence); a clean stop (budget, target, SIGTERM/SIGINT) always writes one, so the run "
@@ -177,8 +177,9 @@ class Config:
 
     reference_set: str | None = _f(
         None, "the reference loss at every greedy evaluation (logged as /evals/reference_loss): "
-        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env, "
-        "--seed, --n-step, --gamma and --reference-size with a random policy, cached in "
+        "a .npz written by python -m mpirl.refloss, or 'auto' (rank 0 collects one for --env "
+        "with its --env-kwargs and --env-wrappers, --seed, --n-step, --gamma and "
+        "--reference-size with a random policy, cached in "
         "<run folder's parent>/.refsets/); default off")
     reference_size: int = _f(10_000, "transitions of an --reference-set auto set")
 

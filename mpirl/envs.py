@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpirl import seeds
+
 IMAGES_EXTRA = 'pip install -e ".[images]"'
 ATARI_STACK = 4
 ATARI_NOOP_MAX = 30
@@ -282,6 +284,8 @@ class Evaluator:
 
     def __init__(self, env_id: str, episodes: int, seed: int, max_steps: int = 0,
                  kwargs: dict | None = None, wrappers: list[str] | None = None):
+        """``seed``: the run's --seed; round ``k`` resets with ``seeds.evaluation(seed, episodes,
+        k)``."""
         self.envs = [make(env_id, kwargs=kwargs, wrappers=wrappers) for _ in range(episodes)]
         self.seed = seed
         self.round = 0
@@ -290,8 +294,8 @@ class Evaluator:
     def run(self, q) -> np.ndarray:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
         n = len(self.envs)
-        obs = np.stack([e.reset(seed=self.seed + 7919 * self.round + i)[0]
-                        for i, e in enumerate(self.envs)])
+        obs = np.stack([e.reset(seed=s)[0] for e, s in
+                        zip(self.envs, seeds.evaluation(self.seed, n, self.round))])
         self.round += 1
         returns = np.zeros(n)
         live = np.ones(n, bool)

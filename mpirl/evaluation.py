@@ -4,12 +4,16 @@ The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an eval
 keeps training; it polls for the result once per loop turn and handles it in one place
 (``Learner.evaluated``).  At most one evaluation is in flight: one that is due while
 another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
-``seed + 7919 k + i`` (mpirl.envs.Evaluator), whichever runner plays it.
+``mpirl.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.envs.Evaluator), whichever runner plays
+it.
 
 * ``process`` (default): a child process (``python -m mpirl.evaluation``) with its own envs and
   network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
   headers, float32 weights, float64 returns: no pickle).  It runs in parallel with the learner,
-  on whatever core is free.
+  on whatever core is free.  A writer thread feeds the pipe: the weights (530 KB MinAtar, 6.75
+  MB Atari) exceed the pipe's 64 KB, and the child reads only once it has imported its modules
+  and built its envs, so a write from the loop would hold the learner until then.  The child
+  gets the learner's environment less the MPI launcher's (`child_environ`).
 * ``thread``: a thread of the learner.  torch releases the GIL inside its kernels, but
   gymnasium's CartPole and the numpy forward are Python that holds it, so the learner's Python
   (the loop, torch's dispatch) waits for the GIL while the thread plays.
@@ -44,7 +48,7 @@ import numpy as np
 
 _REQ = 2  # int64 header of a request: round, n_params
 _RES = 3  # int64 header of a result: round, n_episodes, eval time in ns
-_REF = 2  # float64 after the returns: reference loss, reference mean |td| (NaN: no set)
+_REF = 3  # float64 after the returns: reference loss, mean |td|, mean Q^2 (NaN: no set)
 
 
 class EvalResult(NamedTuple):
@@ -56,17 +60,16 @@ class EvalResult(NamedTuple):
     params: np.ndarray  # the flat weights evaluated
     reference_loss: float = float("nan")  # on the --reference-set (NaN: none)
     reference_td: float = float("nan")  # mean |td| on it
+    reference_q_sq: float = float("nan")  # mean Q(s, a)^2 on it (the Q scale)
 
 
 def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
     """What an evaluation runner needs to build its envs and network (JSON-able); ``refset``:
     (path, sha256) of the reference set (mpirl.refloss), or None."""
-    from mpirl import seeds
-
     return {"reference": None if refset is None else {
                 "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
             "env": cfg.env, "episodes": cfg.eval_episodes,
-            "seed": seeds.learner(cfg.seed, 0)["evaluation"], "max_steps": cfg.eval_max_steps,
+            "seed": cfg.seed, "max_steps": cfg.eval_max_steps,
             "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
             "wrappers": cfg.wrapper_specs()}
 
@@ -83,21 +86,22 @@ class _Reference:
         self.refset = refloss.load(r["path"], sha256=r["sha256"])
         self.delta = r["huber_delta"]
 
-    def __call__(self, q) -> tuple[float, float]:
+    def __call__(self, q) -> tuple[float, float, float]:
         from mpirl import refloss
 
         out = refloss.reference_loss_self(q, self.refset, huber_delta=self.delta)
-        return out["loss"], out["td_abs_mean"]
+        return out["loss"], out["td_abs_mean"], out["q_sq_mean"]
 
 
 def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
-    """(returns, seconds, reference loss, reference mean |td|) of one evaluation round."""
+    """(returns, seconds, reference loss, reference mean |td|, reference mean Q^2) of one
+    evaluation round."""
     t0 = time.monotonic()
     q.load(flat)
     evaluator.round = rnd
     returns = evaluator.run(q)
-    rl, rt = ref(q) if ref is not None else (float("nan"), float("nan"))
-    return returns, time.monotonic() - t0, rl, rt
+    rl, rt, rq = ref(q) if ref is not None else (float("nan"),) * _REF
+    return returns, time.monotonic() - t0, rl, rt, rq
 
 
 def _build(s: dict, threads: int | None):
@@ -124,14 +128,18 @@ class _Runner:
     def request(self, params: np.ndarray, rnd: int, update: int, env_steps: int) -> None:
         if self._pending is not None:
             raise RuntimeError("evaluation requested while one is in flight")
+        # Its own copy: the writer thread and best.pt read it later, and the caller's weight
+        # buffer may be refilled by the next broadcast meanwhile (a few ms for Atari's 6.7 MB).
+        params = np.array(params, copy=True)
         self._pending = (rnd, update, env_steps, params)
         self._start(params, rnd)
 
     def _finish(self, returns: np.ndarray, eval_s: float, ref_loss: float = float("nan"),
-                ref_td: float = float("nan")) -> EvalResult:
+                ref_td: float = float("nan"), ref_q_sq: float = float("nan")) -> EvalResult:
         rnd, update, steps, params = self._pending
         self._pending = None
-        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td)
+        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td,
+                          ref_q_sq)
 
 
 class InlineRunner(_Runner):
@@ -183,20 +191,68 @@ class ThreadRunner(_Runner):
         self.evaluator.close()
 
 
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "MPIR_")
+LAUNCHER_NAMES = ("MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+
+
+def child_environ(environ: dict | None = None) -> dict[str, str]:
+    """``environ`` (default os.environ) less what an MPI launcher sets for its ranks: Hydra's and
+    SLURM's ``PMI_*`` (PMI_RANK, PMI_FD: a descriptor the child does not have), Open MPI's
+    ``OMPI_*``, ``PMIX_*``, ``PRTE_*``, MPICH's ``HYDRA_*``, ``MPIR_*`` and ``MPI_LOCAL*``.  With
+    them, a user's env module that imports mpi4py would try to join the job as the learner's
+    rank; without them it starts a one-process MPI of its own."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items()
+            if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES}
+
+
+def _write_all(f, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[f.write(view):]
+
+
 class ProcessRunner(_Runner):
-    """The evaluation in a child process; see the module docstring for the protocol."""
+    """The evaluation in a child process; see the module docstring for the protocol.
+
+    `_start` puts the request in a one-request slot (at most one evaluation is in flight) and
+    returns; the writer thread writes it to the child's stdin, waiting for the child to read."""
 
     def __init__(self, s: dict):
         super().__init__()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mpirl.evaluation", json.dumps(s), str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_environ())
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = bytearray()
+        self._slot: tuple | None = None  # (round, params) not yet written
+        self._closing = False
+        self._wake = threading.Condition()
+        self._writer = threading.Thread(target=self._write_requests, name="mpirl-eval-writer",
+                                        daemon=True)
+        self._writer.start()
 
     def _start(self, params, rnd):
-        head = np.array([rnd, params.size], np.int64)
-        self.proc.stdin.write(head.tobytes() + np.ascontiguousarray(params, np.float32).tobytes())
+        with self._wake:
+            self._slot = (rnd, params)
+            self._wake.notify()
+
+    def _write_requests(self) -> None:
+        """The writer thread: each request (int64 round, n; float32 weights) to stdin, until
+        close; a child that died ends it (poll reports the exit)."""
+        while True:
+            with self._wake:
+                while self._slot is None and not self._closing:
+                    self._wake.wait()
+                if self._slot is None:
+                    return
+                (rnd, params), self._slot = self._slot, None
+            flat = np.ascontiguousarray(params, np.float32)
+            try:
+                _write_all(self.proc.stdin, np.array([rnd, flat.size], np.int64))
+                _write_all(self.proc.stdin, flat)
+            except (OSError, ValueError):  # broken pipe: the child is gone
+                return
 
     def poll(self) -> EvalResult | None:
         if self._pending is None:
@@ -217,17 +273,26 @@ class ProcessRunner(_Runner):
         if len(self._buf) < end:
             return None
         tail = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64)
-        returns, (ref_loss, ref_td) = tail[: int(n)].copy(), tail[int(n):]
+        returns, ref = tail[: int(n)].copy(), tail[int(n):]
         del self._buf[:end]
         if rnd != self._pending[0]:
             raise RuntimeError(f"evaluation process answered round {rnd}, expected "
                                f"{self._pending[0]}")
-        return self._finish(returns, ns / 1e9, float(ref_loss), float(ref_td))
+        return self._finish(returns, ns / 1e9, *(float(x) for x in ref))
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """A request not yet written is dropped; one being written is finished, then EOF on
+        stdin ends the child; killed if that takes over ``timeout`` s in all."""
+        end = time.monotonic() + timeout
+        with self._wake:
+            self._closing, self._slot = True, None
+            self._wake.notify()
+        self._writer.join(timeout=timeout)
         try:
+            if self._writer.is_alive():  # a child that does not read
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
             self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=max(0.0, end - time.monotonic()))
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
@@ -285,12 +350,12 @@ def child(argv: list[str], parent: int) -> int:
         raw = _read(fin, 4 * int(n))
         if raw is None:
             break
-        returns, secs, rl, rt = _play(evaluator, q, np.frombuffer(raw, np.float32), int(rnd),
-                                      ref)
+        returns, secs, *reference = _play(evaluator, q, np.frombuffer(raw, np.float32),
+                                          int(rnd), ref)
         try:
             fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
                        + returns.astype(np.float64).tobytes()
-                       + np.array([rl, rt], np.float64).tobytes())
+                       + np.array(reference, np.float64).tobytes())
             fout.flush()
         except BrokenPipeError:  # the learner is gone
             break

@@ -4,7 +4,8 @@ MPI's default is to hang: a rank that raises sits in MPI_Finalize while the othe
 ``install(world, who)`` sets ``sys.excepthook`` and ``threading.excepthook`` to print the error
 (naming the rank and role) and call ``MPI.COMM_WORLD.Abort(1)``: measured, a 9-rank job ended
 0.4 s after the raise.  ``Watchdog`` aborts if a clean shutdown takes too long.
-``Fault`` is the test-only injection hook (``MPIRL_FAULT``) the fault tests use to check all this.
+``Fault`` is the test-only injection hook (``MPIRL_FAULT``) the fault tests use to check all this;
+``forced_checks`` (``MPIRL_FAULT_CHECK``) makes a host check of mpirl.resources fail on one rank.
 """
 
 from __future__ import annotations
@@ -179,6 +180,28 @@ class Fault:
 
 #: set by mpirl.main for this rank; inert unless MPIRL_FAULT names it
 FAULT = Fault(spec="")
+
+
+def forced_checks(rank: int, checks: tuple[str, ...], spec: str | None = None
+                  ) -> frozenset[str]:
+    """Test-only: ``MPIRL_FAULT_CHECK="RANK:CHECK"`` (several: comma) makes host check CHECK
+    (one of ``checks``: mpirl.resources.CHECKS) fail on world rank RANK, as if that host lacked
+    it.  Returns this rank's forced checks (empty without the variable); says so on stderr with
+    the time, from which the fault test measures how soon the job ends."""
+    spec = spec if spec is not None else os.environ.get("MPIRL_FAULT_CHECK", "")
+    out = set()
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        r, _, check = item.partition(":")
+        if not r.strip().isdigit() or check not in checks:
+            raise ValueError(f"MPIRL_FAULT_CHECK={spec!r}: each item must be RANK:CHECK with "
+                             f"CHECK one of {', '.join(checks)}")
+        if int(r) == rank:
+            out.add(check)
+    if out:
+        sys.stderr.write(f"mpirl: injected check failure: {', '.join(sorted(out))} on rank "
+                         f"{rank} at unix {time.time():.3f} (MPIRL_FAULT_CHECK={spec!r})\n")
+        sys.stderr.flush()
+    return frozenset(out)
 
 
 def install_fault(role: str, rank: int) -> Fault:

@@ -35,7 +35,7 @@ from mpirl import device as device_mod
 from mpirl.checkpoint import memory_state, params_sha256, part_name, restore_memory
 from mpirl.cut import Cut
 from mpirl.evaluation import make_runner
-from mpirl.learner_rows import HeldRows, small_mean, spread
+from mpirl.learner_rows import HeldRows, small_mean, spread, td_units
 from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import RunLog
 from mpirl.pacing import TokenBucket
@@ -80,7 +80,7 @@ class Site:
         self.rank, self.index, self.link, self.weight = rank, rank - 1, link, weight
         self.steps = 0  # env steps of its actors, as last reported
         self.ready: deque = deque()  # replay_at=buffer: (BATCH, bytes, arrival) not yet trained
-        self.max_weight = 0.0  # its memory's max importance weight, as last reported
+        self.max_weight = 0.0  # its memory's max importance weight, of its batch trained last
         self.served = 0  # batches trained (replay_at=buffer) / transitions inserted (learner)
         self.owed = 0  # replay_at=learner: forward tokens to give back
         self.done = False  # it sent DONE: nothing more is posted to it
@@ -119,11 +119,11 @@ class Learner:
         self.target_return = target if target is not None and np.isfinite(target) else None
         log.set_attrs(target_return=self.target_return)
         self.logs = schema.open_streams(log, "learner")
-        self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps)
+        self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps, cfg.huber_delta)
         self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
                          Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
                          Tag.CHECKPOINT: self.on_checkpoint, Tag.KEYFRAME: self.on_keyframe}
-        self.arrival_rng = np.random.default_rng(self.seed["replay"] + 1)
+        self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
         # counters (a checkpoint's part; `restore` sets them on --resume)
@@ -228,7 +228,6 @@ class Learner:
 
     def on_batch(self, site: Site, m, buf, now: float) -> None:
         """replay_at=buffer: a sampled batch, trained in fair order (`next_batch`)."""
-        site.max_weight = m.b
         if self.stop_reason is None:
             site.ready.append((m, buf.nbytes, now))
 
@@ -239,7 +238,7 @@ class Learner:
         self.logs["transfers"].append(
             buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
             nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
-            **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+            priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr), **self.arrival_stats(self.arrival_td(records, frames)), window=0)
         self.memory.add(records, m.arrays["td_abs"], frames)
         self.inserted += m.count
         site.served += m.count
@@ -427,11 +426,12 @@ class Learner:
             site = min(waiting, key=Site.share)  # weighted fair queueing
             m, nbytes, arrived = site.ready.popleft()
             site.served += 1
+            site.max_weight = m.b  # the normaliser this batch was sampled with
             source = (site, m, nbytes, arrived)
             records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
                 "frames")
             top = max(s.max_weight for s in self.sites.values())
-            if m.b < top:  # one scale for every site: the global largest is 1 (design.md)
+            if m.b < top:  # one scale for every site (design.md); one site: factor 1
                 weights = weights * np.float32(m.b / top)
         t0 = time.monotonic()
         batch = self.trainer.put(records, weights, frames)
@@ -502,7 +502,8 @@ class Learner:
         self.logs["evals"].append(
             update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(), ret_std=rets.std(),
             ret_min=rets.min(), eval_s=res.eval_s, lag_updates=self.updates - res.update,
-            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td)
+            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td,
+            reference_q_sq_mean=res.reference_q_sq)
         if float(rets.mean()) > self.best_eval:  # the weights evaluated, not today's online net
             best_model.offer(self.log.path.parent, self.trainer.state_dict_of(res.params), rets,
                              self.best_eval, update=res.update, env_steps=res.env_steps)
@@ -612,8 +613,8 @@ class Learner:
     def drain_evaluation(self, timeout: float | None = None) -> None:
         """At the stop, the evaluation still in flight (requested before the stop, its result
         not yet in) is waited for, at most ``timeout`` s (EVAL_DRAIN_S), and handled like any
-        other: its /evals row, best.pt if it is the best.  It used to be dropped, so a run
-        could lose its best weights.  After the final checkpoint, which must not wait for it."""
+        other: its /evals row, best.pt if it is the best.  Before the final checkpoint, so that
+        the checkpoint's best eval and its /evals row count include it."""
         runner = self.eval_runner
         timeout = EVAL_DRAIN_S if timeout is None else timeout
         end = time.monotonic() + timeout
@@ -629,14 +630,15 @@ class Learner:
             time.sleep(0.002)
 
     def finish(self) -> dict:
-        """The final checkpoint (every buffer's DONE says its part is on disk), the summary."""
+        """The evaluation in flight, the final checkpoint (every buffer's DONE says its part is
+        on disk), the summary."""
+        self.drain_evaluation()
         if self.final_ckpt >= 0:
             t0 = time.monotonic()
             self.save(self.final_ckpt, self.stop_reason)
             self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
                      f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
         wall = time.monotonic() - self.t_start
-        self.drain_evaluation()
         links = [s.link for s in self.sites.values()]
         summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,
                    "updates": self.updates, "env_steps": self.env_steps,

@@ -24,6 +24,19 @@ def small_mean(x: np.ndarray) -> float:
     return float(np.add.reduce(x, axis=None)) / x.size if x.size else float("nan")
 
 
+def td_units(p: np.ndarray, alpha: float) -> np.ndarray:
+    """Priorities p = (|td|+eps)^alpha back in PER's unit |td|+eps (NaN when alpha is 0: the
+    exponent erased |td|)."""
+    if alpha <= 0:
+        return np.full(p.shape, np.nan, np.float32)
+    return p ** np.float32(1.0 / alpha)
+
+
+def huber(td_abs: np.ndarray, delta: float) -> np.ndarray:
+    """Huber loss of |td| (what dqn_loss computes per sample before weighting)."""
+    return np.where(td_abs <= delta, 0.5 * td_abs * td_abs, delta * (td_abs - 0.5 * delta))
+
+
 def spread(p: np.ndarray) -> dict:
     """Median and p90 of one message's priorities (/transfers), as np.percentile's default
     (linear) method gives them, from one sort: ~1 us for a batch of 64 where np.percentile
@@ -50,9 +63,10 @@ class HeldRows:
 
     BLOCK = 256
 
-    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float):
+    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float,
+                 huber_delta: float = 1.0):
         self.updates_stream, self.transfers_stream = logs["updates"], logs["transfers"]
-        self.t0, self.alpha, self.eps = log.t0, alpha, eps
+        self.t0, self.alpha, self.eps, self.delta = log.t0, alpha, eps, huber_delta
         self.u: list[tuple] = []  # (t, update, loss, beta)
         self.b: list[tuple] = []  # (t, buffer, update, n, nbytes, raw_nbytes, window)
         self.u_td = _Rows()  # |td| of each update's batch
@@ -83,8 +97,10 @@ class HeldRows:
         if self.u:
             t, update, loss, beta = zip(*self.u)
             self.u = []
+            td = self.u_td.take()
             self.updates_stream.extend(t=t, update=update, loss=loss, beta=beta,
-                                       td_abs_mean=_row_means(self.u_td.take()))
+                                       loss_unweighted=_row_means(huber(td, self.delta)),
+                                       td_abs_mean=_row_means(td))
         if self.b:
             t, buffer, update, n, nbytes, raw, window = zip(*self.b)
             self.b = []
@@ -96,7 +112,8 @@ class HeldRows:
                 med = p90 = np.full(k, np.nan)
             self.transfers_stream.extend(
                 t=t, buffer=buffer, update=update, kind=np.full(k, int(Tag.BATCH)), n=n,
-                nbytes=nbytes, raw_nbytes=raw, priority_mean=_row_means(pr), priority_median=med,
+                nbytes=nbytes, raw_nbytes=raw, priority_mean=_row_means(pr),
+                priority_td_mean=_row_means(td_units(pr, self.alpha)), priority_median=med,
                 priority_p90=p90, arrival_td_mean=_row_means(td),
                 arrival_priority_mean=_row_means((td + self.eps) ** self.alpha),
                 arrival_n=np.full(k, td.shape[1]), window=window)

@@ -9,7 +9,9 @@ The whole data flow, wired in one place::
 
 Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
 Configuration is parsed and validated once on every rank (no communication needed: every rank
-reaches the same verdict); errors are printed by rank 0 only and every rank exits non-zero.
+reaches the same verdict); what depends on the host (the env, memory, optional packages) is
+checked by the ranks that use it and gathered into one verdict (mpirl.resources); errors are
+printed by rank 0 only and every rank exits non-zero.
 ``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
 manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
 becomes one error on rank 0 (gathered), so every rank reaches the same verdict there too.
@@ -107,9 +109,10 @@ def _bcast_text(world, text: str | None) -> str:
     return bytes(buf).decode()
 
 
-def _reference_set(world, cfg, run_dir: Path | None) -> tuple[str, str]:
-    """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once, see
-    mpirl.refloss.resolve); every rank gets ``(path, sha256)`` or the same ConfigError."""
+def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
+    """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
+    run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
+    ``(path, sha256)`` or the same ConfigError."""
     from mpirl.config import ConfigError
 
     text = None
@@ -117,7 +120,7 @@ def _reference_set(world, cfg, run_dir: Path | None) -> tuple[str, str]:
         from mpirl import refloss
 
         try:
-            path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir)
+            path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir, spec)
             text = f"P{path}\n{sha}"
         except (ValueError, OSError) as e:
             text = f"E{e}"
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 def _configure(world, argv) -> _Setup | int:
     """Parse and check the configuration, resolve the env, check resources, decide the run
     folder (or load this rank's checkpoint part).  ConfigError on a bad value."""
-    from mpirl import envs, topology
+    from mpirl import topology
     from mpirl.config import ConfigError, parse, resume_dir
 
     rank = world.Get_rank()
@@ -256,11 +259,10 @@ def _configure(world, argv) -> _Setup | int:
         err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
         if err:
             raise ConfigError(err)
-    spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
-    record = _check_resources(cfg, spec, resumed=manifest is not None)
+    spec, record = _check_resources(world, cfg, resumed=manifest is not None)
     refset = None
     if cfg.reference_set and cfg.reference_set != "auto":  # a bad file: before any folder
-        refset = _reference_set(world, cfg, None)
+        refset = _reference_set(world, cfg, None, spec)
     if manifest is None:
         run_dir = _prepare_run_dir(world, cfg)
         part = None
@@ -269,27 +271,20 @@ def _configure(world, argv) -> _Setup | int:
         part = _resume_parts(world, run_dir, manifest,
                              topology.layout(world.Get_size(), cfg.buffers), cfg, spec, record)
     if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
-        refset = _reference_set(world, cfg, run_dir)
+        refset = _reference_set(world, cfg, run_dir, spec)
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 
-def _check_resources(cfg, spec, resumed: bool):
-    """The replay memory fits, image runs can start learning, optional packages are there.
-    Returns the transition record dtype."""
-    from mpirl import envs
+def _check_resources(world, cfg, resumed: bool):
+    """Each rank checks on its host what its role uses (the env, replay memory summed per host,
+    tensorboard, zstandard), and every rank gets the same verdict (mpirl.resources.check);
+    then image runs must be able to start learning.  Returns the env spec and the transition
+    record dtype."""
+    from mpirl import resources
     from mpirl.config import ConfigError
-    from mpirl.replay.build import (FRAME_HEADROOM, max_learning_starts, record_dtype,
-                                    replay_footprint)
+    from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
 
-    record = record_dtype(cfg, spec)
-    need = replay_footprint(cfg, spec)
-    per = need / cfg.replay_capacity
-    avail = _available_memory()
-    if avail is not None and need > avail:
-        raise ConfigError(
-            f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
-            f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
-            f"available; lower --replay-capacity to at most {int(avail * 0.8 / per):,}")
+    spec = resources.check(world, cfg)
     # (not on --resume: the restored memory holds what it had reached)
     if not resumed and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
         raise ConfigError(
@@ -299,17 +294,7 @@ def _check_resources(cfg, spec, resumed: bool):
             "than planned, e.g. short episodes), and sampling would never start while the "
             f"actors wait for it; use --learning-starts at most {most} (or raise "
             "--replay-capacity)")
-    if cfg.compress_for(spec.image):
-        import importlib.util
-
-        if importlib.util.find_spec("zstandard") is None:
-            raise ConfigError(f"compress={cfg.compress!r} needs zstandard, part of the "
-                              f"images extra: {envs.IMAGES_EXTRA}")
-    if cfg.tensorboard:
-        from mpirl.dashboard import check_installed
-
-        check_installed()
-    return record
+    return spec, record_dtype(cfg, spec)
 
 
 def _run(world, setup: _Setup) -> int:
@@ -336,7 +321,7 @@ def _run(world, setup: _Setup) -> int:
     versions = _versions()
     if rank == 0:
         _banner(setup, topo, hosts, profile, versions)
-    wire = _wire(cfg, spec, setup.record)
+    wire = _wire(cfg, spec, setup.record, topo.role)
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
@@ -354,12 +339,13 @@ def _run(world, setup: _Setup) -> int:
     with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
                 resume=part is not None) as log:
         ckpt.log = log
-        if cfg.tensorboard and topo.role == "learner":
+        if cfg.tensorboard and topo.role != "actor":  # buffers: a subfolder (a run) each
             from mpirl.dashboard import TensorBoardMirror
 
-            log.mirror = TensorBoardMirror(run_dir / "tensorboard", log)
+            tb = run_dir / "tensorboard" / ("" if topo.role == "learner" else name)
+            log.mirror = TensorBoardMirror(tb, log, topo.role)
         if part is not None:
-            _note_resume(log, part)
+            _note_resume(log, part, setup.manifest)
         _run_role(topo, setup, wire, log, ckpt, stop_signal)
     if profiler is not None:
         profiler.disable()
@@ -415,12 +401,15 @@ def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     sys.stdout.flush()
 
 
-def _wire(cfg, spec, record):
+def _wire(cfg, spec, record, role: str | None = None):
+    """This rank's packer; only the learner and the buffers compress (FORWARD, BATCH), so only
+    they need zstandard (mpirl.resources)."""
     from mpirl import qnet
     from mpirl.wire import Wire
 
     return Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
-                frame_shape=spec.frame_shape, compress=cfg.compress_for(spec.image))
+                frame_shape=spec.frame_shape,
+                compress=cfg.compress_for(spec.image) and role != "actor")
 
 
 def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
@@ -435,31 +424,20 @@ def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dic
             "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
             "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
             "link_profile": profile.describe(),
-            "seeds_json": json.dumps(seeds.of_rank(cfg, topo.place,
+            "seeds_json": json.dumps(seeds.of_rank(cfg, topo,
                                                    None if part is None else part.id))}
 
 
-def _note_resume(log, part) -> None:
-    """Where this launch continues: rows past log_rows are from the interrupted launch, after
-    the checkpoint (kept; analysis may cut them)."""
+def _note_resume(log, part, manifest: dict) -> None:
+    """Where this launch continues: rows past the part's log_rows were written by the launch
+    before, after its part of the checkpoint (kept; docs/reliability.md says which to cut)."""
     from mpirl.checkpoint import file_rows
 
     resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
-    resumes.append({"checkpoint": part.id, "unix": time.time(),
+    resumes.append({"checkpoint": part.id, "reason": manifest.get("reason"), "unix": time.time(),
                     "rows_at_checkpoint": part.meta.get("log_rows", {}),
                     "rows_before_resume": file_rows(log.file)})
     log.set_attrs(resumes_json=json.dumps(resumes))
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 if __name__ == "__main__":

@@ -18,12 +18,19 @@ A run computes it with ``--reference-set PATH|auto`` (`resolve`) at every greedy
 the evaluation runner, on the weights evaluated used as their own target network
 (`reference_loss_self`, numpy): ``/evals/reference_loss``.
 
-Collection: one environment made as the actors make it (`mpirl.envs.make`, image rewards clipped
-to [-1, 1]), reset with ``seed``, and a policy that is uniform random (default) or
-epsilon-greedy with a given Q-function; actions come from ``numpy.random.default_rng(seed)``,
-so a set depends only on (env, seed, size, n_step, gamma, policy) and the library versions. The
-n-step transitions are built by the actors' `mpirl.nstep.NStep`, so ``n_step`` and ``gamma``
-must be the run's. Pick a seed no actor uses (actors use ``seed + 1000 * rank + env index``).
+Collection: one environment made as the actors make it (`mpirl.envs.make` with the run's
+``--env-kwargs`` and ``--env-wrappers``, image rewards clipped to [-1, 1]), reset with ``seed``,
+and a policy that is uniform random (default) or epsilon-greedy with a given Q-function; actions
+come from ``numpy.random.default_rng(seed)``, so a set depends only on (env, kwargs, wrappers,
+seed, size, n_step, gamma, policy) and the library versions. The n-step transitions are built by
+the actors' `mpirl.nstep.NStep`, so ``n_step`` and ``gamma`` must be the run's.
+``--reference-set auto`` uses `mpirl.seeds.reference`, which no actor's or evaluation's reset
+seed equals; a seed picked by hand is one of 2**32 that a run's env resets spread over
+(`mpirl.seeds`).
+
+A run accepts a set whose metadata names its env, kwargs, wrappers, n-step and gamma (a set
+without ``env_kwargs`` / ``env_wrappers`` in its metadata was collected without any) and whose
+observations have the env's shape and dtype; anything else is one error before the run.
 
 The hash: ``sha256`` is over the arrays' contents (name, dtype, shape and bytes of each array,
 in name order, the metadata included), not over the file's bytes: ``numpy.savez`` stamps the
@@ -37,15 +44,15 @@ import argparse
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RefSet", "auto_path", "collect", "content_sha256", "load", "reference_loss",
-           "reference_loss_self", "resolve", "save"]
+__all__ = ["RefSet", "auto_path", "check_fits", "collect", "content_sha256", "env_key", "load",
+           "reference_loss", "reference_loss_self", "resolve", "save"]
 
 FORMAT = 1
 ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -54,7 +61,8 @@ ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
 @dataclass(frozen=True)
 class RefSet:
     """n-step transitions ``(obs, action, reward = R, next_obs, discount)`` and how they were
-    collected (``meta``: env, seed, size, n_step, gamma, policy, epsilon, format)."""
+    collected (``meta``: env, env_kwargs, env_wrappers, seed, size, n_step, gamma, policy,
+    epsilon, format)."""
 
     obs: np.ndarray
     action: np.ndarray  # int64
@@ -87,9 +95,11 @@ def content_sha256(arrays: dict[str, np.ndarray]) -> str:
 
 
 def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
-            q: Callable[[np.ndarray], np.ndarray] | None = None, epsilon: float = 1.0) -> RefSet:
-    """``size`` n-step transitions from one env (see the module docstring). Without ``q`` the
-    policy is uniform random; with it, epsilon-greedy on ``q(obs_batch) -> Q values``."""
+            q: Callable[[np.ndarray], np.ndarray] | None = None, epsilon: float = 1.0,
+            kwargs: dict | None = None, wrappers: list[str] | None = None) -> RefSet:
+    """``size`` n-step transitions from one env, made with ``kwargs`` and ``wrappers`` (see the
+    module docstring). Without ``q`` the policy is uniform random; with it, epsilon-greedy on
+    ``q(obs_batch) -> Q values``."""
     from mpirl import envs
     from mpirl.nstep import NStep
 
@@ -97,7 +107,8 @@ def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
         raise ValueError(f"size={size} must be >= 1")
     if not 0 <= epsilon <= 1:
         raise ValueError(f"epsilon={epsilon} must be in [0, 1]")
-    env = envs.make(env_id, seed=seed)
+    kwargs, wrappers = dict(kwargs or {}), list(wrappers or [])
+    env = envs.make(env_id, seed=seed, kwargs=kwargs, wrappers=wrappers)
     clip = envs.family(env_id) in ("atari", "minatar")  # as EnvSpec.clip_rewards
     n_actions = int(env.action_space.n)
     rng = np.random.default_rng(seed)
@@ -119,7 +130,8 @@ def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
     finally:
         env.close()
     out = out[:size]
-    meta = {"format": FORMAT, "env": env_id, "seed": int(seed), "size": int(size),
+    meta = {"format": FORMAT, "env": env_id, "env_kwargs": kwargs, "env_wrappers": wrappers,
+            "seed": int(seed), "size": int(size),
             "n_step": int(n_step), "gamma": float(gamma),
             "policy": "random" if q is None else "epsilon-greedy",
             "epsilon": 1.0 if q is None else float(epsilon), "clip_rewards": clip}
@@ -159,32 +171,69 @@ def load(path: str | Path, sha256: str | None = None) -> RefSet:
     return RefSet(meta=meta, **{k: arrays[k] for k in ARRAYS})
 
 
+def env_key(kwargs: dict | None, wrappers: list[str] | None) -> str:
+    """Short hash of the canonical JSON of ``--env-kwargs`` and the ``--env-wrappers`` list
+    ("" for neither): runs that differ in them never share an ``auto`` set."""
+    kwargs, wrappers = dict(kwargs or {}), list(wrappers or [])
+    if not kwargs and not wrappers:
+        return ""
+    text = json.dumps({"env_kwargs": kwargs, "env_wrappers": wrappers}, sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
-              gamma: float) -> Path:
-    """Where ``--reference-set auto`` keeps the set of (env, seed, size, n_step, gamma)."""
-    name = f"{env_id}-seed{seed}-n{n_step}-g{gamma:g}-{size}".replace("/", "_").replace(":", "_")
-    return Path(cache) / f"{name}.npz"
+              gamma: float, kwargs: dict | None = None, wrappers: list[str] | None = None) -> Path:
+    """Where ``--reference-set auto`` keeps the set of (env, kwargs, wrappers, seed, size,
+    n_step, gamma): kwargs and wrappers as `env_key` (``-e<key>``, only when there are any)."""
+    key = env_key(kwargs, wrappers)
+    name = f"{env_id}{f'-e{key}' if key else ''}-seed{seed}-n{n_step}-g{gamma:g}-{size}"
+    return Path(cache) / (name.replace("/", "_").replace(":", "_") + ".npz")
 
 
-def resolve(value: str, cfg, run_dir: str | Path | None) -> tuple[Path, str]:
+def check_fits(rs: RefSet, path: str | Path, cfg, spec=None) -> None:
+    """ValueError naming the mismatch unless ``rs`` was collected on the run's env (id,
+    kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.envs.EnvSpec`)
+    holds observations of the env's shape and dtype."""
+    kwargs = json.loads(json.dumps(dict(cfg.env_kwargs or {})))  # as stored (tuples: lists)
+    want = {"env": cfg.env, "env_kwargs": kwargs,
+            "env_wrappers": cfg.wrapper_specs(), "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
+    got = {"env_kwargs": {}, "env_wrappers": [], **rs.meta}  # older sets: collected without
+    bad = {k: got.get(k) for k, v in want.items() if got.get(k) != v}
+    if bad:
+        raise ValueError(f"reference_set={str(path)!r} was collected with {bad}, the run uses "
+                         f"{ {k: want[k] for k in bad} }: collect one for this run "
+                         "(python -m mpirl.refloss) or pass --reference-set auto")
+    if spec is not None and (rs.obs.shape[1:] != tuple(spec.obs_shape)
+                             or rs.obs.dtype != spec.obs_dtype):
+        raise ValueError(f"reference_set={str(path)!r} holds observations of shape "
+                         f"{rs.obs.shape[1:]} {rs.obs.dtype}, the run's env {cfg.env!r} gives "
+                         f"{tuple(spec.obs_shape)} {np.dtype(spec.obs_dtype)}: collect one for "
+                         "this run (python -m mpirl.refloss) or pass --reference-set auto")
+
+
+def resolve(value: str, cfg, run_dir: str | Path | None, spec=None) -> tuple[Path, str]:
     """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
-    of a sweep cell or of ``runs/``), collected there (random policy, seed
-    `mpirl.seeds.reference`, --reference-size transitions) when it is not there yet; written
-    to a temporary name and renamed, so runs starting together never read half a file. A
-    PATH: loaded and checked against the run (env, n_step, gamma). Raises ValueError naming
-    the mismatch.  ``run_dir`` is needed for ``auto`` only."""
+    of a sweep cell or of ``runs/``), collected there on the run's env (its kwargs and wrappers;
+    random policy, seed `mpirl.seeds.reference`, --reference-size transitions) when it is not
+    there yet; written to a temporary name and renamed, so runs starting together never read
+    half a file. A PATH: loaded. Either is checked against the run (`check_fits`; ``spec``: the
+    run's env spec, for the observations' shape). Raises ValueError naming the mismatch.
+    ``run_dir`` is needed for ``auto`` only."""
     import os
 
     from mpirl import seeds
 
+    kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
         seed = seeds.reference(cfg.seed)
         path = auto_path(Path(run_dir).resolve().parent / ".refsets", cfg.env, seed,
-                         cfg.reference_size, cfg.n_step, cfg.gamma)
+                         cfg.reference_size, cfg.n_step, cfg.gamma, kwargs, wrappers)
         if not path.is_file():
-            rs = collect(cfg.env, seed, cfg.reference_size, cfg.n_step, cfg.gamma)
+            rs = collect(cfg.env, seed, cfg.reference_size, cfg.n_step, cfg.gamma,
+                         kwargs=kwargs, wrappers=wrappers)
             tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
             save(rs, tmp)
             os.replace(tmp, path)
@@ -194,12 +243,7 @@ def resolve(value: str, cfg, run_dir: str | Path | None) -> tuple[Path, str]:
             raise ValueError(f"reference_set={value!r}: no such file; write one with python -m "
                              "mpirl.refloss or pass --reference-set auto")
     rs = load(path)
-    want = {"env": cfg.env, "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
-    bad = {k: rs.meta.get(k) for k, v in want.items() if rs.meta.get(k) != v}
-    if bad:
-        raise ValueError(f"reference_set={str(path)!r} was collected with {bad}, the run uses "
-                         f"{ {k: want[k] for k in bad} }: collect one for this run "
-                         "(python -m mpirl.refloss) or pass --reference-set auto")
+    check_fits(rs, path, cfg, spec)
     return path, rs.sha256
 
 
@@ -235,20 +279,23 @@ def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
     ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.qnet.NumpyQ`, or the torch
     CNN behind `mpirl.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
     observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
-    Huber with ``huber_delta``, unweighted means."""
+    Huber with ``huber_delta``, unweighted means; ``q_sq_mean`` = mean Q(s, a)^2, the Q scale
+    the loss is divided by to compare weights whose values grew by different amounts."""
     n = len(refset)
-    loss_sum = td_sum = 0.0
+    loss_sum = td_sum = q_sq_sum = 0.0
     for i in range(0, n, chunk):
         j = min(n, i + chunk)
         rows = np.arange(j - i)
         q_s = np.asarray(q(refset.obs[i:j]), np.float32)
         q_n = np.asarray(q(refset.next_obs[i:j]), np.float32)
         y = refset.reward[i:j] + refset.discount[i:j] * q_n[rows, q_n.argmax(axis=1)]
-        td = np.abs(q_s[rows, refset.action[i:j]] - y)
+        q_a = q_s[rows, refset.action[i:j]]
+        td = np.abs(q_a - y)
+        q_sq_sum += float(np.square(q_a, dtype=np.float64).sum())
         huber = np.where(td <= huber_delta, 0.5 * td * td, huber_delta * (td - 0.5 * huber_delta))
         loss_sum += float(huber.sum(dtype=np.float64))
         td_sum += float(td.sum(dtype=np.float64))
-    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
+    return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "q_sq_mean": q_sq_sum / n, "n": n}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,17 +303,29 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Collect a held-out reference set (random policy) "
                                  "and print its sha256.")
     ap.add_argument("--env", required=True, help="gymnasium id, as --env of mpirl.main")
+    ap.add_argument("--env-kwargs", default="{}", metavar="JSON",
+                    help="the run's --env-kwargs (a JSON object)")
+    ap.add_argument("--env-wrappers", default="", metavar="M:F,..",
+                    help="the run's --env-wrappers, in order")
     ap.add_argument("--seed", type=int, required=True,
-                    help="env and policy seed (pick one no actor uses)")
+                    help="env and policy seed (mpirl.seeds.reference(--seed) is the run's own)")
     ap.add_argument("--size", type=int, default=10_000, help="transitions")
     ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")
     ap.add_argument("--gamma", type=float, required=True, help="the run's --gamma")
     ap.add_argument("--out", required=True, help="the .npz to write")
     a = ap.parse_args(argv)
-    rs = collect(a.env, a.seed, a.size, a.n_step, a.gamma)
+    try:
+        kwargs = json.loads(a.env_kwargs)
+    except json.JSONDecodeError as e:
+        ap.error(f"--env-kwargs {a.env_kwargs!r} is not valid JSON ({e})")
+    if not isinstance(kwargs, dict):
+        ap.error(f"--env-kwargs {a.env_kwargs!r} must be a JSON object")
+    wrappers = [w.strip() for w in a.env_wrappers.split(",") if w.strip()]
+    rs = collect(a.env, a.seed, a.size, a.n_step, a.gamma, kwargs=kwargs, wrappers=wrappers)
     digest = save(rs, a.out)
-    print(f"wrote {a.out}: {len(rs)} transitions of {a.env} (seed {a.seed}, n-step {a.n_step}, "
-          f"gamma {a.gamma:g}, random policy), sha256 {digest}")
+    print(f"wrote {a.out}: {len(rs)} transitions of {a.env} (env_kwargs {kwargs}, env_wrappers "
+          f"{wrappers}, seed {a.seed}, n-step {a.n_step}, gamma {a.gamma:g}, random policy), "
+          f"sha256 {digest}")
     return 0
 
 

@@ -29,6 +29,8 @@ LEARNER = (
     Stream("updates", "one row per learner update", (
         Field("update", "i8", "", "update number"),
         Field("loss", "f4", "", "weighted Huber loss of the update"),
+        Field("loss_unweighted", "f4", "", "the same Huber loss with every importance weight 1 "
+              "(from the batch's |td|)"),
         Field("td_abs_mean", "f4", "", "mean |td| of the batch"),
         Field("beta", "f4", "", "importance-weight exponent used"),
     )),
@@ -43,6 +45,8 @@ LEARNER = (
               "was not compressed)"),
         Field("priority_mean", "f4", "", "mean priority the sender held for them: p=(|td|+eps)"
               "^alpha from the buffer's memory, or from the actors' initial |td|"),
+        Field("priority_td_mean", "f4", "", "the same priorities in PER's (and the paper's) "
+              "unit, |td|+eps = p^(1/alpha), averaged over the n (NaN when alpha is 0)"),
         Field("priority_median", "f4", "", "median of those priorities (all n)"),
         Field("priority_p90", "f4", "", "90th percentile of those priorities (all n; numpy's "
               "linear interpolation)"),
@@ -66,6 +70,9 @@ LEARNER = (
         Field("reference_loss", "f8", "", "unweighted Huber TD loss of the evaluated weights "
               "(their own target) on the --reference-set (NaN without one)"),
         Field("reference_td_abs_mean", "f8", "", "mean |td| on the --reference-set"),
+        Field("reference_q_sq_mean", "f8", "", "mean Q(s,a)^2 of the evaluated weights on the "
+              "--reference-set: the Q scale (reference_loss / it compares runs whose Q grew "
+              "differently)"),
     )),
     Stream("progress", "one row per progress interval", (
         Field("env_steps", "i8", "steps", "env steps of all actors"),

@@ -13,6 +13,8 @@ underscores or dashes)::
     seeds = [0, 1, 2]              # default [0]; --seed of each run
     launcher = ["mpirun", "-n", "{ranks}"]   # the default; srun works too
     resume = false                 # true: an interrupted run continues from its checkpoint
+    export = "docs/results/data/x" # after each finished run, its row and curves are merged into
+                                   # x/runs.csv and x/curves.csv (python -m analysis.export)
 
     [flags]                        # the same in every run
     env = "CartPole-v1"
@@ -83,7 +85,8 @@ from mpirl.failure import STOP_SIGNALS
 __all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status",
            "slurm_script"]
 
-TOP_KEYS = {"out", "ranks", "seeds", "launcher", "resume", "flags", "budget", "axes", "slurm"}
+TOP_KEYS = {"out", "ranks", "seeds", "launcher", "resume", "export", "flags", "budget", "axes",
+            "slurm"}
 SLURM_KEYS = {"time", "max_parallel", "sbatch", "setup", "job_name"}
 #: set by the sweep for each run: never a fixed flag or an axis
 RESERVED = {"seed", "run_dir", "config", "resume"}
@@ -104,6 +107,7 @@ class Spec:
     seeds: tuple[int, ...] = (0,)
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     resume: bool = False
+    export: Path | None = None  # after each finished run: python -m analysis.export into it
     flags: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)
     #: axis name -> list of values; a value is {flag: value} (one flag, or a group)
@@ -251,6 +255,10 @@ def _load_spec(path: Path) -> Spec:
     resume = data.get("resume", False)
     if not isinstance(resume, bool):
         raise SpecError(f"{path}: resume = {resume!r} must be true or false")
+    export = data.get("export")
+    if export is not None and not (isinstance(export, str) and export.strip()):
+        raise SpecError(f"{path}: export = {export!r} must be a folder, e.g. "
+                        "export = \"docs/results/data/my-sweep\"")
     flags = _flags_table(data.get("flags", {}), "flags")
     budget = _flags_table(data.get("budget", {}), "budget")
     axes_t = data.get("axes", {})
@@ -286,7 +294,8 @@ def _load_spec(path: Path) -> Spec:
         raise SpecError(f"{path}: [slurm] job_name = {slurm['job_name']!r} must be letters, "
                         "digits, '.', '_' or '-'")
     return Spec(path=path, out=Path(out), ranks=ranks, seeds=tuple(seeds),
-                launcher=tuple(launcher), resume=resume, flags=flags, budget=budget, axes=axes,
+                launcher=tuple(launcher), resume=resume,
+                export=Path(export) if export else None, flags=flags, budget=budget, axes=axes,
                 slurm=slurm)
 
 
@@ -460,7 +469,19 @@ def execute(spec: Spec, run: Run, stop: _Stop, say=print) -> int:
     verdict = "ok" if rc == 0 else f"FAILED (exit {rc}; see {log_path})"
     say(f"[{run.index}] {run.run_dir}: {verdict}, {time.time() - t0:.0f} s, "
         f"load {min(loads):.1f}-{max(loads):.1f}")
+    if rc == 0 and spec.export is not None:
+        export_run(spec, run, say)
     return rc
+
+
+def export_run(spec: Spec, run: Run, say=print) -> None:
+    """Merge a finished run's row and curves into ``spec.export`` (analysis.export, in its own
+    process: mpirl does not import analysis/), so the rows to commit grow run by run."""
+    # cells are named from the folders below out's parent: out = "runs/x/cell=A" names cell=A
+    cmd = [sys.executable, "-m", "analysis.export", str(spec.out.parent),
+           "--run", str(run.run_dir), "--into", str(spec.export)]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    say(f"[{run.index}] " + (p.stdout.strip() or p.stderr.strip()))
 
 
 # --- SLURM ------------------------------------------------------------------------------------

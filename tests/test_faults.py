@@ -68,6 +68,32 @@ def test_mismatched_message_is_rejected_naming_rank_and_message(tmp_path):
                                 "with tag 1 from actor (site rank 1): wire version 99")
 
 
+@pytest.mark.parametrize("forced, who", [
+    ("1:memory", "rank 1 (buffer of site 0)"),
+    ("2:env", "rank 2 (actor of site 0)"),
+])
+def test_a_host_check_failing_on_one_nonzero_rank_ends_the_job_with_one_message(
+        tmp_path, forced, who):
+    """MPIRL_FAULT_CHECK=RANK:CHECK fails one check on one rank only (mpirl.resources): rank 0
+    says so once, naming the rank, its host and the check, and every rank exits at once (no
+    rank left waiting in a collective for one that gave up)."""
+    import socket
+
+    p = run_mpirl(3, "--run-dir", str(tmp_path / "run"), *ARGS, timeout=120,
+                  env={"MPIRL_FAULT_CHECK": forced, "MPIRL_TRACEBACK": "0"})
+    ended = time.time()
+    assert p.returncode == 2, p.stderr
+    errors = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
+    check = forced.split(":")[1]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"mpirl: error: {who} on host {socket.gethostname()}: {check}: "), p.stderr
+    at = float(re.search(r"injected check failure: \w+ on rank \d+ at unix (\d+\.\d+)",
+                         p.stderr).group(1))
+    assert ended - at < ABORT_WITHIN_S, (ended - at, p.stderr)
+    assert "Traceback" not in p.stderr and "BAD TERMINATION" not in p.stdout + p.stderr
+    assert not (tmp_path / "run").exists()  # checked before the run folder is made
+
+
 def test_bad_fault_spec_is_refused():
     from mpirl.failure import Fault
 

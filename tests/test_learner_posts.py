@@ -138,6 +138,48 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
                                    err_msg=f"site {b - 1}'s weights")
 
 
+def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path, monkeypatch):
+    """replay_at=buffer, 1 site: each batch's weights are divided by the max weight of the
+    memory it was sampled from (BATCH.b), so the learner's rescale is exactly 1, however many
+    batches wait.  Two batches queued in one turn, max weights 2 then 5: the older one must not
+    be scaled by 2 / 5 (the newer batch's figure)."""
+    cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), max_env_steps=100,
+                 progress_seconds=0, target_return=float("nan"))
+    spec = inspect(cfg.env)
+    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
+    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    w = np.linspace(0.1, 1, 8, dtype=np.float32)
+
+    def batch(max_weight, batch_id):
+        s = Sample(indices=np.arange(8), generations=np.arange(8), weights=w,
+                   priorities=np.ones(8), records=np.zeros(8, record))
+        return Tag.BATCH, wire.batch(s, batch_id, 0.0, max_weight=max_weight)
+
+    updates = []
+
+    def on_post(link, tag):
+        if tag == Tag.PRIORITIES:
+            updates.append(tag)
+            if len(updates) == 2:  # both batches trained: the run is over
+                link.inbox.append((Tag.STATS, wire.stats([], 100, 0)))
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    posts, trained = [], []
+    links = {1: ScriptedLink(posts, on_post, [batch(2.0, 0), batch(5.0, 1)])}
+    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
+        comm, peer, *a, **k))
+    put = learner.TrainStep.put
+    monkeypatch.setattr(learner.TrainStep, "put", lambda self, records, weights, frames=None: (
+        trained.append(np.array(weights)), put(self, records, weights, frames))[1])
+    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+    assert len(trained) == 2
+    for i, got in enumerate(trained):
+        np.testing.assert_array_equal(got, w, err_msg=f"batch {i}'s weights were rescaled")
+
+
 def test_priority_spread_is_numpys_linear_percentile():
     """/transfers/priority_median and priority_p90 (issue 14): np.percentile's values, by hand
     on a small case, and on random messages of several sizes."""
@@ -173,7 +215,8 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
             sub = None if i % 7 == 3 else td[: n // 2]  # --arrival-sample 0 / a subsample
             rows.update(i, float(i) / 10, td, 0.4)
             rows.batch(i % 3, i, n, 1000 + i, 2000 + i, i % 5, pr, sub)
-            want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4))
+            huber = np.where(td <= 1.0, 0.5 * td.astype(np.float64) ** 2, td - 0.5)
+            want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4, huber.mean()))
             arrival = {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
             if sub is not None:
                 arrival = {"arrival_td_mean": learner_rows.small_mean(sub),
@@ -182,18 +225,20 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
             want_b.append({"buffer": i % 3, "update": i, "kind": int(Tag.BATCH), "n": n,
                            "nbytes": 1000 + i, "raw_nbytes": 2000 + i,
                            "priority_mean": learner_rows.small_mean(pr), **learner_rows.spread(pr),
+                           "priority_td_mean": np.mean(pr.astype(np.float64) ** (1 / alpha)),
                            **arrival, "window": i % 5})
             if i == 100:
                 log.flush()  # a flush in the middle hands over what is held
                 assert log.file["updates/update"].shape[0] == 101
     import h5py
     with h5py.File(tmp_path / "learner.h5", "r") as f:
-        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta")}
+        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta",
+                                              "loss_unweighted")}
         b = {k: f["transfers"][k][()] for k in want_b[0]}
         t = f["updates/t"][()]
     assert len(u["update"]) == len(want_u) and len(b["n"]) == len(want_b)
     assert np.all(np.diff(t) >= 0)
-    for k, col in enumerate(("update", "loss", "td_abs_mean", "beta")):
+    for k, col in enumerate(("update", "loss", "td_abs_mean", "beta", "loss_unweighted")):
         np.testing.assert_allclose(u[col], [w[k] for w in want_u], rtol=1e-5, err_msg=col)
     for col in want_b[0]:
         np.testing.assert_allclose(b[col], [w[col] for w in want_b], rtol=1e-5, err_msg=col)

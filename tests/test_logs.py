@@ -338,3 +338,49 @@ def test_before_flush_hands_held_rows_over(tmp_path: Path) -> None:
     assert read_stream(log.file, "other")["step"].tolist() == [7]
     log._before.clear()
     log.close()
+
+
+KILLED_AFTER_CHECKPOINT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from mpirl import schema
+    from mpirl.checkpoint import Checkpointer
+    from mpirl.learner_rows import HeldRows
+    from mpirl.logs import RunLog
+
+    run = sys.argv[1]
+    log = RunLog(run + "/learner.h5", {}, flush_seconds=3600)  # no flush on the cadence
+    logs = schema.open_streams(log, "learner")
+    rows = HeldRows(logs, log, alpha=0.6, eps=1e-6)
+    td = np.ones(32, np.float32)
+    for u in range(200):
+        rows.update(u, 0.5, td, 0.4)
+        if u % 4 == 0:
+            rows.batch(0, u, 32, 1000, 1000, 2, td, td[:8])
+    for _ in range(3):
+        logs["link"].append(buffer=0, bytes_out=1, msgs_out=1, bytes_in=1, msgs_in=1,
+                            queue_s=0.0, interval_s=1.0, utilization=0.0)
+    Checkpointer(run, "learner", log=log).write(1, {})
+    os.kill(os.getpid(), signal.SIGKILL)  # a kill just after the checkpoint
+    """
+)
+
+
+def test_checkpoint_counts_held_rows_and_puts_them_on_disk(tmp_path: Path) -> None:
+    """A checkpoint's row counts cover every row appended before it, also the learner's held
+    /updates and /transfers rows (`HeldRows`), and those rows are on disk when the part is: a
+    kill just after a checkpoint, within --flush-seconds, loses no row from before it."""
+    from mpirl import checkpoint as ck
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_CHECKPOINT, str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    part = json.loads((ck.root(tmp_path) / "000001" / "learner.json").read_text())
+    counted = part["meta"]["log_rows"]
+    assert (counted["updates"], counted["transfers"], counted["link"]) == (200, 50, 3)
+    with h5py.File(tmp_path / "learner.h5", "r") as f:
+        assert ck.file_rows(f) == counted
+        assert f["updates/update"][()].tolist() == list(range(200))

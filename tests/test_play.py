@@ -85,9 +85,11 @@ def test_every_rank_logs_its_derived_seeds(trained):
     for name in ("learner", "buffer-0", "actor-2"):
         with h5py.File(trained / f"{name}.h5", "r") as f:
             seeds[name] = json.loads(f.attrs["seeds_json"])
-    assert seeds["learner"] == {"torch": 5, "replay": 5, "evaluation": 10_005, "link": [22]}
-    assert seeds["buffer-0"] == {"replay": 6, "link": 6}
-    assert seeds["actor-2"] == {"exploration": 2005, "envs": [2005, 2006, 2007, 2008]}
+    from mpirl import seeds as S
+
+    assert seeds["learner"] == S.learner(5, 1, 3)
+    assert seeds["buffer-0"] == S.buffer(5, 1)
+    assert seeds["actor-2"] == S.actor(5, 2, 0, 1, 4)
 
 
 # ---- best.pt -----------------------------------------------------------------------------------
@@ -262,7 +264,9 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]
         seeds = json.loads(f.attrs["seeds_json"])
     assert len(ret) > 0 and (length == 7).all() and (ret % 2 == 0).all()
-    assert seeds["envs"][0] == 2005 + 7919 * 1  # fresh episodes after checkpoint 1
+    from mpirl import seeds as S
+
+    assert seeds["envs"] == S.actor(5, 2, 0, 1, 4, 1)["envs"]  # fresh episodes after checkpoint 1
 
 
 # ---- TensorBoard ------------------------------------------------------------------------------
@@ -314,6 +318,79 @@ def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
         got[name] = {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in tags}
         assert [v for _, v in got[name]["eval/ret_mean"]] == pytest.approx(evals.tolist())
         assert len(got[name]["train/loss"]) == len(np.unique(updates // 100))
+    assert got["live"] == got["offline"]
+
+
+def test_buffer_tensorboard_scalars_are_the_same_live_and_offline():
+    """The buffer's rows in flush-sized pieces or all at once: the same points; NaN left out,
+    /site and /link stepped in milliseconds (rows come every half --flush-seconds)."""
+    from analysis.to_tensorboard import SITE, BufferScalars
+
+    rng = np.random.default_rng(1)
+    n, k = 250, 40
+    batches = {"t": np.arange(n) * 0.01, "batch": np.arange(n), "priority_mean": rng.random(n),
+               "max_weight": 1 + rng.random(n), "beta": np.full(n, 0.4),
+               "size": np.arange(n) * 10}
+    site = {"t": 0.5 * np.arange(1, k + 1), **{f: rng.random(k) for f in SITE}}
+    site["rtt_s"][::2] = np.nan  # no round trip in those intervals
+    link = {"t": site["t"], "bytes_out": np.arange(k) * 1000, "raw_bytes_out": np.arange(k) * 3000,
+            "bytes_in": np.full(k, 500), "interval_s": np.full(k, 0.5),
+            "utilization": rng.random(k)}
+    whole = BufferScalars(100.0)
+    a = (whole.rows("site", site) + whole.rows("link", link) + whole.rows("batches", batches)
+         + whole.finish())
+    live = BufferScalars(100.0)
+    b = []
+    for lo, hi in ((0, 3), (3, 20), (20, k)):
+        b += live.rows("site", {f: v[lo:hi] for f, v in site.items()})
+        b += live.rows("link", {f: v[lo:hi] for f, v in link.items()})
+    for lo, hi in ((0, 99), (99, 100), (100, 237), (237, n)):
+        b += live.rows("batches", {f: v[lo:hi] for f, v in batches.items()})
+    b += live.finish()
+    assert sorted(a) == sorted(b)
+    by_tag: dict = {}
+    for tag, step, value, wall in a:
+        by_tag.setdefault(tag, []).append((step, value, wall))
+    assert [s for s, _, _ in by_tag["buffer/replay_size"]] == [500 * (i + 1) for i in range(k)]
+    assert len(by_tag["buffer/rtt_s"]) == k // 2 and all(np.isfinite(v) for _, v, _ in
+                                                          by_tag["buffer/rtt_s"])
+    assert by_tag["buffer/link_mb_in_per_s"][0][1] == pytest.approx(500 / 0.5 / 1e6)
+    assert [v for _, v, _ in by_tag["buffer/link_compression"]] == pytest.approx([3.0] * (k - 1))
+    assert [s for s, _, _ in by_tag["buffer/batch_priority_mean"]] == [99, 199, 249]
+    assert by_tag["buffer/batch_max_weight"][0][1] == pytest.approx(
+        batches["max_weight"][:100].mean())
+    assert by_tag["buffer/batch_size"][-1][1] == 2490  # the group's last
+    assert by_tag["buffer/env_steps"][0][2] == pytest.approx(100.5)  # t0_unix + t
+
+
+@pytest.mark.skipif(not HAVE_TB, reason='needs the tensorboard extra: pip install -e '
+                    '".[tensorboard]"')
+def test_buffer_statistics_reach_tensorboard_live_and_offline(trained, tmp_path):
+    """--tensorboard: the buffer writes its /site, /link and /batches rows into
+    tensorboard/buffer-<s> (a TensorBoard run per site), as the converter does from
+    buffer-<s>.h5."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from analysis import to_tensorboard
+
+    with h5py.File(trained / "buffer-0.h5", "r") as f:
+        replay = f["site/replay_size"][()]
+        batches = f["batches/batch"][()]
+    assert to_tensorboard.main([str(trained), "--out", str(tmp_path / "tb")]) == 0
+    got = {}
+    for name, d in (("live", trained / "tensorboard" / "buffer-0"),
+                    ("offline", tmp_path / "tb" / "buffer-0")):
+        ea = EventAccumulator(str(d))
+        ea.Reload()
+        tags = set(ea.Tags()["scalars"])
+        for tag in ("buffer/replay_size", "buffer/inserted", "buffer/sampled",
+                    "buffer/prio_applied", "buffer/window", "buffer/link_mb_out_per_s",
+                    "buffer/batch_priority_mean", "buffer/batch_max_weight"):
+            assert tag in tags, (name, sorted(tags))
+        assert not any(t.startswith(("train/", "eval/")) for t in tags)  # the learner's: apart
+        got[name] = {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in tags}
+        assert [v for _, v in got[name]["buffer/replay_size"]] == replay.tolist()
+        assert len(got[name]["buffer/batch_beta"]) == len(np.unique(batches // 100))
     assert got["live"] == got["offline"]
 
 

@@ -63,7 +63,10 @@ def test_reference_loss_with_the_network_as_its_own_target_by_hand():
         got = R.reference_loss_self(q, tiny(), huber_delta=1.0, chunk=chunk)
         assert got["loss"] == pytest.approx((0.045 + 1.5 + 2.5) / 3, rel=1e-6)
         assert got["td_abs_mean"] == pytest.approx((0.3 + 2 + 3) / 3, rel=1e-6)
+        assert got["q_sq_mean"] == pytest.approx((2 ** 2 + 3 ** 2 + 2 ** 2) / 3, rel=1e-6)
+    q_sq = got.pop("q_sq_mean")  # the Q scale: only the evaluation's numpy form gives it
     assert got == pytest.approx(R.reference_loss(net, net, tiny(), huber_delta=1.0))
+    assert q_sq > 0
 
 
 def test_hash_is_over_contents_and_pinned(tmp_path):
@@ -145,9 +148,10 @@ def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
 
     cfg = Config(seed=3, reference_size=40)
     path, sha = R.resolve("auto", cfg, tmp_path / "cell" / "seed3")
-    assert path == tmp_path / "cell" / ".refsets" / "CartPole-v1-seed500012-n5-g0.99-40.npz"
+    name = f"CartPole-v1-seed{seeds.reference(3)}-n5-g0.99-40.npz"
+    assert path == tmp_path / "cell" / ".refsets" / name
     rs = R.load(path, sha256=sha)
-    assert len(rs) == 40 and rs.meta["seed"] == seeds.reference(3) == 500_012
+    assert len(rs) == 40 and rs.meta["seed"] == seeds.reference(3)
     assert (rs.meta["n_step"], rs.meta["gamma"]) == (cfg.n_step, cfg.gamma)
     stamp = path.stat().st_mtime_ns
     # the paired run of the other placement: the same file, not collected again
@@ -179,6 +183,11 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     sha = R.save(rs, path)
     nets = [qnet.make_learner_q(spec, cfg.hidden, cfg.dueling) for _ in range(2)]
     want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
+    for w, n in zip(want, nets):  # the Q scale: mean Q(s, a)^2 of the taken actions
+        with torch.no_grad():
+            q_a = n(torch.from_numpy(rs.obs)).gather(1, torch.from_numpy(rs.action).long()
+                                                    .view(-1, 1))
+        w["q_sq_mean"] = float((q_a.double() ** 2).mean())
     assert want[0]["loss"] != pytest.approx(want[1]["loss"])  # the test can tell them apart
     for refset in ((str(path), sha), None):
         r = make_runner(kind, cfg, spec, refset)
@@ -193,9 +202,11 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
                 assert res is not None
                 if refset is None:
                     assert np.isnan(res.reference_loss) and np.isnan(res.reference_td)
+                    assert np.isnan(res.reference_q_sq)
                 else:
                     assert res.reference_loss == pytest.approx(want[rnd]["loss"], rel=1e-5)
                     assert res.reference_td == pytest.approx(want[rnd]["td_abs_mean"], rel=1e-5)
+                    assert res.reference_q_sq == pytest.approx(want[rnd]["q_sq_mean"], rel=1e-4)
         finally:
             r.close()
 
@@ -209,3 +220,95 @@ def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
     assert p.stderr.count("mpirl: error: reference_set=") == 1, p.stderr
     assert "no such file" in p.stderr
     assert not (tmp_path / "run").exists()  # checked before the run folder is made
+
+
+# --- the run's own env: --env-kwargs and --env-wrappers ---------------------------------------
+
+TOY = "toy_env:MpirlSignal-v0"  # tests/toy_env.py: the observation is one-hot of n signals
+
+
+def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(tmp_path):
+    """The set is collected with the run's kwargs and wrappers, and they are part of its cache
+    name: runs that differ only in them get sets of their own env."""
+    from mpirl import seeds
+    from mpirl.config import Config
+
+    run = tmp_path / "cell" / "seed0"
+    made = {}
+    for name, kw in [("plain", {}), ("n3", {"env_kwargs": {"n": 3}}),
+                     ("n4", {"env_kwargs": {"n": 4}}),
+                     ("n3+1", {"env_kwargs": {"n": 3}, "env_wrappers": "toy_env:plus_one"})]:
+        cfg = Config(env=TOY, reference_size=30, n_step=1, **kw)
+        made[name] = path, sha = R.resolve("auto", cfg, run)
+        rs = R.load(path, sha256=sha)
+        assert rs.obs.shape == (30, cfg.env_kwargs.get("n", 2) if cfg.env_kwargs else 2)
+        assert rs.meta["env_kwargs"] == (cfg.env_kwargs or {})
+        assert rs.meta["env_wrappers"] == cfg.wrapper_specs()
+        want = {1.0, 2.0} if cfg.env_wrappers else {0.0, 1.0}  # plus_one adds 1 to each reward
+        assert set(rs.reward.tolist()) == want, name
+    assert len({p for p, _ in made.values()}) == 4
+    seed = seeds.reference(0)
+    assert made["plain"][0].name == f"toy_env_MpirlSignal-v0-seed{seed}-n1-g0.99-30.npz"
+    assert made["n3"][0].name == (f"toy_env_MpirlSignal-v0-e{R.env_key({'n': 3}, [])}-seed{seed}"
+                                  "-n1-g0.99-30.npz")
+    # the key is the canonical JSON: the order kwargs are written in does not matter
+    assert R.env_key({"n": 3, "length": 7}, []) == R.env_key({"length": 7, "n": 3}, [])
+    assert R.env_key({}, []) == "" and R.env_key({"n": 3}, []) != R.env_key({}, ["m:f"])
+
+
+def test_a_set_of_another_env_is_one_clear_error(tmp_path):
+    from mpirl import envs
+    from mpirl.config import Config
+
+    n3 = Config(env=TOY, env_kwargs={"n": 3}, n_step=1, reference_size=20)
+    n4 = Config(env=TOY, env_kwargs={"n": 4}, n_step=1, reference_size=20)
+    path, _ = R.resolve("auto", n3, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"collected with \{'env_kwargs': \{'n': 3\}\}, the run "
+                                         r"uses \{'env_kwargs': \{'n': 4\}\}"):
+        R.resolve(str(path), n4, tmp_path / "x", envs.inspect(TOY, {"n": 4}))
+    # a set from before kwargs were recorded was collected without any: fine for a run without
+    plain = Config(env=TOY, n_step=1)
+    rs = R.collect(TOY, seed=1, size=20, n_step=1, gamma=plain.gamma)
+    old = R.RefSet(**{**rs.__dict__, "meta": {k: v for k, v in rs.meta.items()
+                                               if k not in ("env_kwargs", "env_wrappers")}})
+    R.save(old, tmp_path / "old.npz")
+    spec = envs.inspect(TOY)
+    assert R.resolve(str(tmp_path / "old.npz"), plain, None, spec)[0] == tmp_path / "old.npz"
+    with pytest.raises(ValueError, match="env_kwargs"):
+        R.resolve(str(tmp_path / "old.npz"), n3, None)
+    # observations that do not fit the run's env (the env changed since): refused, not a crash
+    # of the evaluation process later
+    with pytest.raises(ValueError, match=r"holds observations of shape \(2,\) float32, the "
+                                         r"run's env 'toy_env:MpirlSignal-v0' gives \(3,\)"):
+        R.resolve(str(tmp_path / "old.npz"), plain, None, envs.inspect(TOY, {"n": 3}))
+    assert R.main(["--env", TOY, "--env-kwargs", '{"n": 3}', "--env-wrappers",
+                   "toy_env:plus_one", "--seed", "1", "--size", "20", "--n-step", "1",
+                   "--gamma", "0.99", "--out", str(tmp_path / "cli.npz")]) == 0
+    cli = R.load(tmp_path / "cli.npz")
+    assert cli.obs.shape == (20, 3) and cli.meta["env_wrappers"] == ["toy_env:plus_one"]
+
+
+def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path):
+    """--env-kwargs that change the observation: the auto set is the run's env's, and every
+    evaluation reports a finite reference loss (a set of the default env crashed the
+    evaluation process, which aborted the job)."""
+    import os
+    from pathlib import Path
+
+    import h5py
+    from mpirun import run_mpirl
+
+    tests = str(Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join(x for x in (tests, os.environ.get("PYTHONPATH")) if x)}
+    run = tmp_path / "run"
+    p = run_mpirl(3, "--env", TOY, "--env-kwargs", '{"n": 5}', "--reference-set", "auto",
+                  "--reference-size", "200", "--max-updates", "300", "--eval-every", "100",
+                  "--eval-episodes", "2", "--learning-starts", "100", "--hidden", "16",
+                  "--target-return", "none", "--max-seconds", "60", "--run-dir", str(run),
+                  timeout=180, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with h5py.File(run / "learner.h5", "r") as f:
+        loss = f["evals/reference_loss"][()]
+        ref = R.load(f.attrs["reference_set"], sha256=f.attrs["reference_set_sha256"])
+    assert len(loss) >= 1 and np.isfinite(loss).all(), loss
+    assert ref.obs.shape[1:] == (5,) and ref.meta["env_kwargs"] == {"n": 5}

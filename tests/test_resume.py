@@ -20,6 +20,7 @@ import pytest
 from mpirun import mpirun_cmd, run_mpirl, stop_signal
 
 from mpirl import checkpoint as ck
+from mpirl.checkpoint_arrays import StoredArray
 from mpirl.config import ConfigError, parse, to_dict
 from mpirl.replay import PrioritizedReplay
 from mpirl.wire import transition_dtype
@@ -64,6 +65,36 @@ def test_memory_round_trip_same_items_priorities_generations(tmp_path, n):
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.generations, b.generations)
         np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_memory_arrays_are_read_from_the_file_on_demand(tmp_path):
+    """load_part hands the replay memory's arrays over as handles into the .npz (rows read when
+    sliced), other arrays as numpy arrays; a file cut short after `select` checked it is one
+    error naming it; a memory found corrupt part-way is left empty."""
+    m = _memory(2500)
+    arrays, meta = ck.memory_state(m)
+    ck.write_part(tmp_path, 1, "buffer-0", {"replay": meta}, {**arrays, "x": np.arange(5)})
+    ck.write_manifest(tmp_path, 1, ["buffer-0"], {"config": {}, "world_size": 3, "layout": []})
+    part = ck.load_part(tmp_path, ck.select(tmp_path)[0], "buffer-0")
+    stored, held = part.arrays["replay_storage"], m.state_dict()["storage"]
+    assert isinstance(stored, StoredArray) and isinstance(part.arrays["x"], np.ndarray)
+    assert stored.shape == (1000,) and stored.dtype == REC
+    assert stored[10:20].tobytes() == held[10:20].tobytes()
+    assert stored[995:2000].tobytes() == held[995:].tobytes()
+    assert np.asarray(stored).tobytes() == held.tobytes()
+    np.testing.assert_array_equal(np.asarray(part.arrays["replay_rng_state"]),
+                                  arrays["replay_rng_state"])
+    path = ck.root(tmp_path) / "000001" / "buffer-0.npz"
+    path.write_bytes(path.read_bytes()[:stored.offset + 500 * REC.itemsize])
+    target = _memory(300)
+    with pytest.raises(ck.CheckpointError, match="buffer-0.npz.*truncated"):
+        ck.restore_memory(target, part.arrays, part.meta["replay"])
+    assert len(target) == 300  # the RNG state is read first: the memory is as it was
+    state = {k: np.array(v) for k, v in target.state_dict().items()}
+    state["priorities"][100] = 0  # found corrupt after the copy began: empty, not half restored
+    with pytest.raises(ValueError, match="corrupt"):
+        target.load_state_dict(state)
+    assert len(target) == 0 and target.total_priority() == 0
 
 
 def test_learner_tensors_round_trip_without_pickle(tmp_path):
@@ -233,6 +264,37 @@ def resumed(trained):
     return run, before, ckpt_before, p, saved
 
 
+def _rows_past_checkpoint(run: Path, name: str) -> dict:
+    """Per stream of ``name``.h5, the rows between its newest resume's checkpoint and the
+    resume: written by the launch before, after its part of the checkpoint."""
+    _, attrs = _read(run / f"{name}.h5")
+    r = json.loads(attrs["resumes_json"])[-1]
+    at, before = r["rows_at_checkpoint"], r["rows_before_resume"]
+    assert at.keys() == before.keys()
+    return {k: before[k] - at[k] for k in at if before[k] != at[k]}
+
+
+def test_row_counts_after_a_clean_stop(resumed):
+    """After a clean stop every row is counted in the final checkpoint: the learner's held
+    /updates and /transfers rows and the evaluation drained at the stop too.  The rows past
+    it are a buffer's and an actor's closing rows, which carry no work past the checkpoint."""
+    run, before, ckpt_before, _, saved = resumed
+    assert _rows_past_checkpoint(run, "learner") == {}
+    assert set(_rows_past_checkpoint(run, "buffer-0")) <= {"link", "site"}
+    for a in ("actor-2", "actor-3"):
+        assert _rows_past_checkpoint(run, a) == {"actor": 1}
+    _, attrs = _read(run / "learner.h5")
+    r = json.loads(attrs["resumes_json"])[-1]
+    assert r["checkpoint"] == ckpt_before and r["reason"] == stop_signal().name
+    # the closing rows hold the counters of the checkpoint (no work happened after it)
+    old_buf, old_battrs = before["buffer-0.h5"]
+    assert old_buf["site/env_steps"][-1] == old_battrs["env_steps"] \
+        == saved.meta["site_steps"]["0"]
+    for a in ("actor-2.h5", "actor-3.h5"):
+        old, old_attrs = before[a]
+        assert old["actor/env_steps"][-1] == old_attrs["env_steps"]
+
+
 def test_resume_continues_counters_logs_and_learning(resumed):
     run, before, ckpt_before, p, saved = resumed
     assert p.returncode != 0 and "injected fault: SIGKILL while writing a checkpoint" in p.stderr
@@ -288,6 +350,15 @@ def test_kill_during_checkpoint_leaves_previous_usable(resumed):
     assert f"from checkpoint {manifest['id']} (periodic)" in p3.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"] == manifest["id"]
+    # rows [rows_at_checkpoint, rows_before_resume) are the killed launch's after the
+    # checkpoint: without them the update numbers run on with no gap and no repeat
+    learner, attrs = _read(run / "learner.h5")
+    r = json.loads(attrs["resumes_json"])[-1]
+    at, cut = r["rows_at_checkpoint"]["updates"], r["rows_before_resume"]["updates"]
+    upd = learner["updates/update"]
+    assert upd[at - 1] == manifest["counters"]["updates"]
+    assert np.all(np.diff(np.concatenate([upd[:at], upd[cut:]])) == 1)
+    assert r["checkpoint"] == manifest["id"] and r["reason"] == "periodic"
     assert summary["updates"] >= manifest["counters"]["updates"]
     man, folders = ck.ids(run)
     assert man == folders and len(man) == ck.KEEP  # the partial folder is gone

@@ -2,6 +2,7 @@
 a sweep, and one tiny real sweep (2 runs under mpirun -n 3)."""
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -83,6 +84,7 @@ def test_group_axis_and_no_axes(tmp_path):
     ('out = "OUT"\nflags = 3', "[flags] must be a table"),
     ('out = "OUT"\nmystery = 1', "unknown key(s) ['mystery']"),
     ('out = "OUT"\nranks = 2', "ranks = 2 must be an integer >= 3"),
+    ('out = "OUT"\nexport = 1', "export = 1 must be a folder"),
     ('out = "OUT"\nseeds = []', "seeds = [] must be a non-empty list"),
     ('out = "OUT"\nseeds = [0, 0]', "repeat a seed"),
     ('out = "OUT"\nseeds = [-1]', "integers >= 0"),
@@ -236,27 +238,39 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path, capsys):
 
 
 def test_repository_specs_pass_the_flag_check():
-    """The repository's specs are valid (the paper's pacing flags and update budget included)
-    and pin the learner with jobs/pin.sh."""
-    for name in ("paper.toml", "paper-minatar.toml", "matrix.toml"):
-        spec = S.load_spec(ROOT / "experiments" / name)
-        assert S.check(spec, S.expand(spec)) == [], name
-    for name in ("paper.toml", "paper-minatar.toml"):
-        spec = S.load_spec(ROOT / "experiments" / name)
-        assert spec.launcher[-1] == "jobs/pin.sh" and "max_updates" in spec.budget
-    paper = S.load_spec(ROOT / "experiments" / "paper.toml")
-    assert list(paper.axes) == ["bandwidth_mbps", "rho", "replay_at"]
-    assert [lab for lab, _ in paper.axes["rho"]] == ["0.25", "1", "4"]
-    assert len(paper.seeds) >= 6 and len(S.expand(S.load_spec(
-        ROOT / "experiments" / "matrix.toml"))) == 24
+    """The repository's specs are valid (the paper's pacing flags and budgets included) and pin
+    the learner with jobs/pin.sh; the equal-wall-time ones (issue 27) give both placements the
+    same T and no other stop, and export their rows."""
+    fixed = ROOT / "experiments" / "fixed-updates"
+    for path in (fixed / "paper.toml", fixed / "paper-minatar.toml",
+                 ROOT / "experiments" / "matrix.toml"):
+        spec = S.load_spec(path)
+        assert S.check(spec, S.expand(spec)) == [], path
+    paper = S.load_spec(fixed / "paper.toml")
+    assert paper.launcher[-1] == "jobs/pin.sh" and "max_updates" in paper.budget
+    assert len(S.expand(S.load_spec(ROOT / "experiments" / "matrix.toml"))) == 24
+    equal = sorted((ROOT / "experiments" / "equal-time").glob("*.toml"))
+    assert {p.stem for p in equal} >= {"A", "B", "C", "M", "map", "pilot"}
+    for path in equal:
+        spec = S.load_spec(path)
+        runs = S.expand(spec)
+        assert S.check(spec, runs) == [], path
+        assert spec.launcher[-1] == "jobs/pin.sh" and spec.export is not None, path
+        for run in runs:
+            assert run.flags["max_updates"] == 0 and run.flags["max_env_steps"] == 0, path
+            assert run.flags["max_seconds"] > 0 and run.flags["target_return"] == "none", path
+    seeds = {p.stem: len(S.load_spec(p).seeds) for p in equal}
+    assert seeds["A"] >= 20 and seeds["B"] >= 20 and seeds["C"] >= 20 and seeds["M"] >= 10
+    assert seeds["map"] >= 10
 
 
 def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     """Two runs of a few seconds under mpirun -n 3, one after another; the second invocation
-    skips both."""
+    skips both. Each finished run's row lands in the spec's export folder (analysis.export)."""
     mpirun = mpirun_path()
     p = spec_file(tmp_path, f"""
         out = "OUT"
+        export = "OUT-data"
         ranks = 3
         launcher = ["{mpirun}", "-n", "{{ranks}}"]
         [flags]
@@ -283,6 +297,11 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         assert summary["stop_reason"] == "max_seconds" and summary["updates"] > 0
         assert json.loads((run.run_dir / "sweep.json").read_text())["returncode"] == 0
         assert (run.run_dir / "learner.h5").exists()
+    with (tmp_path / "out-data" / "runs.csv").open() as f:
+        rows = {r["replay_at"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"learner", "buffer"}, rows
+    assert all(float(r["T"]) == pytest.approx(3, abs=0.5) and int(r["updates"]) > 0
+               for r in rows.values())
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                        check=False)
     assert r.returncode == 0 and r.stdout.count("complete, skipped") == 2, r.stdout + r.stderr

@@ -25,7 +25,14 @@ from collections import deque
 import numpy as np
 
 from mpirl.frames import record_dtype
-from mpirl.replay.memory import PrioritizedReplay, Sample, _mb, available_memory, footprint_bytes
+from mpirl.replay.memory import (
+    PrioritizedReplay,
+    Sample,
+    _mb,
+    available_memory,
+    copy_rows,
+    footprint_bytes,
+)
 
 
 def frame_footprint_bytes(capacity: int, stack: int, frame_shape, frames_per_transition: float
@@ -233,22 +240,30 @@ class FrameReplay:
                 frames.shape != (f,) + self.frame_shape:
             raise ValueError("replay memory in the checkpoint does not match this run's "
                              f"({stored.dtype} {stored.shape}, frames {frames.shape})")
-        storage = np.zeros(cap, mem.dtype)
-        storage[:n] = stored
-        p = np.zeros(cap, np.float64)
-        p[:n] = prios
         # retired slots (p = 0; older checkpoints stored a placeholder): load_state_dict wants
         # p > 0 for every held slot, and retire() below zeroes them again
-        held = p[:n]
-        held[held <= 0] = float(meta["eps"]) ** float(meta["alpha"])
-        d = {"storage": storage, "priorities": p,
+        floor = float(meta["eps"]) ** float(meta["alpha"])
+        d = {"storage": stored, "priorities": _Held(prios, floor),
              **{k: meta[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}}
         if f"{prefix}rng_state" in arrays:
-            d["rng_state"] = arrays[f"{prefix}rng_state"]
+            d["rng_state"] = np.asarray(arrays[f"{prefix}rng_state"])
         mem.load_state_dict(d)
         mem._tail = 0
         mem.retire(int(meta["tail"]))
-        self.frames[:f] = frames
+        copy_rows(self.frames[:f], frames)
         self.frames_in = int(meta["frames_in"])
         self.retired = int(meta["retired"])
-        self._groups = deque((int(a), int(b)) for a, b in arrays[f"{prefix}groups"])
+        self._groups = deque((int(a), int(b)) for a, b in np.asarray(arrays[f"{prefix}groups"]))
+
+
+class _Held:
+    """A checkpoint's priorities of the held slots, sliced as `copy_rows` and load_state_dict
+    slice them, with the retired slots' 0 (or placeholder) raised to ``floor``."""
+
+    def __init__(self, p, floor: float):
+        self.p, self.floor, self.shape = p, floor, p.shape
+
+    def __getitem__(self, key) -> np.ndarray:
+        x = np.array(self.p[key], np.float64)
+        x[x <= 0] = self.floor
+        return x

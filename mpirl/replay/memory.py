@@ -45,6 +45,19 @@ class Sample(NamedTuple):
     frames: np.ndarray | None = None
 
 
+#: Bytes `copy_rows` copies at a time: a restore's only memory beside the ring it fills.
+COPY_BYTES = 1 << 22
+
+
+def copy_rows(dst: np.ndarray, src) -> None:
+    """``dst[:] = src[:len(dst)]``, ``COPY_BYTES`` at a time.  ``src`` is an array or anything
+    whose contiguous slices are arrays (`mpirl.checkpoint_arrays.StoredArray` reads each slice
+    from its file), so filling a ring from a checkpoint needs one chunk, not a second ring."""
+    rows, n = max(1, COPY_BYTES // max(1, dst[:1].nbytes)), len(dst)
+    for i in range(0, n, rows):
+        dst[i:min(i + rows, n)] = src[i:min(i + rows, n)]
+
+
 def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -390,6 +403,22 @@ class PrioritizedReplay:
         return v
 
     # ------------------------------------------------------------------ state
+    def _load_priorities(self, p, size: int) -> None:
+        """Leaves ``[0, size)`` from ``p``, checked a chunk at a time, then one propagation."""
+        rows = COPY_BYTES // 8
+        for i in range(0, size, rows):
+            chunk = np.asarray(p[i:i + rows], np.float64)
+            if not (np.all(chunk > 0) and np.all(chunk <= P_MAX)):
+                raise ValueError("load_state_dict(): priorities must be in (0, float32 max] for "
+                                 f"the {size} held transitions; the state is corrupt")
+            self._tree.set_range(i, chunk)
+            del chunk  # one chunk at a time: not two while the next is read
+        for i in range(size, p.shape[0], rows):
+            if np.any(np.asarray(p[i:i + rows]) != 0):
+                raise ValueError("load_state_dict(): priorities must be 0 for the "
+                                 f"{p.shape[0] - size} slots never written; the state is corrupt")
+        self._tree.flush()
+
     def state_dict(self) -> dict[str, np.ndarray | int | float]:
         """Plain numpy arrays and scalars (np.savez / h5py, no pickle).
 
@@ -417,7 +446,10 @@ class PrioritizedReplay:
         return d
 
     def load_state_dict(self, d) -> None:
-        """Restore from ``state_dict()`` output (or np.load of it); trees are rebuilt."""
+        """Restore from ``state_dict()`` output, or from a checkpoint's held slots only
+        (``storage`` and ``priorities`` of ``min(inserted, capacity)`` entries); the trees are
+        rebuilt.  The arrays are copied ``COPY_BYTES`` at a time (`copy_rows`), so they may be
+        read from disk as they are copied; a state found corrupt leaves the memory empty."""
         for key in ("storage", "priorities", "inserted", "capacity", "alpha", "beta", "eps"):
             if key not in d:
                 raise ValueError(f"load_state_dict(): key {key!r} missing; pass a "
@@ -427,27 +459,30 @@ class PrioritizedReplay:
             raise ValueError(f"load_state_dict(): state capacity={cap} differs from this "
                              f"memory's capacity={self._capacity}; construct it with "
                              f"capacity={cap}")
-        storage = np.asarray(d["storage"])
-        if storage.dtype != self._dtype or storage.shape != (cap,):
+        storage, p = (x if hasattr(x, "shape") else np.asarray(x)
+                      for x in (d["storage"], d["priorities"]))
+        n = int(d["inserted"])
+        size = min(n, cap)
+        if storage.dtype != self._dtype or storage.shape not in ((cap,), (size,)):
             raise ValueError(f"load_state_dict(): storage {storage.dtype} {storage.shape} differs "
                              f"from this memory's {self._dtype} ({cap},); construct it with the "
                              "same dtype")
-        p = np.asarray(d["priorities"], np.float64)
-        n = int(d["inserted"])
-        size = min(n, cap)
-        if p.shape != (cap,) or n < 0:
+        if p.shape not in ((cap,), (size,)) or n < 0:
             raise ValueError(f"load_state_dict(): priorities {p.shape} / inserted={n} are not "
                              f"({cap},) / >= 0")
-        if not (np.all(p[:size] > 0) and np.all(p[:size] <= P_MAX) and np.all(p[size:] == 0)):
-            raise ValueError("load_state_dict(): priorities must be in (0, float32 max] for the "
-                             f"{size} held transitions and 0 elsewhere; the state is corrupt")
         alpha, eps = float(d["alpha"]), float(d["eps"])
         if not (np.isfinite(alpha) and alpha >= 0 and np.isfinite(eps) and eps > 0):
             raise ValueError(f"load_state_dict(): alpha={alpha}, eps={eps} are invalid")
+        self._n = 0
+        self._tree.clear()
+        try:
+            copy_rows(self._storage[:size], storage)
+            self._load_priorities(p, size)
+        except BaseException:
+            self._tree.clear()
+            raise
         self.beta = float(d["beta"])
         self._alpha, self._eps = alpha, eps
-        self._storage[...] = storage
-        self._tree.load(p)
         self._n = n
         if "rng_state" in d and self._rng.bit_generator.state.get("bit_generator") == "PCG64":
             r = [int(x) for x in np.asarray(d["rng_state"], np.uint64)]

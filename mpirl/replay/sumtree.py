@@ -174,10 +174,8 @@ class SumMinTree:
                 np.minimum(m[2 * lo:2 * hi:2], m[2 * lo + 1:2 * hi:2], out=m[lo:hi])
         self._dirty.clear()
 
-    def load(self, p: np.ndarray) -> None:
-        """Replace all leaves (0 = empty) and rebuild every maintained level."""
-        n = self.n_leaves
-        self.leaves[:] = p
-        self.min[n:n + self.capacity] = np.where(p > 0, p, np.inf)
-        self._dirty = [[n, 2 * n]]
-        self.flush()
+    def clear(self) -> None:
+        """Every leaf empty: sums 0, minima +inf."""
+        self.sum[:] = 0.0
+        self.min[:] = np.inf
+        self._dirty.clear()

@@ -1,0 +1,321 @@
+"""The equal-wall-time results of docs/results.md, from the committed per-run data only.
+
+Input: ``docs/results/data/equal-time/runs.csv`` and ``curves.csv`` (`analysis.export`). Cells
+are named by the sweep folders (``cell=A``, ``cell=B``, ``cell=C``, ``cell=M``, and the map's
+``bandwidth_mbps=..., rho=...``). The rule, the family and every definition are the Plan's
+(docs/results.md); `analysis.paired` holds the statistics. `section` returns the markdown and
+`figures` writes the plots (Kaplan-Meier, return against time and against link MB).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from analysis.paired import LogRatio, figure_outcome, holm, log_ratio_t
+
+PAPER = {"train_loss": 0.26, "prio_td_held": 3.92}
+FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
+DECIDING = ("cell=A", "cell=B", "cell=M")
+CONTROL, THINNING = "cell=C", "cell=B"
+METRICS = (("train_loss", "training loss (IS-weighted)"),
+           ("train_loss_unweighted", "training loss, unweighted"),
+           ("prio_td_held", "priority held, \\|td\\|+eps"),
+           ("prio_held", "priority held, p^alpha"),
+           ("arrival_td", "\\|td\\| on arrival"),
+           ("auc_return", "return AUC over [0, T]"),
+           ("final_return", "final-window return"),
+           ("return_per_mb", "return AUC per link MB"),
+           ("ref_loss_norm", "reference loss / mean Q^2 (secondary)"))
+OUTCOMES = (("auc_return", "return AUC"), ("return_per_mb", "return per MB"))
+REQUESTED_TOLERANCE = 0.10
+
+
+def read(data: Path) -> tuple[list[dict], dict[str, dict[str, np.ndarray]]]:
+    """runs.csv rows (numbers as floats) and the curves by run."""
+    runs = []
+    with (data / "runs.csv").open(newline="") as f:
+        for r in csv.DictReader(f):
+            runs.append({k: _num(v) for k, v in r.items()})
+    curves: dict[str, dict[str, list]] = {}
+    path = data / "curves.csv"
+    if path.exists():
+        with path.open(newline="") as f:
+            for r in csv.DictReader(f):
+                c = curves.setdefault(r["run"], {})
+                for k, v in r.items():
+                    if k != "run":
+                        c.setdefault(k, []).append(_num(v))
+    return runs, {k: {c: np.asarray(v, float) for c, v in d.items()} for k, d in curves.items()}
+
+
+def _num(v: str):
+    if v == "":
+        return math.nan
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def by_cell(runs: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
+    """{cell: {"existing"|"proposed": {seed: row}}}; cell C's proposed arm is cell B's."""
+    out: dict[str, dict[str, dict[int, dict]]] = {}
+    for r in runs:
+        arm = "existing" if r["replay_at"] == "learner" else "proposed"
+        out.setdefault(r["cell"], {"existing": {}, "proposed": {}})[arm][int(r["seed"])] = r
+    if CONTROL in out and THINNING in out:
+        out[CONTROL]["proposed"] = out[THINNING]["proposed"]
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] not in DECIDING + (CONTROL,), kv[0])))
+
+
+def ratio(cell: dict, key: str) -> LogRatio:
+    return log_ratio_t({s: r[key] for s, r in cell["proposed"].items()},
+                       {s: r[key] for s, r in cell["existing"].items()})
+
+
+def achieved(cell: dict, arm: str) -> dict[str, float]:
+    rows = list(cell[arm].values())
+    out = {}
+    for k in ("P", "U", "rho", "delivered_fraction", "T", "load_max"):
+        x = np.array([r[k] for r in rows], float)
+        out[k] = float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else math.nan
+    return out
+
+
+def marks(cell: dict, requested: dict[str, float] | None) -> list[str]:
+    """The Plan's check: achieved P and U within 10% of requested in the median run."""
+    if not requested:
+        return []
+    out = []
+    for arm in ("existing", "proposed"):
+        a = achieved(cell, arm)
+        for k, want in requested.items():
+            if want and math.isfinite(a[k]) and abs(a[k] / want - 1) > REQUESTED_TOLERANCE:
+                out.append(f"{arm} {k} {a[k]:.4g} against {want:.4g}")
+    return out
+
+
+def family_tests(cells: dict) -> list[tuple[str, str, LogRatio, float, str]]:
+    """The confirmatory family F: deciding cells x the two figures, Holm-adjusted."""
+    tests = [(c, k, ratio(cells[c], k)) for c in DECIDING if c in cells for k in PAPER]
+    adj = holm([r.p for _, _, r in tests])
+    m = len(tests)
+    return [(c, k, r, p, figure_outcome(r, p, PAPER[k], m)) for (c, k, r), p in zip(tests, adj)]
+
+
+def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio, float]]:
+    """Family U: every cell but C x (AUC, return per MB), Holm-adjusted."""
+    keys = [(c, k) for c in cells if c != CONTROL for k, _ in OUTCOMES]
+    rs = [ratio(cells[c], k) for c, k in keys]
+    return dict(zip(keys, zip(rs, holm([r.p for r in rs]))))
+
+
+def iqm_and_improvement(cell: dict, key: str) -> tuple[float, float, float]:
+    """Interquartile means per placement and P(proposed > existing) over seed pairs."""
+    from scipy import stats
+
+    p = [r[key] for r in cell["proposed"].values() if math.isfinite(r[key])]
+    e = [r[key] for r in cell["existing"].values() if math.isfinite(r[key])]
+    if not p or not e:
+        return math.nan, math.nan, math.nan
+    seeds = set(cell["proposed"]) & set(cell["existing"])
+    wins = [np.sign(cell["proposed"][s][key] - cell["existing"][s][key]) for s in seeds]
+    prob = (sum(w > 0 for w in wins) + 0.5 * sum(w == 0 for w in wins)) / len(wins)
+    return float(stats.trim_mean(e, 0.25)), float(stats.trim_mean(p, 0.25)), float(prob)
+
+
+def _f(x: float, digits: int = 3) -> str:
+    if not (isinstance(x, float) and math.isfinite(x)):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
+# --- the markdown --------------------------------------------------------------------------------
+
+def section(data: Path, requested: dict[str, dict[str, float]] | None = None) -> str:
+    """docs/results.md's equal-wall-time results (module docstring)."""
+    if not (data / "runs.csv").exists():
+        try:
+            shown = data.resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+        except ValueError:
+            shown = data.name
+        return (f"No run of the equal-wall-time design has been committed yet "
+                f"(`{shown}/runs.csv` does not exist).")
+    runs, _ = read(data)
+    cells = by_cell(runs)
+    fam = family_tests(cells)
+    out = [_verdict(cells, fam), ""]
+    out += _family_table(fam)
+    out += _control(cells)
+    for c, cell in cells.items():
+        out += _cell_block(c, cell, (requested or {}).get(c))
+    out += _map(cells)
+    return "\n".join(out).rstrip()
+
+
+def _verdict(cells: dict, fam: list) -> str:
+    n = {c: len(set(cells[c]["proposed"]) & set(cells[c]["existing"])) for c in cells}
+    missing = [c for c in DECIDING if c not in cells]
+    parts = []
+    for key, name in FIGURE_NAMES.items():
+        said = [f"{o} in {c} ({r.text()}, n = {r.n})" for c, k, r, _, o in fam if k == key]
+        a = next((o for c, k, _, _, o in fam if k == key and c == "cell=A"), None)
+        head = ("reproduced" if a == "matches the paper" else
+                f"not reproduced ({a})" if a else "not yet tested in cell A")
+        parts.append(f"**{name} (paper {PAPER[key]:g}x): {head}.** Per deciding cell: "
+                     + ("; ".join(said) or "none run") + ".")
+    text = " ".join(parts)
+    if missing:
+        text += (" Deciding cells without data yet: " + ", ".join(missing)
+                 + "; until they are run the family is smaller and the verdict is partial.")
+    text += " Pairs per cell: " + ", ".join(f"{c} {k}" for c, k in n.items()) + "."
+    return text
+
+
+def _family_table(fam: list) -> list[str]:
+    m = len(fam)
+    out = [f"Confirmatory family F: {m} tests, Holm at family-wise alpha 0.05; simultaneous "
+           f"intervals at level 1 - 0.05/{m}.", "",
+           "| cell | figure (paper) | ratio [95% t-interval] | n | p | Holm p | simultaneous "
+           "interval | outcome |", "|---|---|---|---|---|---|---|---|"]
+    for c, k, r, p, o in fam:
+        lo, hi = r.interval(1 - 0.05 / max(m, 1))
+        out.append(f"| {c} | {FIGURE_NAMES[k].replace('|', chr(92) + '|')} ({PAPER[k]:g}) | "
+                   f"{r.text()} | {r.n} | {_f(r.p, 2)} | {_f(p, 2)} | [{_f(lo)}, {_f(hi)}] | "
+                   f"{o} |")
+    return out + [""]
+
+
+def _control(cells: dict) -> list[str]:
+    if CONTROL not in cells or THINNING not in cells:
+        return ["The replay-ratio matched control (cell C) has no data yet.", ""]
+    b, c = ratio(cells[THINNING], "train_loss"), ratio(cells[CONTROL], "train_loss")
+    consistent = b.high < 1 and c.low <= 1 <= c.high
+    return [f"**Matched control.** Training loss, proposed / existing: {b.text()} in cell B "
+            f"(unequal replay per delivered transition), {c.text()} in cell C (equal). "
+            + ("The data are consistent with a replay-ratio effect." if consistent else
+               "The data do not show that the loss difference is a replay-ratio effect."), ""]
+
+
+def _cell_block(c: str, cell: dict, requested: dict | None) -> list[str]:
+    a_e, a_p = achieved(cell, "existing"), achieved(cell, "proposed")
+    out = [f"#### {c}", "",
+           f"T {a_e['T']:.0f} s. Achieved (median run), existing / proposed: P "
+           f"{_f(a_e['P'])} / {_f(a_p['P'])} env steps/s, U {_f(a_e['U'])} / {_f(a_p['U'])} "
+           f"updates/s, rho {_f(a_e['rho'])} / {_f(a_p['rho'])}; existing delivered "
+           f"{_f(a_e['delivered_fraction'])} of production; load average at most "
+           f"{_f(max(a_e['load_max'], a_p['load_max']), 2)}."]
+    flagged = marks(cell, requested)
+    if flagged:
+        out.append("**Marked: achieved rates miss the requested ones by more than 10%:** "
+                   + "; ".join(flagged) + ".")
+    out += ["", "| metric | proposed / existing [95% t-interval] | n | p |", "|---|---|---|---|"]
+    for key, name in METRICS:
+        r = ratio(cell, key)
+        out.append(f"| {name} | {r.text()} | {r.n} | {_f(r.p, 2)} |")
+    e_iqm, p_iqm, prob = iqm_and_improvement(cell, "final_return")
+    out += ["", f"Final-window return, IQM: existing {_f(e_iqm)}, proposed {_f(p_iqm)}; "
+            f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}."]
+    km = _km(cell)
+    if km:
+        out.append(f"Time to target (censored at T): reached {km['reached_existing']}/"
+                   f"{km['n_existing']} existing, {km['reached_proposed']}/{km['n_proposed']} "
+                   f"proposed; restricted mean {km['rmst_existing']:.1f} s against "
+                   f"{km['rmst_proposed']:.1f} s, difference {km['diff']:+.1f} "
+                   f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p "
+                   f"{_f(km['logrank_p'], 2)}.")
+    return out + [""]
+
+
+def _km(cell: dict) -> dict | None:
+    from analysis.paired import km_compare
+
+    rows = {k: list(v.values()) for k, v in cell.items()}
+    if not all(rows.values()) or not all(math.isfinite(r["target"]) for v in rows.values()
+                                         for r in v):
+        return None
+    tau = min(r["T"] for v in rows.values() for r in v)
+    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
+    reached = {k: np.array([r["reached"] == 1 for r in v]) for k, v in rows.items()}
+    return km_compare(times, reached, tau)
+
+
+def _map(cells: dict) -> list[str]:
+    tests = outcome_tests(cells)
+    if not tests:
+        return []
+    out = ["**Where should the replay memory live?** Family U: every cell x (return AUC, "
+           "return per link MB), Holm at 0.05; a placement wins when its Holm-adjusted p < 0.05.",
+           "", "| cell | " + " | ".join(n for _, n in OUTCOMES) + " |",
+           "|---|" + "---|" * len(OUTCOMES)]
+    for c in dict.fromkeys(c for c, _ in tests):
+        row = []
+        for key, _ in OUTCOMES:
+            r, p = tests[(c, key)]
+            who = ("**proposed**" if r.estimate > 1 else "**existing**") if p < 0.05 else \
+                f"no difference shown at n = {r.n}"
+            row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
+        out.append(f"| {c} | " + " | ".join(row) + " |")
+    return out + [""]
+
+
+# --- the figures ---------------------------------------------------------------------------------
+
+def slug(cell: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in cell).strip("-")
+
+
+def figures(data: Path, out: Path) -> list[Path]:
+    """Per cell: return against wall time and against cumulative link MB (median and IQR over
+    seeds per placement), and the Kaplan-Meier curves of time to target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not (data / "runs.csv").exists():
+        return []
+    runs, curves = read(data)
+    cells = by_cell(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for c, cell in cells.items():
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        for arm, color in (("existing", "tab:blue"), ("proposed", "tab:orange")):
+            cs = [curves[r["run"]] for r in cell[arm].values() if r["run"] in curves]
+            if not cs:
+                continue
+            t = cs[0]["t"]
+            ret = np.array([x["return"] for x in cs])
+            mb = np.array([x["link_mb"] for x in cs])
+            for ax, x in ((axes[0], t), (axes[1], np.nanmedian(mb, axis=0))):
+                ax.plot(x, np.nanmedian(ret, axis=0), color=color, label=arm)
+                ax.fill_between(x, *np.nanpercentile(ret, [25, 75], axis=0), color=color,
+                                alpha=0.2)
+            _km_plot(axes[2], list(cell[arm].values()), color, arm)
+        for ax, xl in zip(axes, ("wall time (s)", "link MB (median)", "wall time (s)")):
+            ax.set_xlabel(xl)
+        axes[0].set_ylabel("greedy return")
+        axes[2].set_ylabel("not at target yet")
+        axes[0].legend()
+        fig.suptitle(c)
+        fig.tight_layout()
+        p = out / f"{slug(c)}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def _km_plot(ax, rows: list[dict], color: str, label: str) -> None:
+    from lifelines import KaplanMeierFitter
+
+    if not rows or not all(math.isfinite(r["target"]) for r in rows):
+        return
+    t = np.array([r["time_to_target_s"] for r in rows])
+    ev = np.array([r["reached"] == 1 for r in rows])
+    KaplanMeierFitter().fit(t, ev, label=label).plot_survival_function(ax=ax, color=color)

@@ -1,0 +1,258 @@
+"""Per-run rows and learning curves of the equal-wall-time design, as small CSVs to commit.
+
+    python -m analysis.export RUNS_ROOT --into docs/results/data/NAME
+
+reads every run folder under ``RUNS_ROOT`` (HDF5, `analysis.runs`) and merges one row per run
+into ``NAME/runs.csv`` and its curves into ``NAME/curves.csv`` (a run already there is
+replaced, others are kept, so a matrix run over several sittings, or on several machines,
+accumulates). ``analysis.verdict`` builds docs/results.md from these files alone. The sweep
+calls this after every finished run when its spec has ``export = "DIR"``.
+
+Definitions (docs/results.md, "Plan for the equal-wall-time experiment"), on the learner's loop
+clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
+
+- window W = [T/2, T]: ``train_loss`` (importance-weighted ``/updates/loss``),
+  ``train_loss_unweighted``, ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by
+  ``n``: PER's |td|+eps as held by the sender), ``prio_held`` (the same after the exponent,
+  p^alpha), ``arrival_td`` (weighted by ``arrival_n``), ``ref_loss`` (mean over W's evaluations)
+  and ``ref_loss_norm`` (the same of reference loss / mean Q^2 on the set: the Q scale out);
+- the return curve R(t): the latest finished greedy evaluation's mean return (the first one's
+  before it); ``auc_return`` = its mean over [0, T]; ``final_return`` = the mean of the
+  evaluations in [0.75 T, T]; ``evals``: evaluations in [0, T];
+- ``time_to_target_s``: the first evaluation at or above the target, if by T (``reached``);
+  otherwise T (censored);
+- ``link_mb``: learner-side link MB, both directions, over [0, T]; ``return_per_mb`` =
+  ``auc_return`` / ``link_mb``;
+- achieved rates: medians of ``/progress`` ``env_steps_per_s``, ``updates_per_s``, ``rho`` and
+  ``delivered_fraction`` over the rows in [0.1 T, T];
+- ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
+
+Curves: ``GRID`` + 1 points t_k = k T / GRID: ``return`` R(t_k), ``link_mb`` at t_k, and the
+means of ``/updates/loss`` and of the held |td|+eps over (t_(k-1), t_k].
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.compare import cell_label, cell_of
+from analysis.metrics import link_mb_at, resolve_target
+from analysis.runs import Run, find_runs, load_run
+
+GRID = 48
+RUN_FIELDS = ("run", "cell", "replay_at", "seed", "T", "wall_s", "env_steps", "updates", "evals",
+              "P", "U", "rho", "delivered_fraction", "train_loss", "train_loss_unweighted",
+              "prio_td_held", "prio_held", "arrival_td", "ref_loss", "ref_loss_norm",
+              "auc_return", "final_return", "target", "reached", "time_to_target_s", "link_mb",
+              "return_per_mb", "load_mean", "load_max")
+CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
+
+
+def _col(stream: dict, key: str) -> np.ndarray:
+    n = len(stream.get("t", ()))
+    return np.asarray(stream.get(key, np.full(n, np.nan)), "f8")
+
+
+def _mean(x: np.ndarray, w: np.ndarray | None = None) -> float:
+    ok = np.isfinite(x) if w is None else np.isfinite(x) & np.isfinite(w) & (w > 0)
+    if not ok.any():
+        return math.nan
+    return float(np.mean(x[ok]) if w is None else np.sum(x[ok] * w[ok]) / np.sum(w[ok]))
+
+
+def held_return(t_eval: np.ndarray, ret: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """R(t): the latest evaluation finished by t; the first one's value before it."""
+    if not len(t_eval):
+        return np.full(np.shape(t), np.nan)
+    i = np.searchsorted(t_eval, t, side="right") - 1
+    return ret[np.clip(i, 0, len(ret) - 1)]
+
+
+def auc(t_eval: np.ndarray, ret: np.ndarray, horizon: float) -> float:
+    """Mean of the step function R over [0, horizon] (exact)."""
+    if not len(t_eval) or horizon <= 0:
+        return math.nan
+    inside = t_eval < horizon
+    edges = np.concatenate([[0.0], t_eval[inside], [horizon]])
+    values = held_return(t_eval, ret, edges[:-1])
+    return float(np.sum(values * np.diff(edges)) / horizon)
+
+
+def horizon(run: Run) -> float:
+    t = float(run.config.get("max_seconds") or 0.0)
+    wall = float(run.summary.get("wall_s") or 0.0)
+    return min(t, wall) if t and wall else (t or wall)
+
+
+def _achieved(run: Run, big_t: float) -> dict[str, float]:
+    prog = run.learner.stream("progress")
+    tp = _col(prog, "t")
+    ok = (tp >= 0.1 * big_t) & (tp <= big_t + 1e-9)
+    keys = {"P": "env_steps_per_s", "U": "updates_per_s", "rho": "rho",
+            "delivered_fraction": "delivered_fraction"}
+    out = {}
+    for name, key in keys.items():
+        x = _col(prog, key)[ok]
+        out[name] = float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
+    return out
+
+
+def _load(run: Run) -> dict[str, float]:
+    try:
+        s = json.loads((run.path / "sweep.json").read_text()).get("loadavg_1min", {})
+        return {"load_mean": float(s["mean"]), "load_max": float(s["max"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"load_mean": math.nan, "load_max": math.nan}
+
+
+def _eval_metrics(run: Run, big_t: float) -> dict[str, Any]:
+    ev = run.learner.stream("evals")
+    te, ret = _col(ev, "t"), _col(ev, "ret_mean")
+    order = np.argsort(te, kind="stable")
+    te, ret = te[order], ret[order]
+    by_t = te <= big_t
+    tgt, _ = resolve_target(run, None)
+    hit = np.flatnonzero(by_t & (ret >= tgt)) if tgt is not None else np.zeros(0, int)
+    in_w = by_t & (te >= big_t / 2)
+    return {"evals": int(by_t.sum()), "auc_return": auc(te[by_t], ret[by_t], big_t),
+            "final_return": _mean(ret[by_t & (te >= 0.75 * big_t)]),
+            "ref_loss": _mean(_col(ev, "reference_loss")[order][in_w]),
+            "ref_loss_norm": _mean((_col(ev, "reference_loss")
+                                    / _col(ev, "reference_q_sq_mean"))[order][in_w]),
+            "target": tgt if tgt is not None else math.nan, "reached": bool(len(hit)),
+            "time_to_target_s": float(te[hit[0]]) if len(hit) else big_t}
+
+
+def run_id(run: Run) -> str:
+    """The run's folder relative to the current folder when it is under it (as the sweep's
+    ``out`` names it), else as given: the key that merges rows across sittings."""
+    try:
+        return str(run.path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(run.path)
+
+
+def run_row(run: Run, root: Path) -> dict[str, Any]:
+    """One row of runs.csv (module docstring)."""
+    big_t = horizon(run)
+    upd, xf = run.learner.stream("updates"), run.learner.stream("transfers")
+    tu, tx = _col(upd, "t"), _col(xf, "t")
+    wu = (tu >= big_t / 2) & (tu <= big_t)
+    wx = (tx >= big_t / 2) & (tx <= big_t)
+    n = _col(xf, "n")
+    an = _col(xf, "arrival_n") if "arrival_n" in xf else n
+    cell = cell_of(run, root)
+    row = {"run": run_id(run), "cell": cell_label(cell) if cell else "all runs",
+           "replay_at": run.replay_at, "seed": run.seed, "T": big_t,
+           "wall_s": run.summary.get("wall_s"), "env_steps": run.summary.get("env_steps"),
+           "updates": run.summary.get("updates"), **_achieved(run, big_t),
+           "train_loss": _mean(_col(upd, "loss")[wu]),
+           "train_loss_unweighted": _mean(_col(upd, "loss_unweighted")[wu]),
+           "prio_td_held": _mean(_col(xf, "priority_td_mean")[wx], n[wx]),
+           "prio_held": _mean(_col(xf, "priority_mean")[wx], n[wx]),
+           "arrival_td": _mean(_col(xf, "arrival_td_mean")[wx], an[wx]),
+           **_eval_metrics(run, big_t),
+           "link_mb": float(link_mb_at(run, np.array([big_t]))[0]), **_load(run)}
+    row["return_per_mb"] = (row["auc_return"] / row["link_mb"]
+                            if row["link_mb"] and math.isfinite(row["link_mb"]) else math.nan)
+    if run.replay_at != "learner":
+        row["delivered_fraction"] = math.nan
+    return row
+
+
+def _binned(t: np.ndarray, x: np.ndarray, edges: np.ndarray, w: np.ndarray | None = None):
+    out = np.full(len(edges), np.nan)
+    k = np.searchsorted(edges, t, side="left")  # (t_(k-1), t_k] -> k
+    for j in range(1, len(edges)):
+        sel = k == j
+        if sel.any():
+            out[j] = _mean(x[sel], None if w is None else w[sel])
+    return out
+
+
+def run_curves(run: Run) -> list[dict[str, Any]]:
+    big_t = horizon(run)
+    grid = np.linspace(0.0, big_t, GRID + 1)
+    ev, upd, xf = (run.learner.stream(s) for s in ("evals", "updates", "transfers"))
+    te, ret = _col(ev, "t"), _col(ev, "ret_mean")
+    order = np.argsort(te, kind="stable")
+    cols = {"return": held_return(te[order], ret[order], grid),
+            "link_mb": link_mb_at(run, grid),
+            "train_loss": _binned(_col(upd, "t"), _col(upd, "loss"), grid),
+            "prio_td_held": _binned(_col(xf, "t"), _col(xf, "priority_td_mean"), grid,
+                                    _col(xf, "n"))}
+    return [{"run": run_id(run), "t": float(grid[k]), **{c: float(v[k]) for c, v in
+                                                            cols.items()}}
+            for k in range(len(grid))]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return "" if v is None else str(v)
+
+
+def merge_csv(path: Path, fields: tuple[str, ...], rows: list[dict], replace: set[str]) -> None:
+    """Write ``rows`` into ``path``, keeping its rows of runs not in ``replace``."""
+    kept = []
+    if path.exists():
+        with path.open(newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["run"] not in replace]
+    new = [{k: _fmt(r.get(k)) for k in fields} for r in rows]
+    allrows = sorted(kept + new, key=lambda r: (r["run"], float(r.get("t") or 0)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(allrows)
+    tmp.replace(path)
+
+
+def export(root: Path, into: Path, only: list[Path] | None = None) -> int:
+    """Merge the runs under ``root`` (or only the folders ``only``, their cells still named
+    from their path below ``root``) into ``into``; a lock file keeps concurrent sweeps' tasks
+    (a SLURM array) from overwriting each other's rows."""
+    import fcntl
+
+    runs = [load_run(p) for p in (only if only is not None else find_runs(root))]
+    rows = [run_row(r, root) for r in runs]
+    curves = [c for r in runs for c in run_curves(r)]
+    ids = {row["run"] for row in rows}
+    into.mkdir(parents=True, exist_ok=True)
+    with open(into / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        merge_csv(into / "runs.csv", RUN_FIELDS, rows, ids)
+        merge_csv(into / "curves.csv", CURVE_FIELDS, curves, ids)
+    return len(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.export", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root", type=Path, help="a run folder or a folder of run folders")
+    ap.add_argument("--into", type=Path, required=True, help="folder of runs.csv and curves.csv")
+    ap.add_argument("--run", type=Path, action="append",
+                    help="export only this run folder under ROOT (repeatable)")
+    a = ap.parse_args(argv)
+    for p in [a.root, *(a.run or [])]:
+        if not (p.exists() and (p is a.root or (p / "learner.h5").exists())):
+            print(f"analysis.export: {p} is not a run folder or a folder of runs", file=sys.stderr)
+            return 2
+    n = export(a.root, a.into, a.run)
+    print(f"analysis.export: {n} runs into {a.into}/runs.csv and curves.csv")
+    return 0 if n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Generate docs/results.md's result sections from committed per-run data (no HDF5, no MPI).
+
+    python -m analysis.verdict            # rewrite the generated sections of docs/results.md
+    python -m analysis.verdict --check    # exit 1 if docs/results.md is not what the data give
+
+Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
+``<!-- END generated: NAME -->``; everything else on the page is written by hand. The sections:
+
+``equal_time``
+    The equal-wall-time design (issue 27) from ``docs/results/data/equal-time/`` (`analysis.export`
+    writes it, the sweep after every run): the family F with Holm's decisions, the matched
+    control, each cell's achieved rates (marked when off by more than 10%), ratios with
+    t-intervals, IQM and probability of improvement, time to target as survival, and the
+    crossover map (`analysis.equal_time`); the figures go to ``docs/results/equal-time/``.
+
+``reanalysis``
+    The withdrawn fixed-update design (issue 14) re-analysed from its committed CSVs
+    (``docs/results/appendix/fixed-updates/paper-cells.csv`` and ``.../minatar/paper-cells.csv``)
+    with the statistics of the equal-wall-time plan (`analysis.paired`): t-intervals on paired log
+    ratios, Holm over the old deciding cells x the two figures in the paper's units (training
+    loss, |td| on arrival), the regression of the reference loss on wall time and placement that
+    shows the confound, and time to target as survival on the horizon both placements ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from analysis.paired import LogRatio, figure_outcome, holm, km_compare, log_ratio_t
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results.md"
+FIXED = ROOT / "docs" / "results" / "appendix" / "fixed-updates"
+PAPER_LOSS, PAPER_PRIORITY = 0.26, 3.92
+DECIDING = 0.9  # the old design's rule: a cell decides when existing delivers < 90%
+PLACEMENTS = {"learner": "existing", "buffer": "proposed"}
+
+
+def read_rows(path: Path, env: str) -> list[dict]:
+    """Per-run rows of a committed CSV, numbers as floats (NaN for blanks), with ``env``."""
+    rows = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            row: dict = {"env": env}
+            for k, v in r.items():
+                try:
+                    row[k] = float(v) if v != "" else math.nan
+                except ValueError:
+                    row[k] = v
+            if env != "CartPole-v1":
+                row["cell"] = f"{env} {row['cell']}"
+            rows.append(row)
+    return rows
+
+
+def fixed_update_rows() -> list[dict]:
+    return (read_rows(FIXED / "paper-cells.csv", "CartPole-v1")
+            + read_rows(FIXED / "minatar" / "paper-cells.csv", "MinAtar/Breakout"))
+
+
+def cells(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """{cell: {placement: {seed: row}}}, in the CSV's order."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_seed = out.setdefault(r["cell"], {"existing": {}, "proposed": {}})
+        by_seed[PLACEMENTS[r["replay_at"]]][int(r["seed"])] = r
+    return out
+
+
+def ratio(cell: dict[str, dict], key: str | Callable[[dict], float]) -> LogRatio:
+    get = key if callable(key) else (lambda r: r[key])
+    return log_ratio_t({s: get(r) for s, r in cell["proposed"].items()},
+                       {s: get(r) for s, r in cell["existing"].items()})
+
+
+def delivered(cell: dict[str, dict]) -> float:
+    return float(np.median([r["delivered_fraction"] for r in cell["existing"].values()]))
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "-" if not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+# --- the confound --------------------------------------------------------------------------------
+
+def confound(rows: list[dict]) -> dict[str, float]:
+    """OLS of log reference loss on log wall time and placement over the CartPole runs."""
+    rs = [r for r in rows if r["env"] == "CartPole-v1" and r["ref_loss"] > 0]
+    y = np.log([r["ref_loss"] for r in rs])
+    lw = np.log([r["wall_s"] for r in rs])
+    prop = np.array([r["replay_at"] == "buffer" for r in rs], dtype=float)
+    x = np.column_stack([np.ones_like(y), lw, prop])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    s2 = float(resid @ resid) / (len(y) - x.shape[1])
+    se = np.sqrt(np.diag(s2 * np.linalg.inv(x.T @ x)))
+    return {"n": len(y), "corr": float(np.corrcoef(lw, y)[0, 1]), "wall": float(beta[1]),
+            "wall_se": float(se[1]), "placement": float(beta[2]), "placement_se": float(se[2])}
+
+
+# --- time to target on the common horizon --------------------------------------------------------
+
+def survival(cell: dict[str, dict]) -> dict[str, float] | None:
+    """KM restricted mean time to target up to the shorter placement's horizon."""
+    runs = {k: list(v.values()) for k, v in cell.items()}
+    if not all(math.isfinite(r["target"]) for rs in runs.values() for r in rs):
+        return None
+    tau = min(r["wall_s"] for rs in runs.values() for r in rs)
+    times = {k: np.array([r["time_to_target_s"] for r in rs]) for k, rs in runs.items()}
+    return km_compare(times, {k: np.isfinite(t) for k, t in times.items()}, tau)
+
+
+# --- the section ---------------------------------------------------------------------------------
+
+FIGURES = (("training loss (importance-weighted)", "train_loss", PAPER_LOSS),
+           ("transferred priority, \\|td\\| on arrival", "arrival_td", PAPER_PRIORITY))
+
+
+def reanalysis() -> str:
+    rows = fixed_update_rows()
+    cs = cells(rows)
+    deciding = [c for c in cs if delivered(cs[c]) < DECIDING]
+    tests = [(c, label, key, paper, ratio(cs[c], key))
+             for c in deciding for label, key, paper in FIGURES]
+    adj = holm([t[4].p for t in tests])
+    m = len(tests)
+    out = _cell_table(cs)
+    out += ["", f"**The old deciding cells under the new rule** (the cells where the existing "
+            f"placement delivered less than 90% of production; Holm over these {m} tests, "
+            f"family-wise alpha 0.05; the simultaneous intervals are at level 1 - 0.05/{m}):", "",
+            "| cell | figure (paper) | ratio [95% t-interval] | p | Holm p | simultaneous "
+            "interval | outcome |", "|---|---|---|---|---|---|---|"]
+    outcomes = []
+    for (c, label, _key, paper, r), p_adj in zip(tests, adj):
+        lo, hi = r.interval(1 - 0.05 / m)
+        o = figure_outcome(r, p_adj, paper, m)
+        outcomes.append((c, label, o))
+        out.append(f"| {c} | {label} ({paper:g}) | {r.text()} | {_f(r.p, 2)} | {_f(p_adj, 2)} "
+                   f"| [{_f(lo)}, {_f(hi)}] | {o} |")
+    out += ["", _verdict_sentence(outcomes), ""]
+    out += _confound_text(confound(rows))
+    out += _survival_table(cs)
+    return "\n".join(out)
+
+
+def _cell_table(cs: dict) -> list[str]:
+    out = ["Proposed / existing per cell, ratio of geometric means over paired seeds with its "
+           "95% t-interval on log ratios (n pairs). The wall-time ratio shows the confound: "
+           "every run had 10,000 updates, not the same time.", "",
+           "| cell | n | existing delivers | wall time | training loss | \\|td\\| on arrival "
+           "(paper's unit) | p^0.6 held (mpirl's old unit) | reference loss |",
+           "|---|---|---|---|---|---|---|---|"]
+    for c, cell in cs.items():
+        rs = {k: ratio(cell, k) for k in ("wall_s", "train_loss", "arrival_td", "prio_held",
+                                          "ref_loss")}
+        out.append(f"| {c} | {rs['train_loss'].n} | {delivered(cell):.0%} | "
+                   + " | ".join(rs[k].text() for k in rs) + " |")
+    return out
+
+
+def _verdict_sentence(outcomes: list[tuple[str, str, str]]) -> str:
+    kinds = [o.split(" at n")[0].split(",")[0] for _, _, o in outcomes]
+    count = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+    said = "; ".join(f"{n} {k}" for k, n in count.items())
+    against = [f"{label} in {c}" for c, label, o in outcomes if o == "opposite direction"]
+    matches = [f"{label} in {c}" for c, label, o in outcomes if o == "matches the paper"]
+    text = (f"**Of the {len(outcomes)} deciding tests re-analysed: {said}.** None of this is "
+            f"the plan's verdict: run length differed with the placement in these cells.")
+    if matches:
+        text += f" Matching the paper: {', '.join(matches)}."
+    if against:
+        text += f" Against the paper's direction: {', '.join(against)}."
+    return text
+
+
+def _confound_text(c: dict) -> list[str]:
+    text = ("**The confound.** Over the {n} CartPole runs, log reference loss correlates "
+            "{corr:.2f} with log wall time. Regressed on both, the wall-time slope is "
+            "{wall:.2f} +- {wall_se:.2f} (SE) and the placement term (proposed) {placement:+.3f} "
+            "+- {placement_se:.3f}".format(**c))
+    if abs(c["placement"]) < 2 * c["placement_se"]:
+        text += (": once run length is accounted for, placement shows no effect on the reference "
+                 "loss, so the withdrawn verdict's reference-loss ratios measured run length.")
+    else:
+        text += ": placement has an effect on the reference loss beyond run length."
+    return [text, ""]
+
+
+def _survival_table(cs: dict) -> list[str]:
+    out = ["**Time to eval 475 on the horizon both placements ran** (CartPole): each seed is "
+           "censored at tau, the shortest run of its cell, in both placements, so neither "
+           "placement is credited with the other's longer run. Kaplan-Meier restricted mean "
+           "time to target up to tau (lifelines), its difference proposed - existing with a "
+           "95% interval, and the log-rank p:", "",
+           "| cell | tau | reached (existing / proposed) | RMST existing | RMST proposed | "
+           "difference [95% CI] | log-rank p |", "|---|---|---|---|---|---|---|"]
+    short = []
+    for c, cell in cs.items():
+        s = survival(cell)
+        if s is None:
+            continue
+        longest = max(r["wall_s"] for v in cell.values() for r in v.values())
+        if s["tau"] < 0.5 * longest:
+            short.append(f"{c} ({s['tau']:.0f} of {longest:.0f} s)")
+        out.append(f"| {c} | {s['tau']:.0f} s | {s['reached_existing']}/{s['n_existing']} / "
+                   f"{s['reached_proposed']}/{s['n_proposed']} | {s['rmst_existing']:.1f} s | "
+                   f"{s['rmst_proposed']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
+                   f"{s['diff_high']:+.1f}] s | {_f(s['logrank_p'], 2)} |")
+    if short:
+        out += ["", "In " + ", ".join(short) + " one placement's runs ended before half of the "
+                "other's, so those rows compare only the first tau seconds; the withdrawn "
+                "crossover map compared unequal horizons there."]
+    return out
+
+
+DATA = ROOT / "docs" / "results" / "data" / "equal-time"
+FIGURE_DIR = ROOT / "docs" / "results" / "equal-time"
+#: per cell, the rates its spec asks for (experiments/equal-time/*.toml): P and U
+REQUESTED = {"cell=A": {"P": 12000.0, "U": 187.5}, "cell=B": {"P": 12000.0, "U": 46.875},
+             "cell=C": {"P": 12000.0}, "cell=M": {"P": 4500.0, "U": 17.578125}}
+
+
+def equal_time() -> str:
+    from analysis import equal_time as E
+
+    body = E.section(DATA, REQUESTED)
+    if (DATA / "runs.csv").exists():
+        cells = E.by_cell(E.read(DATA)[0])
+        body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)"
+                                    for c in cells)
+    return body
+
+
+SECTIONS: dict[str, Callable[[], str]] = {"equal_time": equal_time, "reanalysis": reanalysis}
+
+
+def render(page: str) -> str:
+    """``page`` with every generated section replaced by what the data give now."""
+    for name, make in SECTIONS.items():
+        pat = re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?(<!-- END generated: "
+                         rf"{name} -->)", re.S)
+        if not pat.search(page):
+            raise ValueError(f"docs/results.md has no generated section {name!r}: add the "
+                             f"BEGIN/END markers")
+        body = make()
+        page = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), page)
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.verdict", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--page", type=Path, default=RESULTS)
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when the page differs from the regenerated one")
+    ap.add_argument("--no-plots", action="store_true", help="do not rewrite the figures")
+    a = ap.parse_args(argv)
+    page = a.page.read_text()
+    new = render(page)
+    if a.check:
+        if new != page:
+            print(f"{a.page} is not what the committed data give: run python -m analysis.verdict",
+                  file=sys.stderr)
+            return 1
+        return 0
+    a.page.write_text(new)
+    if not a.no_plots:
+        from analysis import equal_time as E
+
+        E.figures(DATA, FIGURE_DIR)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""analysis.export: the equal-wall-time design's per-run rows and curves, computed by hand on a
+small synthetic run (tests/test_paper_metrics.write_run), and merged across sittings."""
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+from test_paper_metrics import write_run
+
+from analysis import export as X
+from analysis.runs import load_run
+
+
+def _run(path, **kw):
+    u = np.arange(1, 101)
+    xf = {"t": np.array([2.0, 6.0, 8.0]), "update": np.array([20, 60, 80]),
+          "n": np.array([100, 10, 30]), "kind": np.array([5, 5, 5]),
+          "nbytes": np.array([1000, 1000, 1000]), "priority_mean": np.array([9.0, 1.0, 2.0]),
+          "priority_td_mean": np.array([90.0, 1.0, 3.0]),
+          "priority_median": np.ones(3), "priority_p90": np.ones(3),
+          "arrival_td_mean": np.array([9.0, 2.0, 4.0]), "arrival_priority_mean": np.ones(3),
+          "arrival_n": np.array([64, 10, 30])}
+    path = write_run(path, transfers=xf, hit_t=6.0, **kw)
+    import h5py
+    with h5py.File(path / "learner.h5", "r+") as f:
+        f["updates/loss_unweighted"] = np.where(u >= 50, 7.0, 1.0)
+        f["evals/reference_q_sq_mean"] = np.where(np.arange(1.0, 11.0) >= 5, 4.0, 1.0)
+        f["evals"].attrs["fields"] = [*f["evals"].attrs["fields"], "reference_q_sq_mean"]
+        f["updates"].attrs["fields"] = [*f["updates"].attrs["fields"], "loss_unweighted"]
+    return path
+
+
+def test_run_row_by_hand(tmp_path):
+    run = load_run(_run(tmp_path / "x" / "bw=1" / "replay_at=buffer" / "seed3",
+                        replay_at="buffer", seed=3))
+    r = X.run_row(run, tmp_path / "x")
+    assert r["cell"] == "bw=1" and r["seed"] == 3 and r["T"] == 10.0
+    # W = [5, 10]: updates 50..100 (loss 3, unweighted 7); transfers at t 6 and 8
+    assert r["train_loss"] == 3.0 and r["train_loss_unweighted"] == 7.0
+    assert r["prio_td_held"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)
+    assert r["prio_held"] == pytest.approx((10 * 1.0 + 30 * 2.0) / 40)
+    assert r["arrival_td"] == pytest.approx((10 * 2.0 + 30 * 4.0) / 40)
+    # evaluations at t = 1..10 return 100 before t = 6, 500 from it: held step function
+    assert r["auc_return"] == pytest.approx((6 * 100 + 4 * 500) / 10)
+    assert r["final_return"] == 500.0 and r["evals"] == 10
+    assert r["reached"] and r["time_to_target_s"] == 6.0 and r["target"] == 475.0
+    assert r["link_mb"] == pytest.approx(1.0)  # 1e5 B/s for 10 s
+    assert r["return_per_mb"] == pytest.approx(r["auc_return"])
+    assert math.isnan(r["delivered_fraction"])  # the proposed placement delivers by sampling
+    # reference loss 1 at every evaluation, Q scale 4 in W: normalised 0.25; NaN without it
+    assert r["ref_loss"] == 1.0 and r["ref_loss_norm"] == pytest.approx(0.25)
+
+
+def test_not_reached_is_censored_at_T(tmp_path):
+    run = load_run(write_run(tmp_path / "r", replay_at="learner", seed=0, hit_t=None,
+                             max_seconds=8.0))
+    r = X.run_row(run, tmp_path)
+    assert r["T"] == 8.0 and not r["reached"] and r["time_to_target_s"] == 8.0
+    assert r["auc_return"] == 100.0 and r["evals"] == 8
+
+
+def test_held_return_and_auc():
+    te, ret = np.array([2.0, 5.0]), np.array([10.0, 30.0])
+    np.testing.assert_array_equal(X.held_return(te, ret, np.array([0, 2, 4.9, 5, 9])),
+                                  [10, 10, 10, 30, 30])
+    assert X.auc(te, ret, 10.0) == pytest.approx((5 * 10 + 5 * 30) / 10)
+    assert X.auc(te, ret, 4.0) == 10.0
+
+
+def test_export_merges_across_sittings(tmp_path):
+    root, into = tmp_path / "exp", tmp_path / "data"
+    _run(root / "replay_at=learner" / "seed0", replay_at="learner", seed=0)
+    assert X.export(root, into) == 1
+    _run(root / "replay_at=buffer" / "seed0", replay_at="buffer", seed=0)
+    assert X.export(root / "replay_at=buffer", into) == 1  # a second sitting, another run
+    with (into / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["replay_at"] for r in rows) == ["buffer", "learner"]
+    assert X.export(root, into) == 2  # both again: replaced, not duplicated
+    with (into / "curves.csv").open() as f:
+        curves = list(csv.DictReader(f))
+    assert len(curves) == 2 * (X.GRID + 1)
+    first = [c for c in curves if c["run"].endswith("replay_at=learner/seed0")]
+    assert float(first[-1]["t"]) == 10.0 and float(first[-1]["return"]) == 500.0
