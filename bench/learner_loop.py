@@ -80,6 +80,18 @@ def build(batch_size: int, tmp: Path):
         def next_departure(self):
             return None
 
+        latest_rate_bps, latest_replaced = float("nan"), 0
+
+        def drop_latest(self):
+            pass
+
+        def post_latest(self, tag, make, now=None):
+            buf, on_commit = make()
+            if on_commit is not None:
+                on_commit()
+            self.post(buf, tag, now)
+            return True
+
         def set_profile(self, profile):
             self.profile = profile
 

@@ -125,6 +125,7 @@ class Actor:
         self.backoff = Backoff()
         self.fault = failure.FAULT
         self.weights_version = -1
+        self.weights_updates = 0
         self.stop = False
         self.final_ckpt = -1
         # counters (checkpointed)
@@ -203,6 +204,7 @@ class Actor:
     def on_weights(self, m) -> None:
         self.q.load(m.arrays["params"])
         self.weights_version = m.seq
+        self.weights_updates = int(m.a)  # learner updates when they were made
 
     def on_credit(self, m) -> None:
         self.tokens += m.count
@@ -379,7 +381,8 @@ class Actor:
     def actor_row(self) -> None:
         self.logs["actor"].append(env_steps=self.env_steps, msgs_sent=self.msgs,
                                   bytes_sent=self.nbytes, throttled_s=self.throttled,
-                                  weights_version=self.weights_version, paced_s=self.paced_s())
+                                  weights_version=self.weights_version, paced_s=self.paced_s(),
+                                  weights_updates=self.weights_updates)
 
     # ---- checkpoint and stop ------------------------------------------------------------------
     def save(self, ckpt_id: int) -> None:

@@ -15,8 +15,8 @@ Two placements of the prioritized replay memory (``--replay-at``), same loop:
 
 `Buffer.run` is the loop; each turn is a list of named steps, each a method:
 
-    receive_learner    weights (relayed to the actors), priorities, tokens, checkpoint, stop,
-                       done: one handler per kind (``on_<kind>``)
+    receive_learner    weights (decoded into the site's cache, relayed to the actors as float32),
+                       priorities, tokens, checkpoint, stop, done: one handler per kind
     receive_actors     experiences, checkpoint acknowledgements, done; at most
                        MAX_ACTOR_MSGS_PER_TURN, so the learner is never starved by a flood
     checkpoint         the site's side of the consistent cut (`mpirl.cut.SiteCut`)
@@ -44,6 +44,7 @@ from mpirl.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.logs import RunLog
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
+from mpirl.weight_codec import FULL, WeightCache
 from mpirl.window import InflightWindow
 from mpirl.wire import Tag, Wire
 
@@ -162,10 +163,12 @@ class Buffer:
         self.site_sends: list = []  # (request, buffer) toward actors, in flight
         self.fwd_tokens = 0  # granted by the learner
         self.owed = {a: 0 for a in self.actors}  # tokens to give back to each actor
-        self.inflight: dict[int, tuple[float, float]] = {}  # batch id -> (send time, queue wait)
+        # batch id -> (send time, queue wait, serialization time on the modelled link)
+        self.inflight: dict[int, tuple[float, float, float]] = {}
         self.returns: list[float] = []
         self.rtts: list[float] = []
         self.weights_version = -1
+        self.weights = WeightCache()  # the site's latest weights: one copy crosses the link
         self.learner_updates = 0  # as the last WEIGHTS / PRIORITIES said: decides beta
         self.stopping = False
         self.final_ckpt = -1  # the final checkpoint STOP asked for
@@ -216,11 +219,19 @@ class Buffer:
         return did
 
     def on_weights(self, m, buf, now: float) -> None:
+        """New weights into the site's cache, relayed to every actor as float32 (full messages
+        as they came); a delta that does not apply asks the learner for a keyframe."""
+        cache = self.weights
+        if not cache.apply(m.count, m.seq, int(m.a), m.arrays):
+            self.link.post(self.wire.keyframe(cache.version), Tag.KEYFRAME, now)
+            return
         self.weights_version = m.seq
         self.learner_updates = max(self.learner_updates, int(m.a))
         if not self.stopping:
+            out = (buf if m.count == FULL and not m.raw_nbytes
+                   else self.wire.weights(cache.params, m.seq, int(m.a)))
             for a in self.actors:  # relay the same buffer to every actor
-                self.to_actor(buf, a, Tag.WEIGHTS)
+                self.to_actor(out, a, Tag.WEIGHTS)
 
     def on_priorities(self, m, buf, now: float) -> None:
         """A batch's new priorities: the window's round trip, then the memory (generation-checked,
@@ -230,7 +241,7 @@ class Buffer:
         hold, step = m.arrays["timing"]
         if sent is not None:
             self.rtts.append(now - sent[0])
-            self.window.observe(now - sent[0], float(hold), sent[1], float(step))
+            self.window.observe(now - sent[0], float(hold), sent[1], float(step), sent[2])
         memory = self.memory
         if memory is None:
             return
@@ -395,7 +406,8 @@ class Buffer:
             self.logs["batches"].append(batch=self.batch_id,
                                         priority_mean=float(sample.priorities.mean()),
                                         size=len(memory), beta=beta, max_weight=max_w)
-            self.inflight[self.batch_id] = (now, wait)
+            tx = out.nbytes * 8 / self.link.profile.rate_bps  # 0 on a real link
+            self.inflight[self.batch_id] = (now, wait, tx)
             self.batch_id += 1
             self.sampled += cfg.batch_size
             did = True
@@ -424,8 +436,8 @@ class Buffer:
 
     def send_stats(self, now: float) -> None:
         if not self.sent_done and now - self.t_stats > STATS_EVERY_S:
-            self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes),
-                           Tag.STATS, now)
+            self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes,
+                                           self.weights.updates), Tag.STATS, now)
             self.returns.clear()
             self.t_stats = now
 
@@ -437,8 +449,8 @@ class Buffer:
             return
         if self.final_ckpt >= 0:
             self.save(self.final_ckpt)
-        self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes), Tag.STATS,
-                       now)
+        self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes,
+                                       self.weights.updates), Tag.STATS, now)
         self.link.post(self.wire.done(self.env_steps, self.episodes), Tag.DONE, now)
         self.returns.clear()
         self.sent_done = True

@@ -138,7 +138,20 @@ class Config:
     eps_alpha: float = _f(7.0, "Ape-X exploration exponent (see eps_base)")
     actor_chunk: int = _f(64, "transitions per experience message from an actor")
     actor_credits: int = _f(4, "experience messages an actor may have unacknowledged (tokens)")
-    weights_every: int = _f(100, "learner updates between weight broadcasts to the buffers")
+    weights_every: str = _f(
+        "auto", "learner updates between weight broadcasts to the buffers: N, or 'auto' = as "
+        "often as keeps weight traffic within --weights-link-share of the slowest link (its "
+        "measured rate, the last broadcast's size), at most every 100 updates; a link holds at "
+        "most one waiting broadcast (a newer one replaces it)")
+    weights_link_share: float = _f(0.25, "--weights-every auto: the share of the link's rate "
+                                   "weight broadcasts may use, in (0, 1]")
+    weights_encoding: str = _f(
+        "full", "weights on the long-haul link: 'full' (float32), 'bf16' (half the bytes), "
+        "'delta' (int8 change from what the site holds, zstd; needs the images extra for "
+        "zstandard); buffers relay float32 to their actors", choices=("full", "bf16", "delta"))
+    weights_keyframe_every: int = _f(20, "--weights-encoding delta: a full keyframe every K "
+                                     "broadcasts to a site (and after a resume or a failed "
+                                     "checksum)")
 
     # --- the link ------------------------------------------------------------------------------
     site_weights: tuple[float, ...] = _f(
@@ -225,11 +238,22 @@ class Config:
                               f"SECONDS >= 0 and PROFILE one of {', '.join(PROFILES)}")
         return t, prof
 
+    def weights_every_fixed(self) -> int | None:
+        """--weights-every as a number of updates, None for 'auto'; ConfigError if bad."""
+        v = str(self.weights_every)
+        if v == "auto":
+            return None
+        if not (v.isdigit() and int(v) >= 1):
+            raise ConfigError(f"weights_every={self.weights_every!r} must be 'auto' or an "
+                              "integer >= 1, e.g. --weights-every 100")
+        return int(v)
+
     def validate(self, world_size: int | None = None) -> None:
         """Raise ConfigError naming the first bad value and the fix."""
         c = self
-        pos_int = ["buffers", "learners", "n_step", "batch_size", "target_update", "replay_capacity",
-                   "envs_per_actor", "actor_chunk", "actor_credits", "weights_every",
+        pos_int = ["buffers", "learners", "n_step", "batch_size", "target_update",
+                   "replay_capacity", "envs_per_actor", "actor_chunk", "actor_credits",
+                   "weights_keyframe_every",
                    "forward_chunk", "forward_credits", "eval_episodes", "eval_every",
                    "torch_threads", "reference_size"]
         for name in pos_int:
@@ -278,6 +302,20 @@ class Config:
                               f"numbers, one per buffer (--buffers {c.buffers})")
         if c.inflight != "auto" and not (c.inflight.isdigit() and int(c.inflight) >= 1):
             raise ConfigError(f"inflight={c.inflight!r} must be 'auto' or an integer >= 1")
+        c.weights_every_fixed()  # raises on a bad --weights-every
+        if not 0 < c.weights_link_share <= 1:
+            raise ConfigError(f"weights_link_share={c.weights_link_share!r} must be in (0, 1], "
+                              "e.g. --weights-link-share 0.25")
+        if c.weights_encoding not in ("full", "bf16", "delta"):
+            raise ConfigError(f"weights_encoding={c.weights_encoding!r} must be 'full', 'bf16' "
+                              "or 'delta'")
+        if c.weights_encoding == "delta":
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                raise ConfigError("weights_encoding='delta' compresses with zstandard: pip "
+                                  'install -e ".[images]", or pass --weights-encoding bf16'
+                                  ) from None
         if c.compress not in ("auto", "on", "off"):
             raise ConfigError(f"compress={c.compress!r} must be 'auto', 'on' or 'off'")
         if c.forward_overflow not in ("block", "drop-oldest"):
@@ -456,6 +494,9 @@ def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
     for key in ("hidden", "site_weights"):
         if key in values:
             values[key] = tuple(values[key])
+    if isinstance(values.get("weights_every"), int) and not isinstance(values["weights_every"],
+                                                                       bool):
+        values["weights_every"] = str(values["weights_every"])  # TOML / stored: a number
     if isinstance(values.get("env_kwargs"), str):  # --env-kwargs JSON
         values["env_kwargs"] = _json_object("env_kwargs", values["env_kwargs"])
     names = {f.name: f for f in dataclasses.fields(Config)}

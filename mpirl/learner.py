@@ -26,6 +26,7 @@ the manifest is written last.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -45,6 +46,7 @@ from mpirl.pacing import TokenBucket
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.train_step import TrainStep
 from mpirl.waiting import Backoff
+from mpirl.weight_sync import WeightSync
 from mpirl.wire import Tag, Wire
 
 __all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep",
@@ -64,6 +66,15 @@ def checkpoint_timeout_s(cfg, spec) -> float:
     if cfg.replay_at != "buffer":
         return CKPT_TIMEOUT_S
     return CKPT_TIMEOUT_S + write_allowance_s(replay_footprint(cfg, spec))
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; -1 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 class Site:
@@ -117,7 +128,7 @@ class Learner:
         self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps, cfg.huber_delta)
         self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
                          Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
-                         Tag.CHECKPOINT: self.on_checkpoint}
+                         Tag.CHECKPOINT: self.on_checkpoint, Tag.KEYFRAME: self.on_keyframe}
         self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
@@ -132,6 +143,7 @@ class Learner:
         self.to_target: dict = {}
         # the loop's state
         self.flat = (-1, None)  # (updates, flat weights) of the last broadcast
+        self.sync = WeightSync(cfg, wire, self.sites)  # when and how weights are broadcast
         self.staged = None  # the next batch, already on its way to the device
         self.beta = cfg.beta
         self.busy = 0.0  # seconds spent on updates
@@ -247,10 +259,16 @@ class Learner:
     def on_stats(self, site: Site, m, buf, now: float) -> None:
         site.steps = int(m.a)
         self.recent.extend(m.arrays["returns"].tolist())
+        self.sync.observe_lag(self.updates - m.seq)  # m.seq: updates of the site's weights
+
+    def on_keyframe(self, site: Site, m, buf, now: float) -> None:
+        """A delta did not apply at the site: its next broadcast is a full keyframe."""
+        self.sync.request_keyframe(site.rank)
 
     def on_done(self, site: Site, m, buf, now: float) -> None:
         site.steps = int(m.a)
         site.done = True
+        site.link.drop_latest()  # weights waiting to go: the buffer leaves after our DONE
         site.link.post(self.wire.done(0, 0), Tag.DONE)
 
     def on_checkpoint(self, site: Site, m, buf, now: float) -> None:
@@ -348,13 +366,13 @@ class Learner:
                 s.link.set_profile(PROFILES[self.change[1]])
             self.change = None
 
-    def send_weights(self) -> None:
-        """WEIGHTS to every buffer (relayed to its actors); off the device once per broadcast."""
+    def send_weights(self, now: float | None = None) -> None:
+        """WEIGHTS to every buffer (relayed to its actors), latest-wins on each link, encoded by
+        `WeightSync`; off the device once per broadcast."""
         self.weights_version += 1
         self.flat = (self.updates, self.trainer.online.flat_params())
-        buf = self.wire.weights(self.flat[1], self.weights_version, self.updates)
-        for s in self.sites.values():
-            s.link.post(buf, Tag.WEIGHTS)
+        self.sync.broadcast(self.flat[1], self.weights_version, self.updates,
+                            time.monotonic() if now is None else now)
 
     # ---- train --------------------------------------------------------------------------------
     def train(self, now: float) -> bool:
@@ -385,9 +403,11 @@ class Learner:
         return True
 
     def applied(self) -> None:
-        """After an update (here or in the learner group): the weight broadcast on its cadence."""
-        if self.updates % self.cfg.weights_every == 0:
-            self.send_weights()
+        """After an update (here or in the learner group): the weight broadcast when the
+        weight-sync policy says it is due (mpirl.weight_sync)."""
+        t = time.monotonic()
+        if self.sync.due(self.updates, t):
+            self.send_weights(t)
 
     def train_site_batch(self, source, batch) -> None:
         """replay_at=buffer: train a site's batch, send its priorities back, log the transfer."""
@@ -608,13 +628,15 @@ class Learner:
                    delivered_fraction=((self.inserted - p["inserted"]) / d_steps
                                        if self.at_learner and d_steps > 0 else np.nan),
                    capped_s=self.capped_s - p["capped"],
-                   idle_fraction=(self.backoff.idle_s - p["idle"]) / dt)
+                   idle_fraction=(self.backoff.idle_s - p["idle"]) / dt,
+                   rss_bytes=rss_bytes(), **self.sync.take())
         self.logs["progress"].append(**row)
         self.say(f"[{now - self.t_start:7.1f}s] env steps {env_steps:>10,} "
                  f"({row['env_steps_per_s']:,.0f}/s) | updates {self.updates:>8,} "
                  f"({row['updates_per_s']:,.0f}/s, busy {row['busy_fraction']:.0%}) | return "
                  f"{row['recent_return']:7.1f} | eval {self.best_eval:7.1f} | loss "
-                 f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s")
+                 f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s | lag "
+                 f"{row['lag_median']:,.0f}")
         self.t_prog = now
         self.prog = {"steps": env_steps, "updates": self.updates, "inserted": self.inserted,
                      "capped": self.capped_s, "busy": self.busy, "link": link_total,

@@ -8,6 +8,13 @@ is held until ``arrival + latency``), so no clock has to be shared between hosts
 messages are delayed and paced; nothing is simulated away, and the real network's own time adds
 on top (with profile ``none`` it is all there is).
 
+**Latest-wins messages** (``LinkEnd.post_latest``; the learner's weights): at most one is on
+the wire (serializing, or in MPI until its send completes) and at most one waits in a slot that
+a newer one replaces.  The slot enters the wire only when the wire has drained, so a control
+message posted at any time waits behind at most the one latest-wins message in transit, and the
+bytes held for the kind never exceed two messages.  docs/design.md, "Weights on slow links",
+maps this onto MPI's eager and rendezvous paths.
+
 ``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
 communicator with uppercase mpi4py calls.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,6 +149,11 @@ class LinkEnd:
         self._pending: list = []  # (request, buf) in MPI
         self._held: deque = deque()  # (delivery, tag, buf) arrived, waiting out the latency
         self._status = MPI.Status()
+        self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
+        self._latest_buf = None  # the latest-wins message on the wire (until its send completes)
+        self._latest_t0 = 0.0  # when it entered the wire
+        self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
+        self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
 
     # ---- sending -----------------------------------------------------------------------------
     def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
@@ -160,6 +173,61 @@ class LinkEnd:
         self._isend(buf, tag, 0.0)
         return 0.0
 
+    def post_latest(self, tag: int, make: Callable[[], tuple[np.ndarray, Callable | None]],
+                    now: float | None = None) -> bool:
+        """Hand a latest-wins message to the link: ``make()`` returns ``(buf, on_commit)``.
+
+        ``make`` is called after the link has settled at ``now``, so it may encode against what
+        the peer will hold (``on_commit`` is called when ``buf`` enters the wire: from then on the
+        peer receives it).  If no latest-wins message is on the wire and nothing is queued ahead,
+        it goes now; else it takes the slot, replacing the one waiting there.  True: it went now.
+        """
+        now = time.monotonic() if now is None else now
+        self.poll(now)
+        buf, on_commit = make()
+        if self._slot is not None:
+            self.latest_replaced += 1
+        self._slot = (tag, buf, on_commit, now)
+        self.poll(now)
+        return self._slot is None
+
+    def drop_latest(self) -> None:
+        """Forget the latest-wins message waiting in the slot (the peer has left: its DONE)."""
+        self._slot = None
+
+    @property
+    def latest_waiting_bytes(self) -> int:
+        """Bytes of the latest-wins message waiting in the slot (0 or one message)."""
+        return 0 if self._slot is None else self._slot[1].nbytes
+
+    def _commit_latest(self, now: float) -> None:
+        """The slot enters the wire once the last latest-wins message has left it (its send
+        completed) and every message queued before has departed."""
+        if self._slot is None or self._latest_buf is not None or self._queue:
+            return
+        tag, buf, on_commit, handed = self._slot
+        self._slot = None
+        if on_commit is not None:
+            on_commit()
+        self._latest_buf, self._latest_t0 = buf, now
+        if self.profile.emulated:
+            dep = self.out_model.departure(now, buf.nbytes)
+            self._queue.append((dep, handed, tag, buf))
+            if dep <= now:
+                self._queue.popleft()
+                self._isend(buf, tag, max(0.0, dep - handed))
+        else:
+            self._isend(buf, tag, now - handed)
+
+    def _latest_left(self, now: float) -> None:
+        buf = self._latest_buf
+        self._latest_buf = None
+        dt = now - self._latest_t0
+        if self.profile.emulated:  # the model's time on the wire, not the loop's poll delay
+            dt = buf.nbytes * 8.0 / self.profile.rate_bps
+        if dt > 0:
+            self.latest_rate_bps = buf.nbytes * 8.0 / dt
+
     def set_profile(self, profile: LinkProfile) -> None:
         """Change the emulated link from now on (messages already queued keep their times, and
         later ones leave after them: FIFO across the change)."""
@@ -178,15 +246,28 @@ class LinkEnd:
             dep, handed, tag, buf = self._queue.popleft()
             self._isend(buf, tag, max(0.0, dep - handed))
         if self._pending:
-            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+            still = []
+            for r, b in self._pending:
+                if not r.Test():
+                    still.append((r, b))
+                elif b is self._latest_buf:
+                    self._latest_left(now)
+            self._pending = still
+        if self._slot is not None:
+            self._commit_latest(now)
 
     @property
     def backlog(self) -> int:
-        """Messages handed to the link that have not completed yet."""
-        return len(self._queue) + len(self._pending)
+        """Messages handed to the link that have not completed yet (the slot's included)."""
+        return len(self._queue) + len(self._pending) + (self._slot is not None)
 
     def next_departure(self) -> float | None:
-        return self._queue[0][0] if self._queue else None
+        """When the next queued message leaves (the loop sleeps until then at most)."""
+        if self._queue:
+            return self._queue[0][0]
+        if self._slot is not None and self._latest_buf is None:
+            return time.monotonic()
+        return None
 
     # ---- receiving ---------------------------------------------------------------------------
     def receive(self, now: float | None = None, limit: int = 64) -> list[tuple[int, np.ndarray]]:

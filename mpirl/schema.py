@@ -94,6 +94,23 @@ LEARNER = (
               "the update back, over the interval (the cap, not the data, set the pace)"),
         Field("idle_fraction", "f4", "", "time the learner slept because a turn found nothing "
               "to do (no batch ready, no message) / wall time over the interval"),
+        Field("rss_bytes", "i8", "bytes", "the learner process's resident memory at the row "
+              "(-1 where /proc is missing)"),
+        Field("weights_interval", "f8", "", "learner updates between weight broadcasts over the "
+              "interval (the effective --weights-every; NaN with fewer than two)"),
+        Field("weights_bytes", "f8", "bytes", "mean size of a weight message that entered a "
+              "link in the interval (--weights-encoding; keyframes included)"),
+        Field("weights_sent", "i8", "messages", "weight messages that entered the links in the "
+              "interval (one per site per broadcast that was not replaced)"),
+        Field("weights_keyframes", "i8", "messages", "of those, full keyframes"),
+        Field("weights_replaced", "i8", "messages", "broadcasts a newer one replaced before they "
+              "left (latest wins), all sites, so far"),
+        Field("lag_min", "f8", "", "policy lag: least learner updates between the learner's "
+              "count when a site's STATS arrived and the weights that site acts with, over the "
+              "interval (NaN without STATS)"),
+        Field("lag_median", "f8", "", "median of that lag over the interval (the progress "
+              "line's 'lag')"),
+        Field("lag_max", "f8", "", "largest of that lag over the interval"),
     )),
     Stream("link", "the learner's side of each long-haul link, one row per buffer per interval", (
         Field("buffer", "i4", "", "site"),
@@ -186,6 +203,8 @@ ACTOR = (
         Field("throttled_s", "f8", "s", "time spent waiting for a token (backpressure)"),
         Field("paced_s", "f8", "s", "time spent sleeping to hold --actor-steps-per-s"),
         Field("weights_version", "i8", "", "version of the weights in use"),
+        Field("weights_updates", "i8", "", "learner updates when the weights in use were made "
+              "(policy lag = the learner's updates now minus this)"),
     )),
 )
 

@@ -6,9 +6,12 @@ operation (``--inflight K``: the round trip is hidden, priority updates arrive l
 retuning.  ``--inflight auto`` picks the smallest window that keeps the learner busy, by Little's
 law: batches in flight = throughput x time in flight, so::
 
-    W = ceil(rtt_net / step) + 1
+    W = ceil(rtt_net / max(step, tx)) + 1
 
-where ``step`` is the learner's time per update and ``rtt_net`` is a batch's round trip minus
+where ``step`` is the learner's time per update, ``tx`` a batch's serialization time on the
+link (bytes x 8 / the modelled rate; 0 on a real link): the pipeline moves one batch per
+``max(step, tx)``, so on a link-bound path more batches in flight only queue at the sender
+(and hold the messages behind them: STATS, DONE, checkpoint acknowledgements), and ``rtt_net`` is a batch's round trip minus
 the time it sat at the learner (``hold``) and minus the time it queued behind earlier batches
 for the modelled bandwidth (queueing is a symptom of a window that is too large, so counting
 it would feed back).  Both are smoothed (EWMA), so when the link changes the window follows
@@ -27,14 +30,18 @@ class InflightWindow:
         self.fixed, self.max_window, self.smoothing = fixed, max_window, smoothing
         self.rtt_net: float | None = None
         self.step: float | None = None
+        self.tx = 0.0
 
-    def observe(self, rtt_total: float, hold: float, queue_wait: float, step: float) -> None:
-        """One priority update came back: its round trip and the learner's timings."""
+    def observe(self, rtt_total: float, hold: float, queue_wait: float, step: float,
+                tx: float = 0.0) -> None:
+        """One priority update came back: its round trip, the learner's timings and the batch's
+        serialization time on the link."""
         net = max(0.0, rtt_total - hold - queue_wait)
         a = self.smoothing
         self.rtt_net = net if self.rtt_net is None else (1 - a) * self.rtt_net + a * net
         if step > 0:
             self.step = step if self.step is None else (1 - a) * self.step + a * step
+        self.tx = (1 - a) * self.tx + a * tx if self.tx else tx
 
     @property
     def size(self) -> int:
@@ -42,4 +49,5 @@ class InflightWindow:
             return self.fixed
         if self.rtt_net is None or not self.step:
             return 2  # before the first measurement: one in training, one on the way
-        return max(1, min(self.max_window, math.ceil(self.rtt_net / self.step) + 1))
+        per_batch = max(self.step, self.tx)
+        return max(1, min(self.max_window, math.ceil(self.rtt_net / per_batch) + 1))

@@ -13,8 +13,12 @@ EXPERIENCE  actor -> buffer       count=n, seq=msg no, a=env steps since last, b
                                   [frames u8[nframes, *frame]]  ([...]: image runs only)
 CREDIT      buffer -> actor,      count=tokens granted, a=samples drawn by the learner so far
             learner -> buffer
-WEIGHTS     learner -> buffer     seq=version, a=learner updates; params f4[P]
-            -> actors
+WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
+            -> actors             (mpirl.weight_codec): 0 full: params f4[P]; 1 bf16: params
+                                  u2[P]; 2 delta: meta i8[2] (base version, crc32 of the rebuilt
+                                  f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
+                                  (FLAG_ZSTD).  Buffer -> actors: always full
+KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
 FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
                                   td_abs f4[n], records[n], [frames]  (td_abs: the actors'
                                   initial priorities); may be compressed (FLAG_ZSTD)
@@ -29,7 +33,8 @@ PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=le
                                   updates so far (the buffers' beta follows it); timing f8[2]
                                   (hold: arrival -> update sent, step: mean update time, s),
                                   indices i8[B], generations i8[B], td_abs f4[B]
-STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes;
+STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes,
+                                  seq=learner updates of the weights the site acts with;
                                   returns f8[k]
 STOP        learner -> buffer     seq=id of the final checkpoint each rank writes before its
             -> actors             DONE (-1: none)
@@ -59,7 +64,8 @@ unchanged): ``FLAG_ZSTD`` (0x100) = the body after the header is zstd-compressed
 ``raw_nbytes`` is the size of the uncompressed body; ``unpack`` decompresses and checks it, then
 reads the message as usual (``Message.raw_nbytes`` is the uncompressed message size, header
 included).  Only FORWARD and BATCH (the experience-carrying kinds that cross the long-haul link)
-are compressed, and only when the run compresses (``--compress``: auto = image runs).
+are compressed, and only when the run compresses (``--compress``: auto = image runs); and every
+delta WEIGHTS message (``--weights-encoding delta``).
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 5  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
-# 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1]
+VERSION = 6  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
+# 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1];
+# 6: WEIGHTS encodings, KEYFRAME, STATS.seq
 
 HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
                    ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
@@ -92,6 +99,7 @@ class Tag(IntEnum):
     STOP = 8
     DONE = 9
     CHECKPOINT = 10
+    KEYFRAME = 11
 
 
 RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
@@ -185,10 +193,23 @@ class Wire:
             return [("timing", f8, 2), ("indices", i8, count), ("generations", i8, count),
                     ("td_abs", f4, count)]
         if kind == Tag.WEIGHTS:
-            return [("params", f4, self.n_params)]
+            return self._spec_weights(count)
         if kind == Tag.STATS:
             return [("returns", f8, count)]
         return []
+
+    def _spec_weights(self, encoding: int) -> list[tuple[str, np.dtype, int]]:
+        from mpirl.weight_codec import BF16, DELTA, FULL, n_blocks
+
+        p = self.n_params
+        if encoding == FULL:
+            return [("params", np.dtype("<f4"), p)]
+        if encoding == BF16:
+            return [("params", np.dtype("<u2"), p)]
+        if encoding == DELTA:
+            return [("meta", np.dtype("<i8"), 2), ("scales", np.dtype("<f4"), n_blocks(p)),
+                    ("q", np.dtype("i1"), p)]
+        return [("unknown_encoding", np.dtype("u1"), -1)]  # never matches: a WireError
 
     def _layout(self, kind: Tag, count: int, b: float, nframes: int):
         """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
@@ -336,16 +357,34 @@ class Wire:
         return out
 
     def weights(self, params: np.ndarray, version: int, updates: int) -> np.ndarray:
+        """Full float32 weights (encoding 0)."""
         return pack(Tag.WEIGHTS, [np.asarray(params, "<f4")], seq=version, a=updates)
+
+    def weights_bf16(self, bits: np.ndarray, version: int, updates: int) -> np.ndarray:
+        """bfloat16 weights (encoding 1), ``bits`` from `mpirl.weight_codec.to_bf16`."""
+        return pack(Tag.WEIGHTS, [np.asarray(bits, "<u2")], count=1, seq=version, a=updates)
+
+    def weights_delta(self, scales, q, base_version: int, crc: int, version: int,
+                      updates: int) -> np.ndarray:
+        """A quantized change from version ``base_version`` (encoding 2), zstd-compressed."""
+        raw = pack(Tag.WEIGHTS, [np.array([base_version, crc], "<i8"),
+                                 np.asarray(scales, "<f4"), np.asarray(q, "i1")],
+                   count=2, seq=version, a=updates)
+        return compress(raw, self._codecs()[0])
+
+    @staticmethod
+    def keyframe(version: int) -> np.ndarray:
+        return pack(Tag.KEYFRAME, seq=version)
 
     @staticmethod
     def credit(tokens: int, samples: float = 0.0) -> np.ndarray:
         return pack(Tag.CREDIT, count=tokens, a=samples)
 
     @staticmethod
-    def stats(returns, env_steps: int, episodes: int) -> np.ndarray:
+    def stats(returns, env_steps: int, episodes: int, weights_updates: int = 0) -> np.ndarray:
         returns = np.asarray(returns, "<f8")
-        return pack(Tag.STATS, [returns], count=len(returns), a=env_steps, b=episodes)
+        return pack(Tag.STATS, [returns], count=len(returns), seq=weights_updates, a=env_steps,
+                    b=episodes)
 
     @staticmethod
     def stop(checkpoint: int = -1) -> np.ndarray:

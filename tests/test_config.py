@@ -89,3 +89,21 @@ def test_env_kwargs_and_wrappers_from_cli_toml_and_stored(tmp_path):
 def test_bad_env_options(argv, match):
     with pytest.raises(ConfigError, match=match.replace("[", r"\[")):
         parse(argv)
+
+
+def test_weights_flags(tmp_path):
+    """--weights-every is N or auto (a TOML number too); a bad value, share or encoding is one
+    ConfigError naming it."""
+    from mpirl.config import parse
+
+    assert parse([]).weights_every_fixed() is None  # auto by default
+    assert parse(["--weights-every", "25"]).weights_every_fixed() == 25
+    toml = tmp_path / "run.toml"
+    toml.write_text("weights_every = 50\n")
+    assert parse(["--config", str(toml)]).weights_every_fixed() == 50
+    for argv, match in [(["--weights-every", "0"], "weights_every='0'"),
+                        (["--weights-every", "often"], "weights_every='often'"),
+                        (["--weights-link-share", "1.5"], "weights_link_share=1.5"),
+                        (["--weights-keyframe-every", "0"], "weights_keyframe_every=0")]:
+        with pytest.raises(ConfigError, match=match):
+            parse(argv)

@@ -34,6 +34,18 @@ class ScriptedLink:
         self.script(self, Tag(tag))
         return 0.0
 
+    latest_rate_bps, latest_replaced = float("nan"), 0
+
+    def drop_latest(self):
+        pass
+
+    def post_latest(self, tag, make, now=None):
+        buf, on_commit = make()
+        if on_commit is not None:
+            on_commit()
+        self.post(buf, tag, now)
+        return True
+
     def receive(self, now=None):
         out, self.inbox = self.inbox, []
         for _, buf in out:

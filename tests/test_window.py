@@ -31,3 +31,12 @@ def test_auto_follows_a_link_change_and_is_bounded():
     for _ in range(50):
         w.observe(0.020, 0.0, 0.0, 0.004)
     assert 6 <= w.size <= 7
+
+
+def test_auto_is_bounded_by_the_link_on_a_slow_link():
+    """CartPole batches at 0.2 Mb/s: 5 kB take 0.2 s on the wire, the learner 5 ms an update.
+    The pipeline moves one batch per 0.2 s, so a 0.6 s round trip needs 4 in flight, not the 64
+    (12.8 s queued at the buffer, ahead of its STATS and DONE) that the update time alone gives."""
+    w = InflightWindow(smoothing=1.0)
+    w.observe(rtt_total=0.6, hold=0.0, queue_wait=0.0, step=0.005, tx=0.2)
+    assert w.size == 4
