@@ -250,6 +250,19 @@ class Config:
 
     def validate(self, world_size: int | None = None) -> None:
         """Raise ConfigError naming the first bad value and the fix."""
+        self._validate_numbers()
+        self._validate_choices()
+        self._validate_modes()
+        self.link_change_at()  # raises on a bad --link-change
+        from mpirl.link import resolve_profile  # local: link imports nothing from config
+
+        resolve_profile(self)  # raises ConfigError on an unknown profile or bad overrides
+        if world_size is not None:
+            from mpirl.topology import check_layout
+
+            check_layout(world_size, self.buffers, self.learners)
+
+    def _validate_numbers(self) -> None:
         c = self
         pos_int = ["buffers", "learners", "n_step", "batch_size", "target_update",
                    "replay_capacity", "envs_per_actor", "actor_chunk", "actor_credits",
@@ -285,6 +298,9 @@ class Config:
             raise ConfigError(f"beta={c.beta!r} must be in [0, 1]")
         if not 0 <= c.eps_base <= 1:
             raise ConfigError(f"eps_base={c.eps_base!r} must be in [0, 1]")
+
+    def _validate_choices(self) -> None:
+        c = self
         if c.replay_at not in ("buffer", "learner"):
             raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer' or 'learner'")
         if any((not isinstance(h, int)) or h <= 0 for h in c.hidden) or not c.hidden:
@@ -302,6 +318,9 @@ class Config:
                               f"numbers, one per buffer (--buffers {c.buffers})")
         if c.inflight != "auto" and not (c.inflight.isdigit() and int(c.inflight) >= 1):
             raise ConfigError(f"inflight={c.inflight!r} must be 'auto' or an integer >= 1")
+
+    def _validate_modes(self) -> None:
+        c = self
         c.weights_every_fixed()  # raises on a bad --weights-every
         if not 0 < c.weights_link_share <= 1:
             raise ConfigError(f"weights_link_share={c.weights_link_share!r} must be in (0, 1], "
@@ -353,14 +372,6 @@ class Config:
                 raise ConfigError(f"straggle={c.straggle!r} must be 'RANK:MS' with RANK a "
                                   f"learner (0..{c.learners - 1}) and MS >= 0, e.g. --straggle "
                                   f"{c.learners - 1}:20")
-        c.link_change_at()  # raises on a bad --link-change
-        from mpirl.link import resolve_profile  # local: link imports nothing from config
-
-        resolve_profile(c)  # raises ConfigError on an unknown profile or bad overrides
-        if world_size is not None:
-            from mpirl.topology import check_layout
-
-            check_layout(world_size, c.buffers, c.learners)
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
