@@ -10,8 +10,15 @@ import pytest
 from mpirun import run_mpirl
 
 
-@pytest.mark.parametrize("replay_at", ["buffer", "learner"])
-@pytest.mark.parametrize("sync", ["allreduce", "async", "gba"])
+# Each run is 10 ranks learning to 475 on 2 cores (1-3 min): the default mode (gba) in both
+# placements and allreduce run in every suite; the other three with `python -m pytest -m slow`.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("sync, replay_at", [
+    ("gba", "buffer"), ("gba", "learner"), ("allreduce", "buffer"),
+    pytest.param("allreduce", "learner", marks=SLOW), pytest.param("async", "buffer", marks=SLOW),
+    pytest.param("async", "learner", marks=SLOW)])
 def test_two_learners_learn_cartpole(tmp_path, sync, replay_at):
     run_dir = tmp_path / "run"
     p = run_mpirl(10, "--learners", "2", "--learner-sync", sync, "--replay-at", replay_at,
