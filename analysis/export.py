@@ -24,7 +24,9 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
 - ``link_mb``: learner-side link MB, both directions, over [0, T]; ``return_per_mb`` =
   ``auc_return`` / ``link_mb``;
 - achieved rates: medians of ``/progress`` ``env_steps_per_s``, ``updates_per_s``, ``rho`` and
-  ``delivered_fraction`` over the rows in [0.1 T, T];
+  ``delivered_fraction`` over the rows in [0.1 T, T]; requested: ``P_requested`` =
+  ``--actor-steps-per-s`` x actor ranks, ``U_requested`` = ``--learner-updates-per-s`` (NaN:
+  unpaced);
 - ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
 
 Curves: ``GRID`` + 1 points t_k = k T / GRID: ``return`` R(t_k), ``link_mb`` at t_k, and the
@@ -49,7 +51,7 @@ from analysis.runs import Run, find_runs, load_run
 
 GRID = 48
 RUN_FIELDS = ("run", "cell", "replay_at", "seed", "T", "wall_s", "env_steps", "updates", "evals",
-              "P", "U", "rho", "delivered_fraction", "train_loss", "train_loss_unweighted",
+              "P_requested", "U_requested", "P", "U", "rho", "delivered_fraction", "train_loss", "train_loss_unweighted",
               "prio_td_held", "prio_held", "arrival_td", "ref_loss", "ref_loss_norm",
               "auc_return", "final_return", "target", "reached", "time_to_target_s", "link_mb",
               "return_per_mb", "load_mean", "load_max")
@@ -105,6 +107,14 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
     return out
 
 
+def requested(run: Run) -> dict[str, float]:
+    """The rates the run asked for (NaN where it left them unpaced)."""
+    actors = sum(1 for x in run.layout if x.get("role") == "actor")
+    p = float(run.config.get("actor_steps_per_s") or 0.0) * actors
+    u = float(run.config.get("learner_updates_per_s") or 0.0)
+    return {"P_requested": p or math.nan, "U_requested": u or math.nan}
+
+
 def _load(run: Run) -> dict[str, float]:
     try:
         s = json.loads((run.path / "sweep.json").read_text()).get("loadavg_1min", {})
@@ -153,7 +163,7 @@ def run_row(run: Run, root: Path) -> dict[str, Any]:
     row = {"run": run_id(run), "cell": cell_label(cell) if cell else "all runs",
            "replay_at": run.replay_at, "seed": run.seed, "T": big_t,
            "wall_s": run.summary.get("wall_s"), "env_steps": run.summary.get("env_steps"),
-           "updates": run.summary.get("updates"), **_achieved(run, big_t),
+           "updates": run.summary.get("updates"), **requested(run), **_achieved(run, big_t),
            "train_loss": _mean(_col(upd, "loss")[wu]),
            "train_loss_unweighted": _mean(_col(upd, "loss_unweighted")[wu]),
            "prio_td_held": _mean(_col(xf, "priority_td_mean")[wx], n[wx]),

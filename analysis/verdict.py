@@ -223,15 +223,12 @@ def _survival_table(cs: dict) -> list[str]:
 
 DATA = ROOT / "docs" / "results" / "data" / "equal-time"
 FIGURE_DIR = ROOT / "docs" / "results" / "equal-time"
-#: per cell, the rates its spec asks for (experiments/equal-time/*.toml): P and U
-REQUESTED = {"cell=A": {"P": 12000.0, "U": 187.5}, "cell=B": {"P": 12000.0, "U": 46.875},
-             "cell=C": {"P": 12000.0}, "cell=M": {"P": 4500.0, "U": 17.578125}}
 
 
 def equal_time() -> str:
     from analysis import equal_time as E
 
-    body = E.section(DATA, REQUESTED)
+    body = E.section(DATA)
     if (DATA / "runs.csv").exists():
         cells = E.by_cell(E.read(DATA)[0])
         body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)"

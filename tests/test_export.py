@@ -37,6 +37,8 @@ def test_run_row_by_hand(tmp_path):
                         replay_at="buffer", seed=3))
     r = X.run_row(run, tmp_path / "x")
     assert r["cell"] == "bw=1" and r["seed"] == 3 and r["T"] == 10.0
+    # requested rates from the config: unpaced here (no layout, no pacing flags)
+    assert math.isnan(r["P_requested"]) and math.isnan(r["U_requested"])
     # W = [5, 10]: updates 50..100 (loss 3, unweighted 7); transfers at t 6 and 8
     assert r["train_loss"] == 3.0 and r["train_loss_unweighted"] == 7.0
     assert r["prio_td_held"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)
@@ -84,3 +86,18 @@ def test_export_merges_across_sittings(tmp_path):
     assert len(curves) == 2 * (X.GRID + 1)
     first = [c for c in curves if c["run"].endswith("replay_at=learner/seed0")]
     assert float(first[-1]["t"]) == 10.0 and float(first[-1]["return"]) == 500.0
+
+
+def test_requested_rates_come_from_the_config_and_layout(tmp_path):
+    import json
+
+    import h5py
+
+    path = write_run(tmp_path / "r", replay_at="learner", seed=0,
+                     config={"actor_steps_per_s": 3000, "learner_updates_per_s": 46.875})
+    layout = [{"rank": 0, "role": "learner"}, {"rank": 1, "role": "buffer"}] + [
+        {"rank": r, "role": "actor"} for r in range(2, 6)]
+    with h5py.File(path / "learner.h5", "r+") as f:
+        f.attrs["layout_json"] = json.dumps(layout)
+    r = X.run_row(load_run(path), tmp_path)
+    assert r["P_requested"] == 12000.0 and r["U_requested"] == 46.875
