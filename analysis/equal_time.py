@@ -321,3 +321,41 @@ def _km_plot(ax, rows: list[dict], color: str, label: str) -> None:
     t = np.array([r["time_to_target_s"] for r in rows])
     ev = np.array([r["reached"] == 1 for r in rows])
     KaplanMeierFitter().fit(t, ev, label=label).plot_survival_function(ax=ax, color=color)
+
+
+# --- cell B's pilot ------------------------------------------------------------------------------
+
+def pilot_section(data: Path) -> str:
+    """The pilot of cell B (calibration, not evidence): per bandwidth, what each placement
+    achieved, and the bandwidth b* the Plan's rule picks: the existing placement delivers 40-60%
+    of production while the proposed one holds its requested U within 10%."""
+    if not (data / "runs.csv").exists():
+        return "The pilot has not been run yet."
+    runs, _ = read(data)
+    rows = {}
+    for r in runs:
+        bw = float(r["cell"].split("bandwidth_mbps=")[1].split(",")[0])
+        rows.setdefault(bw, {})["existing" if r["replay_at"] == "learner" else "proposed"] = r
+    out = ["| bandwidth | existing: P, U, delivered | proposed: P, U (requested) | link MB "
+           "(existing / proposed) | load max |", "|---|---|---|---|---|"]
+    fits = []
+    for bw in sorted(rows):
+        e, p = rows[bw].get("existing"), rows[bw].get("proposed")
+        if e is None or p is None:
+            continue
+        out.append(f"| {bw:g} Mb/s | {_f(e['P'])}, {_f(e['U'])}, {_f(e['delivered_fraction'])} "
+                   f"| {_f(p['P'])}, {_f(p['U'])} ({_f(p['U_requested'])}) | "
+                   f"{_f(e['link_mb'])} / {_f(p['link_mb'])} | "
+                   f"{_f(max(e['load_max'], p['load_max']), 2)} |")
+        holds = abs(p["U"] / p["U_requested"] - 1) <= REQUESTED_TOLERANCE
+        if 0.4 <= e["delivered_fraction"] <= 0.6 and holds:
+            fits.append((abs(e["delivered_fraction"] - 0.5), bw, e["delivered_fraction"]))
+    if fits:
+        _, bw, f = min(fits)
+        rule = (f"**b\\* = {bw:g} Mb/s**: the existing placement delivered {f:.0%} of "
+                f"production there and the proposed one held its U. Cell C's existing placement "
+                f"then runs at U = {f:.3f} x 46.875 = {f * 46.875:.2f} updates/s.")
+    else:
+        rule = ("**No pilot bandwidth met both conditions**; the pilot must be extended before "
+                "cell B runs.")
+    return "\n".join(out) + "\n\n" + rule

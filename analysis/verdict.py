@@ -236,7 +236,14 @@ def equal_time() -> str:
     return body
 
 
-SECTIONS: dict[str, Callable[[], str]] = {"equal_time": equal_time, "reanalysis": reanalysis}
+def pilot() -> str:
+    from analysis import equal_time as E
+
+    return E.pilot_section(ROOT / "docs" / "results" / "data" / "equal-time-pilot")
+
+
+SECTIONS: dict[str, Callable[[], str]] = {"equal_time": equal_time, "pilot": pilot,
+                                          "reanalysis": reanalysis}
 
 
 def render(page: str) -> str:

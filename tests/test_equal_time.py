@@ -109,3 +109,21 @@ def test_figures_are_written(page, tmp_path):
 
 def test_no_data_yet(tmp_path):
     assert "has been committed yet" in E.section(tmp_path / "none")
+
+
+def test_pilot_picks_the_bandwidth_the_plan_names(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = []
+    for bw, delivered, u_prop in ((2.0, 0.40, 30.0), (2.5, 0.52, 46.0), (3.0, 0.63, 46.9)):
+        cell = f"bandwidth_mbps={bw:g}"
+        for r in _rows(cell, "learner", rng, U=46.875, seeds=[0]):
+            rows.append({**r, "delivered_fraction": delivered})
+        rows += _rows(cell, "buffer", rng, U=u_prop, U_req=46.875, seeds=[0])
+    text = E.pilot_section(_write(tmp_path, rows))
+    # 2 Mb/s: the proposed placement missed its U; 3 Mb/s: the existing one delivered 63%
+    assert "**b\\* = 2.5 Mb/s**: the existing placement delivered 52%" in text
+    assert "U = 0.520 x 46.875 = 24.38 updates/s" in text
+    assert text.count("| 2 Mb/s |") == 1 and "| 3 Mb/s |" in text
+    rows = [r for r in rows if not r["cell"].endswith("2.5")]
+    (tmp_path / "b").mkdir()
+    assert "No pilot bandwidth met both" in E.pilot_section(_write(tmp_path / "b", rows))
