@@ -1,10 +1,18 @@
 """The layout keeps telling the architecture (docs/design.md, "Structure"): no import cycles in
-mpirl/, and no function long enough to hide a second concern (the role loops are lists of named
-steps)."""
+mpirl/, and no function in mpirl/, bench/ or analysis/ long enough to hide a second concern (the
+role loops are lists of named steps). The lint that CI runs is the one pre-commit runs."""
 import ast
+import re
+import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "mpirl"
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "mpirl"
 MAX_LINES = 100
 
 
@@ -65,12 +73,25 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_function_in_mpirl_is_longer_than_a_screen_or_two():
+def test_no_function_is_longer_than_a_screen_or_two():
     long = []
-    for p in sorted(PKG.rglob("*.py")):
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = node.end_lineno - node.lineno + 1
-                if n > MAX_LINES:
-                    long.append(f"{p.relative_to(PKG.parent)}:{node.lineno} {node.name} ({n})")
+    for folder in ("mpirl", "bench", "analysis"):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > MAX_LINES:
+                        long.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
     assert not long, f"functions over {MAX_LINES} lines: {long}"
+
+
+def test_ci_and_pre_commit_run_the_ruff_pinned_in_pyproject():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        test_extra = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    pins = [r for r in test_extra if r.startswith("ruff")]
+    assert len(pins) == 1 and re.fullmatch(r"ruff==[\d.]+", pins[0]), pins
+    version = pins[0].split("==")[1]
+    pre_commit = (ROOT / ".pre-commit-config.yaml").read_text()
+    assert re.search(r"ruff-pre-commit\n\s+rev: v" + re.escape(version) + r"\n", pre_commit)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "ruff check ." in ci and "ruff format --check ." in ci
