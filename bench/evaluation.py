@@ -131,14 +131,16 @@ def main() -> None:
     lines = [(f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f}, {a.seconds:g} s x "
               f"{a.rounds} per mode, an evaluation (10 x 500 steps) every {a.eval_every} "
               "updates"), "",
-             "| evaluator | updates/s (median) | x no evaluation (median per round) | evaluations | eval wall s (mean) |",
+             "| evaluator | updates/s (median) | x no evaluation (median per round) | evaluations "
+             "| eval wall s (mean) |",
              "|---|---|---|---|---|"]
     for m, rs in rows.items():
         rate = statistics.median(r["rate"] for r in rs)
         ev = sum(r["evals"] for r in rs)
         es = np.nanmean([r["eval_s"] for r in rs]) if m != "none" else float("nan")
         # each round's ratio to the reference of the same round (load drifts between rounds)
-        ratio = (statistics.median(r["rate"] / n["rate"] for r, n in zip(rs, rows["none"]))
+        ratio = (statistics.median(r["rate"] / n["rate"]
+                                   for r, n in zip(rs, rows["none"], strict=True))
                  if "none" in rows else float("nan"))
         lines.append(f"| {m} | {rate:,.0f} | {ratio:.2f} | {ev} | "
                      f"{'-' if m == 'none' else f'{es:.2f}'} |")

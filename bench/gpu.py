@@ -25,8 +25,9 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
    oversubscribed; the actors' CPU, not the GPU, bounds Pong's env steps.
 
 ``--dry-run`` runs everything on CPU with tiny counts (0.3 s per point, batch 32 only, a 6 s
-MinAtar pipeline run with ``--device cpu``; Pong is left out), so a machine without CUDA checks that the script works;
-its figures mean nothing.  Without CUDA (and no ``--dry-run``) the CUDA columns say so.
+MinAtar pipeline run with ``--device cpu``; Pong is left out), so a machine without CUDA checks
+that the script works; its figures mean nothing.  Without CUDA (and no ``--dry-run``) the CUDA
+columns say so.
 """
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def step_table(a, cuda: bool) -> list[str]:
                 ser = train_rate(cfg, spec, batch, "cuda", "serial", a.seconds)
                 pre = train_rate(cfg, spec, batch, "cuda", "prefetch", a.seconds)
                 bf = train_rate(cfg, spec, batch, "cuda", "prefetch", a.seconds, amp="bf16")
-                cells = [f"{ser:,.0f}", f"{pre:,.0f}", f"{bf:,.0f}", f"**{max(pre, bf) / cpu:.1f}x**"]
+                cells = [f"{ser:,.0f}", f"{pre:,.0f}", f"{bf:,.0f}",
+                         f"**{max(pre, bf) / cpu:.1f}x**"]
             elif a.dry_run:  # the prefetch path on CPU, so CI runs it
                 pre = train_rate(cfg, spec, batch, "cpu", "prefetch", a.seconds)
                 cells = ["-", f"{pre:,.0f} (cpu)", "-", "-"]

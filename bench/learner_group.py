@@ -136,7 +136,7 @@ def learning(args, tmp: Path) -> str:
         lo, hi = stats.ttest_1samp(diff, 0.0).confidence_interval(0.95)
     lines = ["| seed | gba | allreduce |", "|---|---|---|"]
     lines += [f"| {s} | {g:.1f} | {a:.1f} |" for s, (g, a) in
-              enumerate(zip(got["gba"], got["allreduce"]))]
+              enumerate(zip(got["gba"], got["allreduce"], strict=True))]
     return ("\n".join(lines) + f"\n\ngba - allreduce: {diff.mean():+.1f} (95% paired t-interval "
             f"{lo:+.1f} .. {hi:+.1f}, n = {diff.size}); straggler {ms:.1f} ms per update, "
             f"{args.seconds:g} s per run")

@@ -296,7 +296,7 @@ def make(name, capacity, spec, args, rng):
         return Bench(ADAPTERS[name], capacity, spec, args, rng), None
     except ImportError as e:
         return None, f"not installed ({e.name or e})"
-    except Exception as e:  # a competitor that breaks must not hide the others
+    except Exception as e:  # noqa: BLE001 - a competitor that breaks must not hide the others
         return None, f"failed: {type(e).__name__}: {e}"[:120]
 
 

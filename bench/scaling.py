@@ -67,7 +67,8 @@ def one(run_dir: Path, actors: int, seconds: float, throttled: bool, profile: bo
                 waited += (thr[sel][-1] - thr[sel][0]) / (at[sel][-1] - at[sel][0])
     span = t1 - t0
     return {"actors": actors, "mode": "default" if throttled else "unthrottled",
-            "env_steps_per_s": (steps[-1] - steps[0]) / span, "updates_per_s": (upd[-1] - upd[0]) / span,
+            "env_steps_per_s": (steps[-1] - steps[0]) / span,
+            "updates_per_s": (upd[-1] - upd[0]) / span,
             "busy": busy, "actor_waiting": waited / actors}
 
 

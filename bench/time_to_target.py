@@ -114,7 +114,8 @@ model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_si
 model.learn(total_timesteps=200_000, callback=cb)
 print(json.dumps(cb.result or {
     "reached": False, "seconds": None, "env_steps": None,
-    "why": f"{cb.num_timesteps:,} env steps in {time.time() - t_launch:.0f} s, best eval {cb.best:.1f}"}))
+    "why": f"{cb.num_timesteps:,} env steps in {time.time() - t_launch:.0f} s, "
+           f"best eval {cb.best:.1f}"}))
 """
 
 
@@ -165,7 +166,7 @@ def summary_table(results: dict[str, list[dict]], seeds: list[int],
                        "seed did not reach the target) |"
         lines.append(row)
         failures += [f"- {name}, seed {seed}: not reached ({r.get('why', 'no detail')})"
-                     for seed, r in zip(seeds, rs) if not r["reached"]]
+                     for seed, r in zip(seeds, rs, strict=True) if not r["reached"]]
     if failures:
         lines += ["", ("Runs that did not reach the target (counted in the medians as slower "
                        "than every run that did):"), *failures]

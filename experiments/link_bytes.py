@@ -1,7 +1,8 @@
 """Bytes per transition on the long-haul link, per placement, for any env: what a sweep spec's
 bandwidth axis is calibrated with (issue 14: "a pilot to calibrate bytes per transition").
 
-    python experiments/link_bytes.py --env MinAtar/Breakout-v1 [--steps 3000] [--compress on|off|auto]
+    python experiments/link_bytes.py --env MinAtar/Breakout-v1 [--steps 3000]
+                                     [--compress on|off|auto]
 
 One process, no mpirun: an `mpirl.actor.Actor` steps the env with its own exploration (a zero
 network, so greedy = action 0, and the actor's Ape-X epsilons) and packs its EXPERIENCE messages

@@ -84,7 +84,8 @@ def main() -> None:
               f"{'not worse (low > 0.9)' if r['not_worse'] else 'undecided'}; weights "
               f"{r.get('full_weights_bytes', math.nan):,.0f} B full vs "
               f"{r.get('delta_weights_bytes', math.nan):,.0f} B delta a message; lag "
-              f"{r.get('full_lag_median', math.nan):.0f} vs {r.get('delta_lag_median', math.nan):.0f}"
+              f"{r.get('full_lag_median', math.nan):.0f} vs "
+              f"{r.get('delta_lag_median', math.nan):.0f}"
               " updates (median)")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

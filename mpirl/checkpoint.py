@@ -4,8 +4,9 @@ finds and checks one.  Pure file handling (no MPI); the protocol lives in the ro
 Layout of ``RUN_DIR/checkpoint/``::
 
     000007/                  one folder per checkpoint id
-        learner.pt           torch tensors only: online and target networks, Adam state, torch
-                             RNG (torch.save of state dicts; read with torch.load(weights_only=True))
+        learner.pt           torch tensors only: online and target networks, Adam state,
+                             torch RNG (torch.save of state dicts; read with
+                             torch.load(weights_only=True))
         learner.npz          numpy arrays, no pickle: the replay memory (--replay-at learner)
         learner.json         the part's counters and RNG states, its files' sizes and SHA-256
         buffer-<s>.npz/.json the replay memory (--replay-at buffer) or the forward queue; counters

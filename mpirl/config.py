@@ -460,8 +460,8 @@ def _from_toml(path: str) -> dict:
 #: The flags --resume accepts: when and how the run stops and reports, and the hardware the
 #: learner uses (a run checkpointed on a GPU continues on a CPU and the other way round), never
 #: what it learns.
-RESUME_FLAGS = ("max_seconds", "max_env_steps", "max_updates", "target_return", "checkpoint_seconds",
-                "progress_seconds", "flush_seconds", "tensorboard",
+RESUME_FLAGS = ("max_seconds", "max_env_steps", "max_updates", "target_return",
+                "checkpoint_seconds", "progress_seconds", "flush_seconds", "tensorboard",
                 "device", "amp", "evaluator")
 
 

@@ -102,7 +102,8 @@ class Adam:
         if self._adam is None:  # torch.optim.Adam updating our tensors in place
             self.fused = False
             self._opt = torch.optim.Adam(self.params, lr=self.lr, betas=self.betas, eps=self.eps)
-            for p, s, m, v in zip(self.params, self.steps, self.exp_avg, self.exp_avg_sq):
+            for p, s, m, v in zip(self.params, self.steps, self.exp_avg, self.exp_avg_sq,
+                                  strict=True):
                 self._opt.state[p] = {"step": s, "exp_avg": m, "exp_avg_sq": v}
 
     @property
@@ -143,7 +144,7 @@ class Adam:
     def state_dict(self) -> dict:
         return {"state": {i: {"step": s, "exp_avg": m, "exp_avg_sq": v}
                           for i, (s, m, v) in enumerate(zip(self.steps, self.exp_avg,
-                                                            self.exp_avg_sq))},
+                                                            self.exp_avg_sq, strict=True))},
                 "param_groups": [{"lr": self.lr, "betas": self.betas, "eps": self.eps,
                                   "weight_decay": 0.0, "amsgrad": False, "maximize": False,
                                   "fused": self.fused, "params": list(range(len(self.params)))}]}
@@ -166,4 +167,5 @@ class Adam:
             self.steps[i].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
             self.exp_avg[i].copy_(s["exp_avg"])
             self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
-        self.lr, self.betas, self.eps = float(group["lr"]), tuple(group["betas"]), float(group["eps"])
+        self.lr, self.betas = float(group["lr"]), tuple(group["betas"])
+        self.eps = float(group["eps"])

@@ -295,7 +295,7 @@ class Evaluator:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
         n = len(self.envs)
         obs = np.stack([e.reset(seed=s)[0] for e, s in
-                        zip(self.envs, seeds.evaluation(self.seed, n, self.round))])
+                        zip(self.envs, seeds.evaluation(self.seed, n, self.round), strict=True)])
         self.round += 1
         returns = np.zeros(n)
         live = np.ones(n, bool)
@@ -304,7 +304,7 @@ class Evaluator:
             idx = np.flatnonzero(live)
             actions = q(obs[idx]).argmax(axis=1)
             steps += 1
-            for j, a in zip(idx, actions):
+            for j, a in zip(idx, actions, strict=True):
                 o, r, term, trunc, _ = self.envs[j].step(int(a))
                 returns[j] += r
                 obs[j] = o

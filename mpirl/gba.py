@@ -133,7 +133,7 @@ class GlobalBatch:
         stale = [version - c.version for c in used]
         scales = [decay(s, self.max_staleness) if self.decay else 1.0 for s in stale]
         total = np.zeros_like(used[0].grad, dtype=np.float64)
-        for c, w in zip(used, scales):
+        for c, w in zip(used, scales, strict=True):
             total += (w * c.n) * c.grad.astype(np.float64)
         self.applied += len(used)
         return Taken((total / self.samples).astype(np.float32), used, scales, stale, dropped)

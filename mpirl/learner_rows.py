@@ -95,14 +95,14 @@ class HeldRows:
 
     def flush(self) -> None:
         if self.u:
-            t, update, loss, beta = zip(*self.u)
+            t, update, loss, beta = zip(*self.u, strict=True)
             self.u = []
             td = self.u_td.take()
             self.updates_stream.extend(t=t, update=update, loss=loss, beta=beta,
                                        loss_unweighted=_row_means(huber(td, self.delta)),
                                        td_abs_mean=_row_means(td))
         if self.b:
-            t, buffer, update, n, nbytes, raw, window = zip(*self.b)
+            t, buffer, update, n, nbytes, raw, window = zip(*self.b, strict=True)
             self.b = []
             pr, td = self.b_pr.take(), self.b_td.take()
             k = len(t)

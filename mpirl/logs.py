@@ -561,7 +561,7 @@ class RunLog:
         if self._closed:
             raise RuntimeError(f"run log {self.path} is closed")
 
-    def __enter__(self) -> RunLog:  # noqa: PYI034 (typing.Self needs Python 3.11)
+    def __enter__(self) -> RunLog:  # not typing.Self: that needs Python 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from mpirl.topology import ACTOR, BUFFER, LEARNER, LayoutError, Place, layout
 
@@ -196,7 +196,7 @@ def allocation_from_nodes(nodelist: str, slots: int | Sequence[int],
     if any(c < 1 for c in counts):
         raise PlacementError(f"slots={counts} must all be >= 1")
     c = _pick_cloud(cloud, hosts[0], hosts, f"--nodelist {nodelist}")
-    edge = tuple((h, n) for h, n in zip(hosts, counts) if h != c)
+    edge = tuple((h, n) for h, n in zip(hosts, counts, strict=True) if h != c)
     return Allocation(c, edge, f"--nodelist {nodelist}")
 
 
@@ -227,7 +227,7 @@ def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | Non
         src = [f"SLURM_JOB_NODELIST_HET_GROUP_0={env['SLURM_JOB_NODELIST_HET_GROUP_0']}"]
         for g, hosts in enumerate(groups[1:], start=1):
             counts, how = _slots_for(hosts, env, f"_HET_GROUP_{g}", slots)
-            edge += [(h, n) for h, n in zip(hosts, counts) if h != c]
+            edge += [(h, n) for h, n in zip(hosts, counts, strict=True) if h != c]
             src += [f"SLURM_JOB_NODELIST_HET_GROUP_{g}={env[f'SLURM_JOB_NODELIST_HET_GROUP_{g}']}",
                     how]
         return Allocation(c, tuple(edge), " ".join(src))
@@ -239,7 +239,7 @@ def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | Non
     hosts = expand_nodelist(env[var])
     counts, how = _slots_for(hosts, env, "", slots)
     c = _pick_cloud(cloud, hosts[0], hosts, var)
-    edge = tuple((h, n) for h, n in zip(hosts, counts) if h != c)
+    edge = tuple((h, n) for h, n in zip(hosts, counts, strict=True) if h != c)
     return Allocation(c, edge, f"{var}={env[var]} {how}")
 
 
@@ -362,7 +362,7 @@ def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
             r += out[-1][1]
         return out
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(r: int, left: tuple[int, ...]):
         if r == n:
             return (0, 0, 0, 0), ()
@@ -376,7 +376,7 @@ def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
                 sub = best(e, rest)
                 if sub is None:
                     continue
-                score = tuple(x + y for x, y in zip(_chunk_score(r, e, sites), sub[0]))
+                score = tuple(x + y for x, y in zip(_chunk_score(r, e, sites), sub[0], strict=True))
                 if top is None or score > top[0]:
                     top = (score, ((cap, e - r),) + sub[1])
         return top
@@ -494,8 +494,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mpirl.placement",
         description="Write a hostfile that puts the learners (ranks 0..K-1) alone on the cloud "
-                    "host and each site's buffer with its actors on edge hosts. Reads the SLURM allocation "
-                    "from the environment (plain or heterogeneous job) unless --nodelist is given.")
+                    "host and each site's buffer with its actors on edge hosts. Reads the SLURM "
+                    "allocation from the environment (plain or heterogeneous job) unless "
+                    "--nodelist is given.")
     ap.add_argument("--buffers", type=int, default=1, help="edge sites, as mpirl's --buffers")
     ap.add_argument("--learners", type=int, default=1,
                     help="learner ranks on the cloud host, as mpirl's --learners")
@@ -567,7 +568,7 @@ def _check(args) -> int:
         places = layout(n, args.buffers, args.learners)
     except LayoutError as e:
         raise PlacementError(str(e)) from None
-    for p_, h in zip(places, hosts):
+    for p_, h in zip(places, hosts, strict=True):
         site = "-" if p_.site < 0 else str(p_.site)
         print(f"{p_.rank:>5}  {p_.role:<7}  {site:>4}  {h}")
     problems = check_hosts(hosts, args.buffers, args.learners)

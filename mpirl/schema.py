@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mpirl.logs import Field, RunLog, Stream as LogStream
+from mpirl.logs import Field, RunLog
+from mpirl.logs import Stream as LogStream
 
 
 class Stream(NamedTuple):

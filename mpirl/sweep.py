@@ -308,7 +308,7 @@ def expand(spec: Spec) -> list[Run]:
         for combo in itertools.product(*(spec.axes[n] for n in names)):
             flags = {**spec.flags, **spec.budget}
             cell = {}
-            for name, (lab, fl) in zip(names, combo):
+            for name, (lab, fl) in zip(names, combo, strict=True):
                 flags.update(fl)
                 cell[name] = lab
             flags["seed"] = seed

@@ -8,14 +8,14 @@ law: batches in flight = throughput x time in flight, so::
 
     W = ceil(rtt_net / max(step, tx)) + 1
 
-where ``step`` is the learner's time per update, ``tx`` a batch's serialization time on the
-link (bytes x 8 / the modelled rate; 0 on a real link): the pipeline moves one batch per
-``max(step, tx)``, so on a link-bound path more batches in flight only queue at the sender
-(and hold the messages behind them: STATS, DONE, checkpoint acknowledgements), and ``rtt_net`` is a batch's round trip minus
-the time it sat at the learner (``hold``) and minus the time it queued behind earlier batches
-for the modelled bandwidth (queueing is a symptom of a window that is too large, so counting
-it would feed back).  Both are smoothed (EWMA), so when the link changes the window follows
-within a few round trips.
+where ``step`` is the learner's time per update, ``tx`` a batch's serialization time on the link
+(bytes x 8 / the modelled rate; 0 on a real link): the pipeline moves one batch per
+``max(step, tx)``, so on a link-bound path more batches in flight only queue at the sender (and
+hold the messages behind them: STATS, DONE, checkpoint acknowledgements), and ``rtt_net`` is a
+batch's round trip minus the time it sat at the learner (``hold``) and minus the time it queued
+behind earlier batches for the modelled bandwidth (queueing is a symptom of a window that is too
+large, so counting it would feed back).  Both are smoothed (EWMA), so when the link changes the
+window follows within a few round trips.
 """
 
 from __future__ import annotations
