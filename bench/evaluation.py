@@ -19,6 +19,7 @@ Run it on an otherwise idle machine and then with the pipeline's other ranks com
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -29,6 +30,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 MODES = ("none", "inline", "thread", "process")
 
@@ -53,7 +57,7 @@ def balancing_params(hidden: tuple[int, ...], n_actions: int = 2) -> np.ndarray:
     return np.concatenate(out)
 
 
-def batches(cfg, spec, n: int = 32):
+def batches(cfg: Config, spec, n: int = 32):
     from mpirl.replay.build import record_dtype
 
     rng = np.random.default_rng(0)
@@ -69,7 +73,7 @@ def batches(cfg, spec, n: int = 32):
     return out
 
 
-def one(mode: str, seconds: float, eval_every: int, cfg, spec, data) -> dict:
+def one(mode: str, seconds: float, eval_every: int, cfg: Config, spec, data) -> dict:
     import torch
 
     from mpirl.evaluation import make_runner

@@ -32,6 +32,7 @@ columns say so.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -47,6 +48,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +71,7 @@ def specs():
     return [("MLP 64x64 (CartPole)", mlp), ("Nature CNN (Atari 4x84x84)", cnn)]
 
 
-def make_batches(cfg, spec, batch: int, n: int = 4) -> list[tuple]:
+def make_batches(cfg: Config, spec, batch: int, n: int = 4) -> list[tuple]:
     """``n`` batches as the learner receives them: (records, weights, frame table or None)."""
     from mpirl.replay.build import record_dtype
 
@@ -91,7 +95,7 @@ def make_batches(cfg, spec, batch: int, n: int = 4) -> list[tuple]:
     return out
 
 
-def train_rate(cfg, spec, batch: int, device: str, mode: str, seconds: float,
+def train_rate(cfg: Config, spec, batch: int, device: str, mode: str, seconds: float,
                amp: str = "off") -> float:
     """Updates/s of TrainStep on ``device``: mode 'serial' (step) or 'prefetch' (as the loop)."""
     import torch

@@ -26,8 +26,12 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 VIDEO_EXTRA = 'pip install -e ".[video]"'
 EXPORT_EXTRA = 'pip install -e ".[export]"'
@@ -97,7 +101,7 @@ def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
     return tensors["online"], f"checkpoint {got}"
 
 
-def networks(cfg, spec, state_dict: dict):
+def networks(cfg: Config, spec, state_dict: dict):
     """(the torch Q-network with these weights, mpirl's acting network with the same)."""
     from mpirl.qnet import make_learner_q, make_q
 
@@ -147,7 +151,7 @@ def _minatar_frames(env):
     return MinAtarFrames(env)
 
 
-def make_env(cfg, spec, video: str | Path | None = None):
+def make_env(cfg: Config, spec, video: str | Path | None = None):
     """The run's env as its actors build it; with ``video``, every episode recorded there."""
     from mpirl import envs
 

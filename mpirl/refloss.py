@@ -47,9 +47,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 __all__ = ["RefSet", "auto_path", "check_fits", "collect", "content_sha256", "env_key", "load",
            "reference_loss", "reference_loss_self", "resolve", "save"]
@@ -191,7 +194,7 @@ def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
     return Path(cache) / (name.replace("/", "_").replace(":", "_") + ".npz")
 
 
-def check_fits(rs: RefSet, path: str | Path, cfg, spec=None) -> None:
+def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec=None) -> None:
     """ValueError naming the mismatch unless ``rs`` was collected on the run's env (id,
     kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.envs.EnvSpec`)
     holds observations of the env's shape and dtype."""
@@ -212,7 +215,7 @@ def check_fits(rs: RefSet, path: str | Path, cfg, spec=None) -> None:
                          "this run (python -m mpirl.refloss) or pass --reference-set auto")
 
 
-def resolve(value: str, cfg, run_dir: str | Path | None, spec=None) -> tuple[Path, str]:
+def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> tuple[Path, str]:
     """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs

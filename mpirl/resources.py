@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
+    from mpirl.config import Config
     from mpirl.envs import EnvSpec
 
 CHECKS = ("env", "memory", "tensorboard", "zstandard")
@@ -52,12 +53,12 @@ class Failure(NamedTuple):
     text: str
 
 
-def holds_replay(role: str, cfg) -> bool:
+def holds_replay(role: str, cfg: Config) -> bool:
     """Whether a rank of ``role`` holds a prioritized replay memory in this run."""
     return role == ("buffer" if cfg.replay_at == "buffer" else "learner")
 
 
-def checks_for(role: str, cfg) -> tuple[str, ...]:
+def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
     """The checks a rank of ``role`` runs (see the module docstring)."""
     from mpirl import envs
 
@@ -96,7 +97,7 @@ def spec_from_json(text: str) -> EnvSpec:
     return EnvSpec(**d)
 
 
-def local_row(cfg, role: str, host: str,
+def local_row(cfg: Config, role: str, host: str,
               forced: frozenset[str] = frozenset()) -> tuple[np.ndarray, object]:
     """Run this rank's checks here, on ``host``; returns its `ROW` and the env spec it built
     (or None).  ``forced``: checks made to fail (test hook; inert for checks this role does not
@@ -152,7 +153,7 @@ def _text(b) -> str:
     return bytes(b).rstrip(b"\0").decode(errors="replace")
 
 
-def memory_failures(rows: np.ndarray, places, cfg, need: int) -> list[Failure]:
+def memory_failures(rows: np.ndarray, places, cfg: Config, need: int) -> list[Failure]:
     """Per host: the replay memories of the ranks on it (``need`` bytes each) against the
     smallest ``MemAvailable`` they read there (unknown: not checked)."""
     hosts: dict[str, list[int]] = {}
@@ -181,7 +182,7 @@ def memory_failures(rows: np.ndarray, places, cfg, need: int) -> list[Failure]:
     return out
 
 
-def verdict(rows: np.ndarray, places, cfg, need: int | None) -> str:
+def verdict(rows: np.ndarray, places, cfg: Config, need: int | None) -> str:
     """The one error message for the gathered ``rows`` ("" when every check passed).
     ``need``: bytes of one replay memory (None: not known, the learner's env failed)."""
     fails = [Failure((p.rank,), _text(rows[p.rank]["host"]), _text(rows[p.rank]["check"]),
@@ -216,7 +217,7 @@ def verdict(rows: np.ndarray, places, cfg, need: int | None) -> str:
     return head
 
 
-def check(world, cfg) -> EnvSpec:
+def check(world, cfg: Config) -> EnvSpec:
     """Run the host checks on every rank (the module docstring); returns the env spec, the
     same on every rank, or raises the same ConfigError on every rank."""
     from mpi4py import MPI

@@ -50,8 +50,12 @@ share their first weights and first episodes, then drift apart (README, "Reprodu
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 # generator streams (the first word of the spawn key)
 TORCH, REPLAY, ARRIVAL, LINK, EXPLORATION, ENV_RESETS = 1, 2, 3, 4, 5, 6
@@ -114,7 +118,7 @@ def actor(seed: int, rank: int, index: int, actors: int, envs: int,
             "envs": [env_reset(seed, ACTOR_ENV, base + j) for j in range(envs)]}
 
 
-def of_rank(cfg, topo, checkpoint: int | None = None) -> dict:
+def of_rank(cfg: Config, topo, checkpoint: int | None = None) -> dict:
     """The seeds of this rank (``topo``: a topology.Topology) in a launch that resumed from
     ``checkpoint`` (None: a new run)."""
     place = topo.place

@@ -10,11 +10,15 @@ copy, so the learner can put the next batch on its way while the current one tra
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpirl.frames import stacks
 from mpirl.qnet import make_learner_q
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 
 def _batch_tensors(torch, records, frames=None, stack: int = 1):
@@ -66,7 +70,7 @@ class TrainStep:
     non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
     calls them apart to put the next batch on its way while the current one trains."""
 
-    def __init__(self, cfg, spec, device="cpu", amp: str = "off"):
+    def __init__(self, cfg: Config, spec, device="cpu", amp: str = "off"):
         import torch
 
         from mpirl.dqn import Adam, dqn_loss

@@ -17,11 +17,15 @@ with; lag = the learner's updates when it arrives minus that count (like Sample 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpirl import weight_codec as wc
 from mpirl.wire import Tag, Wire
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
 
 AUTO_MIN_UPDATES = 100  # --weights-every auto: never more often than this many updates
 
@@ -38,7 +42,7 @@ class _SiteSync:
 class WeightSync:
     """Decides when the learner broadcasts and encodes each site's message."""
 
-    def __init__(self, cfg, wire: Wire, sites: dict):
+    def __init__(self, cfg: Config, wire: Wire, sites: dict):
         self.wire, self.sites = wire, sites
         self.every = cfg.weights_every_fixed()
         self.share = cfg.weights_link_share

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def record_dtype(cfg, spec):
+if TYPE_CHECKING:
+    from mpirl.config import Config
+
+
+def record_dtype(cfg: Config, spec):
     """The run's record dtype: whole transitions for vectors, frame indices for images."""
     if spec.image:
         from mpirl.frames import record_dtype as frame_record
@@ -14,13 +19,13 @@ def record_dtype(cfg, spec):
     return transition_dtype(spec.obs_shape, spec.obs_dtype)
 
 
-def frames_per_transition(cfg, spec) -> float:
+def frames_per_transition(cfg: Config, spec) -> float:
     from mpirl.frames import frames_per_transition as fpt
 
     return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
 
 
-def beta_at(cfg, updates: int) -> float:
+def beta_at(cfg: Config, updates: int) -> float:
     """The importance-weight exponent after ``updates`` learner updates: ``beta`` annealed
     linearly to 1 over ``beta_steps`` updates.  The learner's update count decides it wherever
     the memory lives (the buffers learn it from PRIORITIES and WEIGHTS)."""
@@ -29,7 +34,7 @@ def beta_at(cfg, updates: int) -> float:
     return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
 
 
-def make_replay(cfg, spec, record, seed: int):
+def make_replay(cfg: Config, spec, record, seed: int):
     """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
     from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
@@ -42,7 +47,7 @@ def make_replay(cfg, spec, record, seed: int):
                              eps=cfg.priority_eps, seed=seed)
 
 
-def replay_footprint(cfg, spec) -> int:
+def replay_footprint(cfg: Config, spec) -> int:
     from mpirl.replay.frames import frame_footprint_bytes
     from mpirl.replay.memory import footprint_bytes
 
@@ -59,7 +64,7 @@ def replay_footprint(cfg, spec) -> int:
 FRAME_HEADROOM = 0.10
 
 
-def max_learning_starts(cfg, spec) -> int:
+def max_learning_starts(cfg: Config, spec) -> int:
     """The largest --learning-starts the replay memory is sure to reach.
 
     Vectors: the capacity.  Images: 90% of it (FRAME_HEADROOM) less one message (retirement
