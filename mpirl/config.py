@@ -63,8 +63,8 @@ class Config:
         "reward_threshold, e.g. 475 for CartPole-v1; 'none' disables it)",
     )
     run_dir: str | None = _f(
-        None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>); must be "
-        "new or empty"
+        None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>, <time> "
+        "from rank 0's clock); must be new or empty: mpirl never overwrites a run"
     )
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
