@@ -1,7 +1,8 @@
 """One frozen, documented configuration, parsed once (CLI, optionally a TOML file), validated once.
 
 Every field's ``help`` metadata is the documentation: ``python -m mpirl.main --help`` prints it and
-the README's configuration table is generated from the same text.
+docs/configuration.md's tables are generated from the same text (``python -m mpirl.config_table``;
+the ``# --- group ---`` comments below are their sections).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class Config:
                   "the id)")
     replay_at: str = _f(
         "buffer",
-        "where the prioritized replay memory lives: 'buffer' (proposed: at the edge, only "
-        "prioritized batches cross the link) or 'learner' (existing, Ape-X style: every "
+        "where the prioritized replay memory lives: 'buffer' (at the edge: only prioritized "
+        "batches cross the link, priority updates come back) or 'learner' (in the cloud: every "
         "experience crosses the link)",
         choices=("buffer", "learner"),
     )
@@ -62,8 +63,8 @@ class Config:
         "reward_threshold, e.g. 475 for CartPole-v1; 'none' disables it)",
     )
     run_dir: str | None = _f(
-        None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>); must be "
-        "new or empty"
+        None, "folder for this run's HDF5 files (default runs/<time>-<env>-<replay_at>, <time> "
+        "from rank 0's clock); must be new or empty: mpirl never overwrites a run"
     )
     progress_seconds: float = _f(5.0, "seconds between progress lines (0 = quiet)")
     flush_seconds: float = _f(2.0, "seconds between HDF5 flushes (data since the last flush is "
@@ -89,7 +90,8 @@ class Config:
     huber_delta: float = _f(1.0, "Huber loss delta")
 
     # --- replay memory -------------------------------------------------------------------------
-    replay_capacity: int = _f(100_000, "replay memory capacity in transitions")
+    replay_capacity: int = _f(100_000, "replay memory capacity in transitions (refused up "
+                              "front if the host's available memory cannot hold it)")
     alpha: float = _f(0.6, "priority exponent: p = (|td| + eps)^alpha")
     beta: float = _f(0.4, "importance-weight exponent (annealed to 1 over beta_steps updates)")
     beta_steps: int = _f(20_000, "learner updates over which beta anneals to 1 (0 = fixed)")
@@ -126,7 +128,7 @@ class Config:
     learner_updates_per_s: float = _f(
         0.0, "cap on the learner's updates per second (a token bucket), so that samples per "
         "produced transition rho = this x batch_size / P is set by the experiment; use with "
-        "--replay-ratio 0 (0 = no cap)")
+        "--replay-ratio 0 (0 = no cap); the achieved P, U and rho: learner.h5:/progress")
 
     # --- actors --------------------------------------------------------------------------------
     episodic_life: bool = _f(False, "Atari: a lost life ends the n-step return (discount 0) "
@@ -142,7 +144,8 @@ class Config:
         "auto", "learner updates between weight broadcasts to the buffers: N, or 'auto' = as "
         "often as keeps weight traffic within --weights-link-share of the slowest link (its "
         "measured rate, the last broadcast's size), at most every 100 updates; a link holds at "
-        "most one waiting broadcast (a newer one replaces it)")
+        "most one waiting broadcast (a newer one replaces it); the effective interval: "
+        "/progress weights_interval")
     weights_link_share: float = _f(0.25, "--weights-every auto: the share of the link's rate "
                                    "weight broadcasts may use, in (0, 1]")
     weights_encoding: str = _f(
@@ -158,7 +161,9 @@ class Config:
         (), "share of the learner's work per site (one weight per buffer; default equal): "
         "replay_at=buffer, which site's batch is trained next; replay_at=learner, which site "
         "gets forward tokens first")
-    link: str = _f("none", "long-haul link profile between buffers and learner (see --help)")
+    link: str = _f("none", "long-haul link profile between the buffers and the learner: "
+                   "'none' (the real network) or an emulated one (Link profiles at the end of "
+                   "--help and in docs/configuration.md)")
     latency_ms: float | None = _f(None, "override the profile's one-way latency (ms)")
     bandwidth_mbps: float | None = _f(None, "override the profile's bandwidth (Mbit/s)")
     jitter_ms: float | None = _f(None, "override the profile's jitter (ms, uniform +-)")
@@ -169,9 +174,11 @@ class Config:
                             "sampled more than this many batches ago (0 = no bound); updates "
                             "for overwritten slots are always dropped")
     link_change: str | None = _f(None, "change the link profile during the run: "
-                                 "'SECONDS:PROFILE', e.g. '30:wan-100m-30ms'")
+                                 "'SECONDS:PROFILE', e.g. '30:wan-100m-30ms' (messages already "
+                                 "queued leave first, in order)")
     forward_overflow: str = _f("block", "replay_at=learner, forward queue full: 'block' "
-                               "(backpressure to the actors) or 'drop-oldest' (counted)",
+                               "(backpressure to the actors) or 'drop-oldest' (keeps P; the "
+                               "fraction delivered: /progress delivered_fraction)",
                                choices=("block", "drop-oldest"))
     forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
     forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")

@@ -19,8 +19,8 @@ import time
 import traceback
 
 #: Pause between printing the error and aborting: MPI_Abort tears down Hydra's output forwarding,
-#: and on a loaded machine the flushed line naming the rank was lost (once in a full test run,
-#: at load ~7.5 on 2 cores: only the line before it arrived).  Costs this much per abort.
+#: and on a loaded machine the flushed line naming the rank can be lost without it (seen in a full
+#: test run at load ~7.5 on 2 cores: only the line before it arrived).  Costs this much per abort.
 FORWARD_GRACE_S = 0.25
 
 

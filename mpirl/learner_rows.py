@@ -40,7 +40,7 @@ def huber(td_abs: np.ndarray, delta: float) -> np.ndarray:
 def spread(p: np.ndarray) -> dict:
     """Median and p90 of one message's priorities (/transfers), as np.percentile's default
     (linear) method gives them, from one sort: ~1 us for a batch of 64 where np.percentile
-    costs ~30 us, once per update in the proposed placement."""
+    costs ~30 us, once per update with replay_at=buffer."""
     if not p.size:
         return {"priority_median": np.nan, "priority_p90": np.nan}
     s = np.sort(p, axis=None)

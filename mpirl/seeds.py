@@ -44,7 +44,7 @@ learner's ``evaluation`` lists round 0's).  `mpirl.play` seeds episode ``i`` wit
 on its own (a replay, not part of a run).  What the seeds cannot fix: the ranks run
 asynchronously, so which experiences reach the replay memory when, which batch the learner
 trains next and which weights an actor holds at a step depend on timing; two runs with one seed
-share their first weights and first episodes, then drift apart (README, "Reproducibility").
+share their first weights and first episodes, then drift apart (docs/running.md, "Reproducibility").
 """
 
 from __future__ import annotations
