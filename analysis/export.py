@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.compare import cell_label, cell_of
+from analysis.cells import cell_label, cell_of
 from analysis.metrics import link_mb_at, resolve_target
 from analysis.runs import Run, find_runs, load_run
 

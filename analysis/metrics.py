@@ -1,4 +1,4 @@
-"""Per-run metrics, and the "after convergence" window they are averaged over.
+"""Per-run metrics (`run_metrics`), and the two "after convergence" windows they are averaged over.
 
 After convergence (the same rule for both placements, applied to each run on its own)
 ------------------------------------------------------------------------------------
@@ -22,15 +22,17 @@ fewer than ``2 W`` updates, the loss has not settled within the run (it was stil
 rising at the end); then the window is the **last 25%** of the updates. `Convergence.method`
 says which rule gave the window (``"settled"`` or ``"fallback"``); the tables report it.
 
-Fixed window (the primary one, issue 14; docs/results/appendix/fixed-updates.md "Plan")
----------------------------------------------------------------
+Fixed window (the primary one; docs/results/appendix/fixed-updates.md "Plan")
+---------------------------------------------------------------------------
 With an update budget ``N`` per run (``--max-updates N``; without one, ``N`` is the updates the
-run made), "after convergence" is the fixed window of updates ``N/2 .. N``: update numbers
-``u`` with ``ceil(N / 2) <= u <= N``, and for transfers every row whose ``update`` column lies in
-that range. Every run of a cell then averages over the same updates, whatever its loss curve
-does. A run that stopped before ``N`` (target reached, failure) keeps the part of the window it
-has; ``fixed_complete`` says whether it ran to ``N``. The settle rule above is kept as a
-sensitivity check (the ``*_conv`` keys beside the ``*_fixed`` ones).
+run made: its summary's ``updates``, else its last logged update), "after convergence" is the
+fixed window of updates ``N/2 .. N``: update numbers ``u`` with ``ceil(N / 2) <= u <= N``, and
+for transfers and evaluations every row whose ``update`` column lies in that range. Every run of
+a cell then averages over the same updates, whatever its loss curve does. A run that stopped
+before ``N`` (target reached, failure) keeps the part of the window it has; ``fixed_complete``
+says whether it ran to ``N``. The settle rule above is kept as a sensitivity check: every windowed
+mean of `run_metrics` has its fixed-window key (``train_loss``) and its settle-rule key
+(``train_loss_conv``).
 
 Why these numbers: a 500-update average of a DQN loss still wanders by several percent, so a band
 of ±20% is not broken by noise but is broken by a trend; runs that stop at their return target
@@ -40,14 +42,16 @@ while the loss is still falling (CartPole to 475 does) get the fallback, and say
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from analysis.runs import Run
 
-__all__ = ["KNOWN_TARGETS", "Convergence", "convergence", "fixed_window", "moving_average",
-           "resolve_target", "run_metrics", "settle_index"]
+__all__ = ["KNOWN_TARGETS", "Convergence", "Kind", "Window", "convergence", "fixed_window",
+           "link_mb_at", "moving_average", "resolve_target", "run_metrics", "settle_index",
+           "to_target", "window_means"]
 
 TOL = 0.2
 MIN_TAIL = 0.1
@@ -60,6 +64,14 @@ KNOWN_TARGETS = {
     "CartPole-v0": 195.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0,
     "LunarLander-v2": 200.0, "LunarLander-v3": 200.0,
 }
+
+
+class Kind(IntEnum):
+    """``/transfers/kind``: the wire tag of the message that crossed the link (the values of
+    ``mpirl.wire.Tag``; analysis does not import mpirl, tests/test_analysis.py checks them)."""
+
+    FORWARD = 4  # forwarded experiences (replay_at=learner)
+    BATCH = 5  # a sampled batch (replay_at=buffer)
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,16 @@ def window_start(n: int) -> int:
     return -(-int(n) // 2) if n > 0 else 0
 
 
+def budget(run: Run) -> int:
+    """``N`` of the fixed window: config ``max_updates`` when the run has one, else the updates
+    it made (its summary's ``updates``, else its last logged update; 0 without any)."""
+    n = run.config.get("max_updates") or run.summary.get("updates") or 0
+    if not n:
+        upd = run.learner.stream("updates").get("update", np.zeros(0))
+        n = int(upd[-1]) if len(upd) else 0
+    return int(n)
+
+
 def convergence(run: Run, **kw: Any) -> Convergence:
     """The after-convergence window of ``run`` (keywords: see `settle_index`)."""
     upd = run.learner.stream("updates")
@@ -170,118 +192,8 @@ def _weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
     return float(np.sum(x[ok] * w[ok]) / np.sum(w[ok])) if ok.any() else float("nan")
 
 
-def run_metrics(run: Run, target: float | None = None, **conv_kw: Any) -> dict[str, Any]:
-    """One flat dict of everything the tables need, for one run (NaN/None when unavailable).
-
-    - ``loss_fixed``, ``prio_held_fixed``, ``prio_arrival_fixed``, ``td_arrival_fixed``: the same
-      means over the fixed window of updates ``N/2 .. N`` (`fixed_window`; ``budget_updates`` is
-      ``N``, ``fixed_complete`` whether the run reached it): the primary window.
-    - ``loss_conv``: mean loss over the after-convergence updates (settle rule: the sensitivity
-      check).
-    - ``prio_held_conv``: transfers with ``t >= conv_t``, mean of ``priority_mean`` weighted by
-      ``n`` (the priority the sender held); ``prio_arrival_conv`` the same for
-      ``arrival_priority_mean``, ``td_arrival_conv`` for ``arrival_td_mean`` (under the
-      learner's network on arrival), weighted by ``arrival_n`` (the subsample they are over;
-      ``n`` in logs older than --arrival-sample).
-    - ``link_bytes_*``: summary (learner side: ``in`` = toward the learner); per update =
-      (in + out) / updates.
-    - ``time_to_target_s`` / ``env_steps_to_target``: the summary's when it has them and no
-      override target is given, else the first ``evals`` row with ``ret_mean >= target``
-      (its ``t`` and ``env_steps``); None = not reached.
-    """
-    s = run.summary
-    conv = convergence(run, **conv_kw)
-    upd = run.learner.stream("updates")
-    loss = np.asarray(upd.get("loss", np.zeros(0)), "f8")
-    xf = run.learner.stream("transfers")
-    after = np.asarray(xf.get("t", np.zeros(0))) >= conv.t if conv.method != "none" else None
-    if after is None or not len(xf.get("n", ())):
-        held = arrival = td = float("nan")
-        n_after = 0
-    else:
-        w = xf["n"][after]
-        held = _weighted_mean(xf["priority_mean"][after], w)
-        wa = xf["arrival_n"][after] if "arrival_n" in xf else w  # the subsample's size
-        arrival = _weighted_mean(xf["arrival_priority_mean"][after], wa)
-        td = _weighted_mean(xf["arrival_td_mean"][after], wa)
-        n_after = int(np.sum(w))
-    updates = int(s.get("updates") or 0) or len(loss)
-    budget = int(run.config.get("max_updates") or 0)
-    in_fixed, n_fixed = fixed_window(upd.get("update", np.arange(1, len(loss) + 1)), budget)
-    xf_fixed = (fixed_window(xf.get("update", np.zeros(0, "i8")), n_fixed)[0] if n_fixed
-                else np.zeros(len(xf.get("n", ())), bool))
-    if xf_fixed.any():
-        w = xf["n"][xf_fixed]
-        fixed = {k: _weighted_mean(xf[col][xf_fixed], w) for k, col in (
-            ("prio_held_fixed", "priority_mean"), ("prio_arrival_fixed", "arrival_priority_mean"),
-            ("td_arrival_fixed", "arrival_td_mean"))}
-    else:
-        fixed = dict.fromkeys(("prio_held_fixed", "prio_arrival_fixed", "td_arrival_fixed"),
-                              float("nan"))
-    b_in = s.get("link_bytes_in")
-    b_out = s.get("link_bytes_out")
-    b_tot = (b_in or 0) + (b_out or 0) if b_in is not None or b_out is not None else None
-
-    tgt, tgt_src = resolve_target(run, target)
-    ev = run.learner.stream("evals")
-    rets = np.asarray(ev.get("ret_mean", np.zeros(0)), "f8")
-    tt = steps = None
-    if target is None and s.get("time_to_target_s") is not None:
-        tt, steps, tt_src = float(s["time_to_target_s"]), s.get("env_steps_to_target"), "summary"
-    else:
-        tt_src = "evals"
-        if tgt is not None and len(rets):
-            hit = np.flatnonzero(rets >= tgt)
-            if len(hit):
-                tt, steps = float(ev["t"][hit[0]]), int(ev["env_steps"][hit[0]])
-    return {
-        "run": str(run.path),
-        "replay_at": run.replay_at,
-        "seed": run.seed,
-        "summary_source": run.summary_source,
-        "stop_reason": s.get("stop_reason"),
-        "updates": updates,
-        "env_steps": s.get("env_steps"),
-        "wall_s": s.get("wall_s"),
-        "conv_method": conv.method,
-        "conv_start_row": conv.start,
-        "conv_update": conv.update,
-        "conv_t": conv.t,
-        "conv_window": conv.window,
-        "budget_updates": n_fixed,
-        "fixed_complete": bool(n_fixed) and updates >= n_fixed,
-        "loss_fixed": _nanmean(loss[in_fixed]),
-        **fixed,
-        "loss_conv": _nanmean(loss[conv.start:]),
-        "loss_final_w": _nanmean(loss[-conv.window:]) if conv.window else float("nan"),
-        "prio_held_conv": held,
-        "prio_arrival_conv": arrival,
-        "td_arrival_conv": td,
-        "transferred_conv": n_after,
-        "link_bytes_in": b_in,
-        "link_bytes_out": b_out,
-        "link_bytes_total": b_tot,
-        "link_bytes_per_update": b_tot / updates if b_tot is not None and updates else None,
-        "target": tgt,
-        "target_source": tgt_src,
-        "time_to_target_s": tt,
-        "env_steps_to_target": int(steps) if steps is not None else None,
-        "to_target_source": tt_src,
-        "final_eval": float(rets[-1]) if len(rets) else None,
-        "best_eval": float(np.max(rets)) if len(rets) else None,
-    }
-
-
-# --- the paper experiment's metrics (issue 14, item 3): the same definition in both placements ---
-
-def budget_window_start(run: Run) -> int:
-    """First update of the fixed window "after convergence" = updates N/2 .. N, with N the run's
-    update budget (config ``max_updates`` when the run has one, else the updates it made)."""
-    n = run.config.get("max_updates") or run.summary.get("updates") or 0
-    if not n:
-        upd = run.learner.stream("updates").get("update", np.zeros(0))
-        n = int(upd[-1]) if len(upd) else 0
-    return window_start(int(n))  # the same window as `fixed_window`
+def _nanmedian(x: np.ndarray) -> float:
+    return float(np.nanmedian(x)) if np.isfinite(x).any() else float("nan")
 
 
 def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
@@ -299,96 +211,169 @@ def link_mb_at(run: Run, t: np.ndarray) -> np.ndarray:
     return np.interp(t, np.concatenate([[0.0], lt]), np.concatenate([[0.0], np.cumsum(b)])) / 1e6
 
 
-def paper_metrics(run: Run, target: float | None = None) -> dict[str, Any]:
-    """The per-run metrics of the fixed-update Plan (docs/results/appendix/fixed-updates.md),
-    each defined the same way in both
-    placements. Window: updates N/2 .. N (`budget_window_start`); rows of ``/transfers`` and
-    ``/evals`` count by their ``update``.
+@dataclass(frozen=True)
+class Window:
+    """The rows a windowed mean covers: ``/updates`` rows with ``update >= first`` (and
+    ``<= last`` when given), ``/evals`` rows of those updates, and ``/transfers`` rows of those
+    updates or, with ``since_t``, every transfer at or after that time."""
 
-    - ``ref_loss``: mean ``/evals/reference_loss`` of the window's evaluations (NaN: no set).
+    first: int
+    last: int | None = None
+    since_t: float | None = None
+
+    def mask(self, stream: dict[str, np.ndarray], by_time: bool = False) -> np.ndarray:
+        if by_time:
+            return np.asarray(stream.get("t", np.zeros(0)), "f8") >= self.since_t
+        u = np.asarray(stream.get("update", np.zeros(0)), "i8")
+        return (u >= self.first) & (u <= self.last if self.last is not None else True)
+
+
+def window_means(run: Run, w: Window) -> dict[str, float]:
+    """The means over one window, defined the same way in both placements:
+
+    - ``ref_loss``: mean ``/evals/reference_loss`` of the window's evaluations (NaN: no set);
+      ``return_window``: their mean ``ret_mean``.
     - ``train_loss``, ``batch_td``: mean ``/updates/loss`` (importance weighted) and
-      ``/updates/td_abs_mean`` over the window.
-    - ``prio_held``: mean of ``/transfers/priority_mean`` weighted by ``n`` (per transition);
-      ``prio_msg_median`` / ``prio_msg_p90``: the median over the window's messages of each
-      message's ``priority_median`` / ``priority_p90``.
+      ``/updates/td_abs_mean``.
+    - ``prio_held``: mean of ``/transfers/priority_mean`` weighted by ``n`` (the priority the
+      sender held, per transition); ``prio_msg_median`` / ``prio_msg_p90``: the median over the
+      window's messages of each message's ``priority_median`` / ``priority_p90``.
     - ``prio_per_mb``: priority delivered per MB over the link = sum(n * priority_mean) /
       sum(nbytes) * 1e6, the window's messages toward the learner (their size on the link).
-    - ``arrival_prio``, ``arrival_td``: ``/transfers/arrival_*_mean`` weighted by ``arrival_n``.
-    - ``return_window``: mean ``/evals/ret_mean`` over the window; ``return_per_mb`` that over
-      the run's link MB (both directions, summary ``link_bytes_in + link_bytes_out``).
-    - ``delivered_fraction`` (existing placement only, else NaN): forwarded transitions that
-      reached the learner (``/transfers/n`` of kind 4, the whole run) over the env steps the
-      actors produced (summary ``env_steps``); each env step yields one n-step transition.
-    - ``time_to_target_s``, ``updates_to_target``, ``link_mb_to_target``: at the first
-      evaluation with ``ret_mean >= target`` (its ``t``, ``update``, cumulative link MB at
-      ``t``); None = not reached (censored by the caller, `analysis.stats.time_to_target`).
+    - ``arrival_prio``, ``arrival_td``: ``/transfers/arrival_*_mean`` (under the learner's
+      network on arrival) weighted by ``arrival_n`` (the subsample they are over; ``n`` in logs
+      without it); ``transferred``: the window's transitions (sum of ``n``).
     """
-    start = budget_window_start(run)
-    upd = run.learner.stream("updates")
-    u_no = np.asarray(upd.get("update", np.zeros(0)), "i8")
-    in_u = u_no >= start
-    xf = run.learner.stream("transfers")
-    in_x = np.asarray(xf.get("update", np.zeros(0)), "i8") >= start
-    ev = run.learner.stream("evals")
-    e_upd = np.asarray(ev.get("update", np.zeros(0)), "i8")
-    in_e = e_upd >= start
+    upd, xf, ev = (run.learner.stream(s) for s in ("updates", "transfers", "evals"))
+    in_u, in_e = w.mask(upd), w.mask(ev)
+    in_x = w.mask(xf, by_time=w.since_t is not None)
 
-    def col(s, k, mask):
+    def col(s: dict[str, np.ndarray], k: str, mask: np.ndarray) -> np.ndarray:
         return np.asarray(s.get(k, np.full(len(mask), np.nan)), "f8")[mask]
 
-    n = col(xf, "n", in_x)
-    nbytes = col(xf, "nbytes", in_x)
-    pm = col(xf, "priority_mean", in_x)
+    n, nbytes, pm = (col(xf, k, in_x) for k in ("n", "nbytes", "priority_mean"))
     ok = np.isfinite(pm) & (n > 0)
     per_mb = float(np.sum(n[ok] * pm[ok]) / np.sum(nbytes[ok]) * 1e6) \
         if ok.any() and np.sum(nbytes[ok]) > 0 else float("nan")
     an = col(xf, "arrival_n", in_x) if "arrival_n" in xf else n
-
-    s = run.summary
-    b_in, b_out = s.get("link_bytes_in"), s.get("link_bytes_out")
-    link_mb = ((b_in or 0) + (b_out or 0)) / 1e6 if b_in is not None or b_out is not None \
-        else float("nan")
-    ret_w = _nanmean(col(ev, "ret_mean", in_e))
-    tgt, _ = resolve_target(run, target)
-    rets = np.asarray(ev.get("ret_mean", np.zeros(0)), "f8")
-    tt = ut = mbt = None
-    if tgt is not None:
-        hit = np.flatnonzero(rets >= tgt)
-        if len(hit):
-            t_hit = float(ev["t"][hit[0]])
-            tt, ut = t_hit, int(e_upd[hit[0]])
-            mbt = float(link_mb_at(run, np.array([t_hit]))[0])
-    steps = s.get("env_steps")
-    n_all = np.asarray(xf.get("n", np.zeros(0)), "f8")
-    fwd = np.asarray(xf["kind"], "i8") == 4 if "kind" in xf else np.ones(len(n_all), bool)
-    if run.replay_at != "learner":
-        delivered = float("nan")
-    elif s.get("delivered_fraction") is not None:  # the learner's own figure (summary.json)
-        delivered = float(s["delivered_fraction"])
-    else:  # runs from before it was logged: forwarded transitions per env step
-        delivered = float(np.sum(n_all[fwd]) / steps) if steps else float("nan")
     return {
-        "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
-        "window_start_update": start,
-        "delivered_fraction": delivered,
         "ref_loss": _nanmean(col(ev, "reference_loss", in_e)),
         "train_loss": _nanmean(col(upd, "loss", in_u)),
         "batch_td": _nanmean(col(upd, "td_abs_mean", in_u)),
         "prio_held": _weighted_mean(pm, n),
-        "prio_msg_median": float(np.nanmedian(col(xf, "priority_median", in_x)))
-        if np.isfinite(col(xf, "priority_median", in_x)).any() else float("nan"),
-        "prio_msg_p90": float(np.nanmedian(col(xf, "priority_p90", in_x)))
-        if np.isfinite(col(xf, "priority_p90", in_x)).any() else float("nan"),
+        "prio_msg_median": _nanmedian(col(xf, "priority_median", in_x)),
+        "prio_msg_p90": _nanmedian(col(xf, "priority_p90", in_x)),
         "prio_per_mb": per_mb,
         "arrival_prio": _weighted_mean(col(xf, "arrival_priority_mean", in_x), an),
         "arrival_td": _weighted_mean(col(xf, "arrival_td_mean", in_x), an),
-        "link_mb": link_mb,
-        "return_window": ret_w,
-        "return_per_mb": ret_w / link_mb if link_mb and np.isfinite(link_mb) else float("nan"),
-        "target": tgt,
-        "wall_s": s.get("wall_s"),
-        "updates": s.get("updates"),
-        "time_to_target_s": tt,
-        "updates_to_target": ut,
-        "link_mb_to_target": mbt,
+        "return_window": _nanmean(col(ev, "ret_mean", in_e)),
+        "transferred": int(np.sum(n[np.isfinite(n)])),
+    }
+
+
+def to_target(run: Run, target: float | None, recorded: bool = True) -> dict[str, Any]:
+    """Time to target, the one rule: the first ``/evals`` row with ``ret_mean >= target``; its
+    ``t`` (learner loop clock), ``env_steps``, ``update`` and the cumulative link MB at that
+    time (`link_mb_at`). When the learner stopped at that target itself (``recorded``: the run's
+    own target, no override) it wrote the same evaluation into its summary
+    (``time_to_target_s``, ``env_steps_to_target``, ``updates_to_target``) on the run's training
+    clock, which also counts the earlier segments of a resumed run: those are taken. None = not
+    reached (censored by the caller, `analysis.stats.time_to_target`) or no target."""
+    keys = ("time_to_target_s", "env_steps_to_target", "updates_to_target", "link_mb_to_target")
+    out: dict[str, Any] = dict.fromkeys(keys)
+    ev, s = run.learner.stream("evals"), run.summary
+    rets = np.asarray(ev.get("ret_mean", np.zeros(0)), "f8")
+    hit = np.flatnonzero(rets >= target) if target is not None else []
+    if len(hit):
+        i = hit[0]
+        out.update(time_to_target_s=float(ev["t"][i]), env_steps_to_target=int(ev["env_steps"][i]),
+                   updates_to_target=int(ev["update"][i]))
+    if recorded and s.get("time_to_target_s") is not None:
+        steps, ups = s.get("env_steps_to_target"), s.get("updates_to_target")
+        out.update(time_to_target_s=float(s["time_to_target_s"]),
+                   env_steps_to_target=int(steps) if steps is not None else None,
+                   updates_to_target=int(ups) if ups is not None else out["updates_to_target"])
+    if out["time_to_target_s"] is not None:
+        out["link_mb_to_target"] = float(link_mb_at(run, np.array([out["time_to_target_s"]]))[0])
+    return out
+
+
+def delivered_fraction(run: Run) -> float:
+    """Forwarded transitions that reached the learner over the env steps the actors produced
+    (replay_at=learner only, else NaN): the summary's ``delivered_fraction`` when the learner
+    wrote it, else ``/transfers/n`` of kind `Kind.FORWARD` over the whole run / summary
+    ``env_steps`` (each env step yields one n-step transition)."""
+    s = run.summary
+    if run.replay_at != "learner":
+        return float("nan")
+    if s.get("delivered_fraction") is not None:
+        return float(s["delivered_fraction"])
+    xf = run.learner.stream("transfers")
+    n = np.asarray(xf.get("n", np.zeros(0)), "f8")
+    fwd = np.asarray(xf["kind"], "i8") == Kind.FORWARD if "kind" in xf else np.ones(len(n), bool)
+    steps = s.get("env_steps")
+    return float(np.sum(n[fwd]) / steps) if steps else float("nan")
+
+
+def _link(run: Run) -> dict[str, Any]:
+    """The summary's link bytes (learner side: ``in`` = toward the learner), their total, per
+    update and in MB."""
+    s = run.summary
+    b_in, b_out = s.get("link_bytes_in"), s.get("link_bytes_out")
+    tot = (b_in or 0) + (b_out or 0) if b_in is not None or b_out is not None else None
+    updates = int(s.get("updates") or 0) or len(run.learner.stream("updates").get("loss", ()))
+    return {"link_bytes_in": b_in, "link_bytes_out": b_out, "link_bytes_total": tot,
+            "link_bytes_per_update": tot / updates if tot is not None and updates else None,
+            "link_mb": tot / 1e6 if tot is not None else float("nan")}
+
+
+def run_metrics(run: Run, target: float | None = None, window: int | None = None,
+                tol: float = TOL) -> dict[str, Any]:
+    """One flat dict of every per-run metric (NaN/None when unavailable):
+
+    - the run: ``run``, ``replay_at``, ``seed``, ``summary_source``, ``stop_reason``,
+      ``updates``, ``env_steps``, ``wall_s``, ``delivered_fraction`` (`delivered_fraction`);
+    - the fixed window (`budget`, `fixed_window`): ``window_start_update``, ``budget_updates``
+      (N), ``fixed_complete`` (the run reached N), and every mean of `window_means` over it
+      (``train_loss``, ``prio_held``, ...); ``return_per_mb`` = ``return_window`` / ``link_mb``;
+    - the settle rule (`convergence`, ``window`` = W and ``tol`` as there): ``conv_method``,
+      ``conv_start_row``, ``conv_update``, ``conv_t``, ``conv_window``, ``loss_final_w`` (mean
+      loss of the last W updates), and every mean of `window_means` with ``_conv`` appended,
+      transfers counted by time (``t >= conv_t``);
+    - link bytes (`_link`); the target (`resolve_target`) and time to it (`to_target`);
+      ``final_eval`` / ``best_eval``: the last and best ``/evals/ret_mean``.
+    """
+    s = run.summary
+    upd = run.learner.stream("updates")
+    loss = np.asarray(upd.get("loss", np.zeros(0)), "f8")
+    n_fixed = budget(run)
+    fixed = window_means(run, Window(window_start(n_fixed), n_fixed if n_fixed else None))
+    conv = convergence(run, window=window, tol=tol)
+    if conv.method == "none":
+        settled = dict.fromkeys(fixed, float("nan")) | {"transferred": 0}
+    else:
+        settled = window_means(run, Window(conv.update, since_t=conv.t))
+    link = _link(run)
+    tgt, tgt_src = resolve_target(run, target)
+    rets = np.asarray(run.learner.stream("evals").get("ret_mean", np.zeros(0)), "f8")
+    updates = int(s.get("updates") or 0) or len(loss)
+    return {
+        "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
+        "summary_source": run.summary_source, "stop_reason": s.get("stop_reason"),
+        "updates": updates, "env_steps": s.get("env_steps"), "wall_s": s.get("wall_s"),
+        "delivered_fraction": delivered_fraction(run),
+        "window_start_update": window_start(n_fixed), "budget_updates": n_fixed,
+        "fixed_complete": bool(n_fixed) and updates >= n_fixed,
+        **fixed,
+        "return_per_mb": fixed["return_window"] / link["link_mb"]
+        if link["link_mb"] and np.isfinite(link["link_mb"]) else float("nan"),
+        "conv_method": conv.method, "conv_start_row": conv.start, "conv_update": conv.update,
+        "conv_t": conv.t, "conv_window": conv.window,
+        "loss_final_w": _nanmean(loss[-conv.window:]) if conv.window else float("nan"),
+        **{f"{k}_conv": v for k, v in settled.items()},
+        **link,
+        "target": tgt, "target_source": tgt_src,
+        **to_target(run, tgt, recorded=target is None),
+        "final_eval": float(rets[-1]) if len(rets) else None,
+        "best_eval": float(np.max(rets)) if len(rets) else None,
     }

@@ -1,4 +1,5 @@
-"""Time-series plots of one link profile: one curve per placement, seeds as a band.
+"""Plots: the time series of one link profile (one curve per placement, seeds as a band), and
+the paper report's return against link MB and loss and priority curves against updates.
 
 Every run's series is first put on a common time grid (seconds since the learner's loop start,
 see `analysis.runs`; bins of equal width over the longest run of the profile):
@@ -18,14 +19,18 @@ drawn on the Agg canvas directly (no pyplot, no display, and the caller's backen
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from analysis.cells import PAPER_TERM
+from analysis.metrics import link_mb_at
 from analysis.runs import Run
 
-__all__ = ["band", "binned_mean", "common_grid", "counter_rate", "plot_profile"]
+__all__ = ["band", "binned_mean", "common_grid", "counter_rate", "curves", "plot_curves",
+           "plot_profile", "plot_return_vs_link"]
 
 Series = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # t, y, weights
 
@@ -66,7 +71,7 @@ def binned_mean(t: np.ndarray, y: np.ndarray, edges: np.ndarray,
 
 def counter_rate(t: np.ndarray, amount: np.ndarray, interval: np.ndarray | None,
                  edges: np.ndarray) -> np.ndarray:
-    """Rate (amount/s) per bin from rows "``amount`` in the ``interval`` seconds ending at ``t``"."""
+    """Rate (amount/s) per bin from rows "``amount`` in the ``interval`` s ending at ``t``"."""
     t, amount = np.asarray(t, "f8"), np.asarray(amount, "f8")
     nb = len(edges) - 1
     if not len(t):
@@ -216,3 +221,90 @@ def plot_profile(title: str, groups: dict[str, list[Run]], out_dir: str | Path, 
     ax.legend(fontsize=8)
     save(fig, "link")
     return written
+
+
+# --- the paper report's figures ----------------------------------------------------------------
+
+def plot_return_vs_link(title: str, runs: list[Run], path: Path) -> Path:
+    """Greedy return against cumulative link MB, one line per run (colour: placement)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    seen = set()
+    for r in runs:
+        ev = r.learner.stream("evals")
+        if not len(ev.get("t", ())):
+            continue
+        color = {"learner": "C0", "buffer": "C1"}.get(r.replay_at, "C2")
+        name = PAPER_TERM.get(r.replay_at, r.replay_at)
+        ax.plot(link_mb_at(r, ev["t"]), ev["ret_mean"], "-", color=color, lw=1, alpha=0.8,
+                label=None if name in seen else name)
+        seen.add(name)
+    ax.set_xlabel("cumulative link MB (both directions)")
+    ax.set_ylabel("greedy return")
+    ax.set_title(title)
+    if seen:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+CURVES = [  # (stream, x field, y field, weight field, axis label)
+    ("evals", "update", "reference_loss", None, "reference loss"),
+    ("updates", "update", "loss", None, "training loss (weighted)"),
+    ("transfers", "update", "priority_mean", "n", "transferred priority (held by sender)"),
+]
+
+
+def curves(runs: list[Run], bins: int = 40) -> tuple[np.ndarray, dict]:
+    """Per placement and curve: (median, 25th, 75th percentile) across seeds on a common grid
+    of learner updates (bin centres; each run's rows averaged per bin, weighted by ``n`` for
+    transfers, gaps inside a run's span interpolated: `binned_mean`)."""
+    top = max((float(np.max(u)) for r in runs
+               if len(u := r.learner.stream("updates").get("update", ()))), default=0.0)
+    edges = np.linspace(0.0, max(top, 1.0), bins + 1)
+    out: dict = {}
+    for stream, xk, yk, wk, _ in CURVES:
+        for place in ("learner", "buffer"):
+            rows = []
+            for r in (r for r in runs if r.replay_at == place):
+                s = r.learner.stream(stream)
+                if len(s.get(xk, ())) and yk in s:
+                    rows.append(binned_mean(s[xk], s[yk], edges, s.get(wk) if wk else None))
+            if rows:
+                a = np.vstack(rows)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins
+                    out[(yk, place)] = tuple(np.nanpercentile(a, q, axis=0) for q in (50, 25, 75))
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
+def plot_curves(title: str, runs: list[Run], path: Path) -> Path:
+    """Reference loss, training loss and transferred priority against learner updates: median
+    across seeds (line) and interquartile range (band) per placement."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    x, cv = curves(runs)
+    fig = Figure(figsize=(12, 3.6))
+    FigureCanvasAgg(fig)
+    for i, (_, _, yk, _, label) in enumerate(CURVES):
+        ax = fig.add_subplot(1, len(CURVES), i + 1)
+        for place, color in (("learner", "C0"), ("buffer", "C1")):
+            if (yk, place) not in cv:
+                continue
+            med, lo, hi = cv[(yk, place)]
+            ax.plot(x, med, color=color, label=PAPER_TERM[place])
+            ax.fill_between(x, lo, hi, color=color, alpha=0.25, lw=0)
+        ax.set_xlabel("learner updates")
+        ax.set_title(label, fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: median and IQR across seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path

@@ -37,7 +37,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-__all__ = ["H5Data", "Run", "find_runs", "load_run", "read_h5", "read_stream"]
+__all__ = ["H5Data", "Run", "find_runs", "load_experiment", "load_run", "read_h5", "read_stream"]
 
 Streams = dict[str, dict[str, np.ndarray]]
 
@@ -271,3 +271,14 @@ def load_run(path: str | Path) -> Run:
                 if "t" in s:
                     s["t"] = s["t"] + dt
     return run
+
+
+def load_experiment(exp_dir: str | Path) -> tuple[list[Run], list[str]]:
+    """Every run folder under ``exp_dir``, read; plus one line per folder that could not be."""
+    runs, errors = [], []
+    for p in find_runs(exp_dir):
+        try:
+            runs.append(load_run(p))
+        except Exception as e:  # noqa: BLE001 - one unreadable run must not stop the report
+            errors.append(f"{p}: {type(e).__name__}: {e}")
+    return runs, errors

@@ -3,7 +3,7 @@
     python experiments/weights_delta.py runs/weights-delta [--json FILE]
 
 Per env cell (``env=<label>``): each run's mean greedy return over updates N/2..N
-(`analysis.metrics.paper_metrics` ``return_window``), paired by seed across
+(`analysis.metrics.run_metrics` ``return_window``), paired by seed across
 ``weights_encoding=full`` and ``=delta``; the ratio of geometric means delta / full with a paired
 BCa bootstrap interval (`analysis.stats.ratio_ci`, 95%).  Verdict "not worse" when the interval's
 lower end is above 0.9 (it excludes a 10% loss).  Also per encoding: the mean bytes of a weight
@@ -40,7 +40,7 @@ def cells(root: Path) -> dict:
 
 
 def run_figures(d: Path) -> dict:
-    from analysis.metrics import paper_metrics
+    from analysis.metrics import run_metrics
     from analysis.runs import load_run
 
     run = load_run(d)
@@ -48,7 +48,7 @@ def run_figures(d: Path) -> dict:
     sent = np.asarray(pr.get("weights_sent", []), "f8")
     wbytes = np.asarray(pr.get("weights_bytes", []), "f8")
     ok = sent > 0
-    return {"return": paper_metrics(run)["return_window"],
+    return {"return": run_metrics(run)["return_window"],
             "weights_bytes": float(np.sum(wbytes[ok] * sent[ok]) / np.sum(sent[ok]))
             if ok.any() else math.nan,
             "lag_median": float(np.nanmedian(pr["lag_median"])) if len(pr.get("lag_median", []))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from mpirun import run_mpirl
 
-from analysis import compare as C
 from analysis import metrics as M
+from analysis import profile as P
 from analysis.runs import find_runs, load_run, read_h5
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def experiment(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def compared(experiment, tmp_path_factory):
     out = tmp_path_factory.mktemp("analysis")
-    return C.compare(experiment, out, plots=HAVE_MPL), out
+    return P.profile_report(experiment, out, plots=HAVE_MPL), out
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
@@ -74,6 +74,13 @@ def test_analysis_never_imports_mpirl():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        check=False, timeout=60)
     assert p.returncode == 0 and "EXPERIMENT_DIR" in p.stdout, p.stderr
+
+
+def test_transfer_kinds_are_the_wire_tags():
+    """analysis names /transfers/kind by the wire's tags without importing mpirl."""
+    from mpirl.wire import Tag
+
+    assert {k.name: int(k) for k in M.Kind} == {k.name: int(Tag[k.name]) for k in M.Kind}
 
 
 # --- the after-convergence window (pure) ---------------------------------------------------------
@@ -110,14 +117,14 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
     header = lines[0]
     assert "proposed / existing" in header and "paper (proposed / existing)" in header
     rows = [ln for ln in lines[2:] if ln.startswith("| ")]
-    assert len(rows) == len(C.ROWS)
-    for (key, label, _), row in zip(C.ROWS, rows):
+    assert len(rows) == len(P.ROWS)
+    for (key, label, _), row in zip(P.ROWS, rows):
         assert row.startswith(f"| {label}"), (key, row)
         assert row.count(" | ") == header.count(" | ")
     # the computed cells (existing, proposed, ratio) against the metrics computed by hand from
     # the files; the paper's figures only in the last column
     he, hp = _hand(experiment / "existing"), _hand(experiment / "proposed" / "seed0")
-    for key, start in (("loss_conv", "training loss after convergence"),
+    for key, start in (("train_loss_conv", "training loss after convergence"),
                        ("prio_held_conv", "transferred priority after convergence: held")):
         cells = _cells(next(r for r in rows if r.startswith(f"| {start}")))
         assert len(cells) == 5, cells
@@ -125,7 +132,7 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
         _close(cells[1], he[key])
         _close(cells[2], hp[key])
         _close(cells[3], hp[key] / he[key])
-        assert cells[4] == {"loss_conv": "0.260", "prio_held_conv": "3.92"}[key], cells
+        assert cells[4] == {"train_loss_conv": "0.260", "prio_held_conv": "3.92"}[key], cells
     conv_row = next(r for r in rows if r.startswith("| after-convergence window"))
     assert ("settled" in conv_row) or ("fallback: last 25%" in conv_row)
     # 8 s may or may not reach 475 on a 3-episode evaluation (a faster learner does): either
@@ -136,7 +143,7 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
     report = (out / "report.md").read_text()
     assert p.table in report and "## Runs" in report
     csv = (out / "runs.csv").read_text().splitlines()
-    assert len(csv) == 3 and "loss_conv" in csv[0]
+    assert len(csv) == 3 and "train_loss_conv" in csv[0]
 
 
 def _cells(row: str) -> list[str]:
@@ -159,7 +166,7 @@ def _hand(run_dir: Path) -> dict:
     start, _, _ = M.settle_index(loss)
     after = x["t"] >= t[start]
     return {
-        "loss_conv": float(np.mean(loss[start:].astype("f8"))),
+        "train_loss_conv": float(np.mean(loss[start:].astype("f8"))),
         "prio_held_conv": float(np.sum(x["priority_mean"][after] * x["n"][after])
                                 / np.sum(x["n"][after])),
         "link_bytes_per_update": (summary["link_bytes_in"] + summary["link_bytes_out"])
@@ -171,11 +178,11 @@ def test_ratios_are_computed_from_the_data(experiment, compared):
     profiles, _ = compared
     existing, proposed = profiles[0].groups
     he, hp = _hand(experiment / "existing"), _hand(experiment / "proposed" / "seed0")
-    for key in ("loss_conv", "prio_held_conv", "link_bytes_per_update"):
+    for key in ("train_loss_conv", "prio_held_conv", "link_bytes_per_update"):
         assert existing.mean(key) == pytest.approx(he[key], rel=1e-6), key
         assert proposed.mean(key) == pytest.approx(hp[key], rel=1e-6), key
         want = hp[key] / he[key]
-        assert C.ratio(proposed, existing, key) == pytest.approx(want, rel=1e-6), key
+        assert P.ratio(proposed, existing, key) == pytest.approx(want, rel=1e-6), key
     row = next(r for r in profiles[0].table.splitlines() if "held by sender" in r)
     ratio_cell = row.strip("| ").split(" | ")[3]
     assert float(ratio_cell) == pytest.approx(hp["prio_held_conv"] / he["prio_held_conv"],
@@ -255,7 +262,7 @@ def test_run_without_summary_json(experiment, tmp_path):
     assert r.summary_source == "derived from streams" and not r.finished
     assert r.summary["updates"] == len(r.learner.stream("updates")["loss"])
     assert r.summary["env_steps"] > 0 and r.summary["link_bytes_in"] > 0
-    profiles = C.compare(tmp_path / "exp", tmp_path / "out", plots=False)
+    profiles = P.profile_report(tmp_path / "exp", tmp_path / "out", plots=False)
     assert "unfinished" in " ".join(profiles[0].warnings)
     assert "n/a" not in next(ln for ln in profiles[0].table.splitlines() if "training loss" in ln)
 
@@ -267,7 +274,7 @@ def test_fields_of_different_lengths_are_cut_to_the_shortest(experiment, tmp_pat
         f["updates/loss"].resize(n - 3, axis=0)  # a kill between two fields' writes
     r = load_run(run)
     assert {len(v) for v in r.learner.stream("updates").values()} == {n - 3}
-    assert np.isfinite(M.run_metrics(r)["loss_conv"])
+    assert np.isfinite(M.run_metrics(r)["train_loss_conv"])
 
 
 WRITER = textwrap.dedent("""
@@ -313,8 +320,8 @@ def test_reads_a_run_while_the_writer_holds_its_file_open(experiment, tmp_path):
         r1 = load_run(run)
         assert r1.summary_source == "derived from streams"
         assert len(r1.learner.stream("updates")["loss"]) == n_all // 2
-        p1 = C.compare(exp, tmp_path / "out1", plots=False)
-        assert np.isfinite(p1[0].groups[0].mean("loss_conv"))
+        p1 = P.profile_report(exp, tmp_path / "out1", plots=False)
+        assert np.isfinite(p1[0].groups[0].mean("train_loss_conv"))
         w.stdin.write("go\n")
         w.stdin.flush()
         assert w.stdout.readline().strip() == "flushed"

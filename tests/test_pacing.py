@@ -166,11 +166,11 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
     assert m["budget_updates"] == 120 and m["fixed_complete"]
     want = (upd["update"] >= 60) & (upd["update"] <= 120)
     assert want.sum() == 61
-    assert m["loss_fixed"] == pytest.approx(float(np.mean(upd["loss"][want])), rel=1e-6)
+    assert m["train_loss"] == pytest.approx(float(np.mean(upd["loss"][want])), rel=1e-6)
     sel = (xf["update"] >= 60) & (xf["update"] <= 120)
-    assert m["prio_held_fixed"] == pytest.approx(
+    assert m["prio_held"] == pytest.approx(
         float(np.average(xf["priority_mean"][sel], weights=xf["n"][sel])), rel=1e-5)
-    assert np.isfinite(m["loss_conv"])  # the settle rule stays beside it
+    assert np.isfinite(m["train_loss_conv"])  # the settle rule stays beside it
 
 
 def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_fraction(tmp_path):

@@ -13,7 +13,10 @@ import pytest
 
 from analysis import compare as C
 from analysis import metrics as M
-from analysis.runs import load_run
+from analysis import paper as P
+from analysis.cells import group
+from analysis.plots import curves
+from analysis.runs import load_experiment, load_run
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -65,7 +68,7 @@ def write_run(path: Path, *, replay_at: str, seed: int, n_updates: int = 100,
     return path
 
 
-def test_paper_metrics_by_hand(tmp_path):
+def test_run_metrics_by_hand(tmp_path):
     xf = {"t": np.array([1.0, 6.0, 8.0]), "update": np.array([10, 60, 80]),
           "n": np.array([100, 10, 30]), "nbytes": np.array([1, 100_000, 300_000]),
           "priority_mean": np.array([9.0, 1.0, 2.0]),
@@ -78,7 +81,7 @@ def test_paper_metrics_by_hand(tmp_path):
           "reference_loss": np.array([9.0, 2.0, 4.0, 6.0])}
     run = load_run(write_run(tmp_path / "r", replay_at="learner", seed=0, transfers=xf,
                              evals=ev))
-    m = M.paper_metrics(run)
+    m = M.run_metrics(run)
     assert m["window_start_update"] == 50  # N = 100 updates: the window is 50..100
     assert m["ref_loss"] == pytest.approx(4.0)  # (2 + 4 + 6) / 3: the eval at update 25 is out
     assert m["train_loss"] == pytest.approx(3.0) and m["batch_td"] == pytest.approx(0.5)
@@ -94,14 +97,58 @@ def test_paper_metrics_by_hand(tmp_path):
     assert (m["time_to_target_s"], m["updates_to_target"]) == (4.0, 50)
     assert m["link_mb_to_target"] == pytest.approx(0.4)
     assert m["delivered_fraction"] == pytest.approx(140 / 640)  # every row (no kind): forwarded
+    # the settle rule's window beside it, transfers by time: the loss steps at update 50; its
+    # 10-update moving average is within 20% of 3 from update 47 (t = 4.7) on, so the messages
+    # at t = 6 and 8 count, as in the fixed window, and updates 47..49 (loss 1) join the mean
+    assert (m["conv_method"], m["conv_update"], m["conv_t"]) == ("settled", 47, 4.7)
+    assert m["train_loss_conv"] == pytest.approx((3 * 1.0 + 51 * 3.0) / 54)
+    assert m["prio_held_conv"] == pytest.approx(m["prio_held"])
+    assert m["transferred_conv"] == 40
     # an update budget in the config fixes the window, whatever the run reached
     run = load_run(write_run(tmp_path / "b", replay_at="learner", seed=0, transfers=xf,
                              evals=ev, config={"max_updates": 160}))
-    m = M.paper_metrics(run)
+    m = M.run_metrics(run)
     assert m["window_start_update"] == 80 and m["ref_loss"] == pytest.approx(6.0)
     assert m["prio_held"] == pytest.approx(2.0)
     # cumulative link MB: 0 at the loop start, 0.1 MB at each second, linear in between
     assert M.link_mb_at(run, np.array([0.5, 1.5, 10.0])) == pytest.approx([0.05, 0.15, 1.0])
+
+
+def test_delivered_fraction_counts_forwarded_messages_by_kind(tmp_path):
+    """``/transfers/kind`` is the wire tag: only FORWARD messages count as delivered."""
+    xf = {"t": np.array([6.0, 7.0]), "update": np.array([60, 70]), "n": np.array([64, 100]),
+          "kind": np.array([int(M.Kind.FORWARD), int(M.Kind.BATCH)]),
+          "priority_mean": np.ones(2)}
+    run = load_run(write_run(tmp_path / "r", replay_at="learner", seed=0, transfers=xf))
+    assert M.run_metrics(run)["delivered_fraction"] == pytest.approx(64 / 640)
+
+
+def test_time_to_target_is_the_learners_record_when_it_stopped_there(tmp_path):
+    """A run that stopped at its own target wrote the evaluation into its summary, on the
+    training clock that also counts a resumed run's earlier segments; its rows from before the
+    resume lie before this segment's loop start (negative t). Both reports take the summary's
+    figures (the paper report stopped on a negative time before)."""
+    t = np.array([-20.0, -5.0, 3.0])
+    ev = {"t": t, "update": np.array([10, 50, 90]), "env_steps": np.array([100, 500, 900]),
+          "ret_mean": np.array([100.0, 480.0, 500.0]), "reference_loss": np.ones(3)}
+    root = tmp_path / "out"
+    for place in ("learner", "buffer"):
+        d = write_run(root / f"bandwidth_mbps=1,replay_at={place}" / "seed0", replay_at=place,
+                      seed=0, evals=ev, config={"target_return": 475.0}, wall_s=30.0)
+        s = json.loads((d / "summary.json").read_text())
+        s.update(target_return=475.0, stop_reason="target_return", time_to_target_s=25.0,
+                 env_steps_to_target=500, updates_to_target=50)
+        (d / "summary.json").write_text(json.dumps(s))
+    runs, errors = load_experiment(root)
+    assert not errors
+    m = M.run_metrics(runs[0])
+    assert (m["time_to_target_s"], m["env_steps_to_target"], m["updates_to_target"]) == \
+        (25.0, 500, 50)
+    over = M.run_metrics(runs[0], target=450.0)  # another target: the first eval above it
+    assert (over["time_to_target_s"], over["updates_to_target"]) == (-5.0, 50)
+    cell, = group(runs, root, by="sweep")
+    c = P.analyse_cell(cell)
+    assert c.ttt["learner"].times == (25.0,) and c.ttt["buffer"].times == (25.0,)
 
 
 def sweep(root: Path, cells: dict) -> Path:
@@ -132,12 +179,12 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
                                    dict(prio=4.0, hit_t=3.0, env_steps=64)],
                        "buffer": [dict(prio=1.0, hit_t=3.0), dict(prio=2.0, hit_t=3.0)]},
     })
-    runs, errors = C.load_experiment(root)
+    runs, errors = load_experiment(root)
     assert not errors
-    grouped = C.group_cells(runs, root)
-    assert list(grouped) == [(("bandwidth_mbps", "0.4"), ("rho", "1")),
-                             (("bandwidth_mbps", "100"), ("rho", "1"))]
-    slow, fast = (C.analyse_cell(k, rs) for k, rs in grouped.items())
+    grouped = group(runs, root, by="sweep")
+    assert [c.key for c in grouped] == [(("bandwidth_mbps", "0.4"), ("rho", "1")),
+                                        (("bandwidth_mbps", "100"), ("rho", "1"))]
+    slow, fast = (P.analyse_cell(c) for c in grouped)
     p = slow.ratios["prio_held"]
     assert p.per_seed == pytest.approx((3.5, 4.0, 4.5))
     assert p.estimate == pytest.approx((3.5 * 4.0 * 4.5) ** (1 / 3))
@@ -166,19 +213,19 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
     assert fast.crossover["return per MB"].startswith("no clear winner")  # equal bytes
 
     # delivered: 64 forwarded transitions of 640 env steps in the slow cell, of 64 in the fast
-    assert [m["delivered_fraction"] for m in slow.metrics["learner"]] == [0.1, 0.1, 0.1]
-    assert np.isnan(slow.metrics["buffer"][0]["delivered_fraction"])
-    assert C.deciding(slow) and not C.deciding(fast)
-    assert C.headline([slow, fast]) == \
+    assert [m["delivered_fraction"] for m in slow.at("learner")] == [0.1, 0.1, 0.1]
+    assert np.isnan(slow.at("buffer")[0]["delivered_fraction"])
+    assert P.deciding(slow) and not P.deciding(fast)
+    assert P.headline([slow, fast]) == \
         "**reproduced** in every deciding cell (bandwidth_mbps=0.4, rho=1)"
-    assert C.headline([fast]).startswith("no cell is in the paper's regime")
+    assert P.headline([fast]).startswith("no cell is in the paper's regime")
     # a deciding cell that neither reproduces nor refutes: "inconclusive", not "holds only
     # where no deciding cell" (the pilot's report said that)
     slow.decision = dataclasses.replace(slow.decision, verdict="inconclusive")
-    assert C.headline([slow, fast]) == \
+    assert P.headline([slow, fast]) == \
         "**inconclusive**: no deciding cell reproduces it (bandwidth_mbps=0.4, rho=1: inconclusive)"
 
-    grid = C.crossover_map([slow, fast])
+    grid = P.crossover_map([slow, fast])
     assert grid.splitlines()[0] == "| bandwidth_mbps \\ rho | 1 |"
     assert grid.splitlines()[2].startswith("| 0.4 | time to target: proposed")
 
@@ -190,10 +237,10 @@ def test_a_run_that_stopped_early_is_censored_at_its_own_end(tmp_path):
     root = sweep(tmp_path / "out", {
         ("1.25", "1"): {"learner": [dict(hit_t=None, wall_s=4.0), dict(hit_t=None, wall_s=4.0)],
                         "buffer": [dict(hit_t=6.0), dict(hit_t=8.0)]}})
-    runs, errors = C.load_experiment(root)
+    runs, errors = load_experiment(root)
     assert not errors
-    (key, rs), = C.group_cells(runs, root).items()
-    c = C.analyse_cell(key, rs)
+    cell, = group(runs, root, by="sweep")
+    c = P.analyse_cell(cell)
     assert c.ttt["learner"].reached == 0 and c.ttt["learner"].median_text() == "> 4"
     tr = c.ratios["time_to_target"]
     assert tr.per_seed == pytest.approx((6.0 / 4.0, 8.0 / 4.0))
@@ -201,7 +248,7 @@ def test_a_run_that_stopped_early_is_censored_at_its_own_end(tmp_path):
     # updates to target: the same update budget in both, the failed seeds censored at it
     ur = c.ratios["updates_to_target"]
     assert ur.per_seed == pytest.approx((60 / 100, 80 / 100))
-    table = C.cell_table(c)
+    table = P.cell_table(c)
     assert "| updates to target (censored at the run's updates) |" in table
 
 
@@ -212,10 +259,10 @@ def test_no_seed_reached_the_target_is_no_win_on_time(tmp_path):
     root = sweep(tmp_path / "out", {("0.5", "1"): {
         "learner": [dict(hit_t=None, wall_s=10.0), dict(hit_t=None, wall_s=10.0)],
         "buffer": [dict(hit_t=None, wall_s=9.8), dict(hit_t=None, wall_s=9.9)]}})
-    runs, errors = C.load_experiment(root)
+    runs, errors = load_experiment(root)
     assert not errors
-    (key, rs), = C.group_cells(runs, root).items()
-    c = C.analyse_cell(key, rs)
+    cell, = group(runs, root, by="sweep")
+    c = P.analyse_cell(cell)
     assert c.crossover["time to target"].startswith("neither reached the target")
     assert c.ratios["time_to_target"].n == 0 and c.ratios["updates_to_target"].n == 0
 
@@ -245,8 +292,8 @@ def test_curves_median_and_iqr_across_seeds(tmp_path):
     root = sweep(tmp_path / "out", {("1", "1"): {
         "learner": [dict(ref=r) for r in (1.0, 2.0, 3.0, 4.0)],
         "buffer": [dict(ref=0.5)]}})
-    runs, _ = C.load_experiment(root)
-    x, cv = C.curves(runs, bins=10)  # updates 0..100 in bins of 10; evals at 10, 20, .., 100
+    runs, _ = load_experiment(root)
+    x, cv = curves(runs, bins=10)  # updates 0..100 in bins of 10; evals at 10, 20, .., 100
     assert x == pytest.approx(np.arange(5, 100, 10))
     med, lo, hi = cv[("reference_loss", "learner")]
     assert med[1:] == pytest.approx(np.full(9, 2.5))  # median of 1, 2, 3, 4
