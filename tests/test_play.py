@@ -273,7 +273,7 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
 
 def test_tensorboard_groups_are_the_same_live_and_offline():
     """The live mirror gets rows in flush-sized pieces, the converter all at once: same points."""
-    from analysis.to_tensorboard import Scalars
+    from mpirl.dashboard import Scalars
 
     rng = np.random.default_rng(0)
     n = 1234
@@ -324,7 +324,7 @@ def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
 def test_buffer_tensorboard_scalars_are_the_same_live_and_offline():
     """The buffer's rows in flush-sized pieces or all at once: the same points; NaN left out,
     /site and /link stepped in milliseconds (rows come every half --flush-seconds)."""
-    from analysis.to_tensorboard import SITE, BufferScalars
+    from mpirl.dashboard import SITE, BufferScalars
 
     rng = np.random.default_rng(1)
     n, k = 250, 40

@@ -297,3 +297,16 @@ def test_links_in_the_readme_and_docs_resolve():
             if "://" not in target and not (path.is_relative_to(ROOT) and path.exists()):
                 bad.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not bad, bad
+
+
+def test_mpirl_never_imports_analysis():
+    """The core does not depend on the analysis package (analysis may use mpirl.dashboard)."""
+    found = []
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{p.relative_to(PKG.parent)}: {n}" for n in names
+                      if n == "analysis" or n.startswith("analysis.")]
+    assert not found, f"mpirl imports analysis: {found}"
