@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from analysis.runs import Run
-from analysis.tables import sort_key
+from analysis.tables import PAPER_TERM, sort_key
 
 __all__ = ["LINK_KEYS", "PAPER_TERM", "Cell", "Group", "cell_label", "cell_of", "group",
            "link_label", "slugify"]
@@ -41,8 +41,6 @@ NOT_A_VARIANT = {"seed", "run_dir", "config", "max_env_steps", "max_seconds", "m
 # Settings that only one placement has: they neither split cells nor tell placements apart.
 PLACEMENT_ONLY = {"inflight", "max_staleness", "forward_chunk", "forward_credits",
                   "forward_overflow"}
-# The paper's name of each placement: for report text only.
-PAPER_TERM = {"learner": "existing", "buffer": "proposed"}
 ORDER = {"learner": 0, "buffer": 1}
 
 

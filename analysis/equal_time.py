@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.paired import LogRatio, figure_outcome, holm, log_ratio_t
+from analysis.tables import PAPER_TERM
 
 PAPER = {"train_loss": 0.26, "prio_td_held": 3.92}
 FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
@@ -62,19 +63,20 @@ def _num(v: str):
 
 
 def by_cell(runs: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
-    """{cell: {"existing"|"proposed": {seed: row}}}; cell C's proposed arm is cell B's."""
+    """{cell: {replay_at: {seed: row}}} (replay_at "learner" or "buffer"); cell C's buffer arm
+    is cell B's."""
     out: dict[str, dict[str, dict[int, dict]]] = {}
     for r in runs:
-        arm = "existing" if r["replay_at"] == "learner" else "proposed"
-        out.setdefault(r["cell"], {"existing": {}, "proposed": {}})[arm][int(r["seed"])] = r
+        place = "learner" if r["replay_at"] == "learner" else "buffer"
+        out.setdefault(r["cell"], {"learner": {}, "buffer": {}})[place][int(r["seed"])] = r
     if CONTROL in out and THINNING in out:
-        out[CONTROL]["proposed"] = out[THINNING]["proposed"]
+        out[CONTROL]["buffer"] = out[THINNING]["buffer"]
     return dict(sorted(out.items(), key=lambda kv: (kv[0] not in DECIDING + (CONTROL,), kv[0])))
 
 
 def ratio(cell: dict, key: str) -> LogRatio:
-    return log_ratio_t({s: r[key] for s, r in cell["proposed"].items()},
-                       {s: r[key] for s, r in cell["existing"].items()})
+    return log_ratio_t({s: r[key] for s, r in cell["buffer"].items()},
+                       {s: r[key] for s, r in cell["learner"].items()})
 
 
 def achieved(cell: dict, arm: str) -> dict[str, float]:
@@ -91,13 +93,13 @@ def marks(cell: dict) -> list[str]:
     """The Plan's check: achieved P and U within 10% of what the runs requested (their rows'
     ``P_requested`` / ``U_requested``), in the median run of each placement."""
     out = []
-    for arm in ("existing", "proposed"):
+    for arm in ("learner", "buffer"):
         a = achieved(cell, arm)
         for k in ("P", "U"):
             want = a[f"{k}_requested"]
             if math.isfinite(want) and math.isfinite(a[k]) and \
                     abs(a[k] / want - 1) > REQUESTED_TOLERANCE:
-                out.append(f"{arm} {k} {a[k]:.4g} against {want:.4g}")
+                out.append(f"{PAPER_TERM[arm]} {k} {a[k]:.4g} against {want:.4g}")
     return out
 
 
@@ -106,26 +108,27 @@ def family_tests(cells: dict) -> list[tuple[str, str, LogRatio, float, str]]:
     tests = [(c, k, ratio(cells[c], k)) for c in DECIDING if c in cells for k in PAPER]
     adj = holm([r.p for _, _, r in tests])
     m = len(tests)
-    return [(c, k, r, p, figure_outcome(r, p, PAPER[k], m)) for (c, k, r), p in zip(tests, adj)]
+    return [(c, k, r, p, figure_outcome(r, p, PAPER[k], m))
+            for (c, k, r), p in zip(tests, adj, strict=True)]
 
 
 def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio, float]]:
     """Family U: every cell but C x (AUC, return per MB), Holm-adjusted."""
     keys = [(c, k) for c in cells if c != CONTROL for k, _ in OUTCOMES]
     rs = [ratio(cells[c], k) for c, k in keys]
-    return dict(zip(keys, zip(rs, holm([r.p for r in rs]))))
+    return dict(zip(keys, zip(rs, holm([r.p for r in rs]), strict=True), strict=True))
 
 
 def iqm_and_improvement(cell: dict, key: str) -> tuple[float, float, float]:
     """Interquartile means per placement and P(proposed > existing) over seed pairs."""
     from scipy import stats
 
-    p = [r[key] for r in cell["proposed"].values() if math.isfinite(r[key])]
-    e = [r[key] for r in cell["existing"].values() if math.isfinite(r[key])]
+    p = [r[key] for r in cell["buffer"].values() if math.isfinite(r[key])]
+    e = [r[key] for r in cell["learner"].values() if math.isfinite(r[key])]
     if not p or not e:
         return math.nan, math.nan, math.nan
-    seeds = set(cell["proposed"]) & set(cell["existing"])
-    wins = [np.sign(cell["proposed"][s][key] - cell["existing"][s][key]) for s in seeds]
+    seeds = set(cell["buffer"]) & set(cell["learner"])
+    wins = [np.sign(cell["buffer"][s][key] - cell["learner"][s][key]) for s in seeds]
     prob = (sum(w > 0 for w in wins) + 0.5 * sum(w == 0 for w in wins)) / len(wins)
     return float(stats.trim_mean(e, 0.25)), float(stats.trim_mean(p, 0.25)), float(prob)
 
@@ -160,7 +163,7 @@ def section(data: Path) -> str:
 
 
 def _verdict(cells: dict, fam: list) -> str:
-    n = {c: len(set(cells[c]["proposed"]) & set(cells[c]["existing"])) for c in cells}
+    n = {c: len(set(cells[c]["buffer"]) & set(cells[c]["learner"])) for c in cells}
     missing = [c for c in DECIDING if c not in cells]
     parts = []
     for key, name in FIGURE_NAMES.items():
@@ -204,7 +207,7 @@ def _control(cells: dict) -> list[str]:
 
 
 def _cell_block(c: str, cell: dict) -> list[str]:
-    a_e, a_p = achieved(cell, "existing"), achieved(cell, "proposed")
+    a_e, a_p = achieved(cell, "learner"), achieved(cell, "buffer")
     out = [f"#### {c}", "",
            f"T {a_e['T']:.0f} s. Achieved (median run), existing / proposed: P "
            f"{_f(a_e['P'])} / {_f(a_p['P'])} env steps/s, U {_f(a_e['U'])} / {_f(a_p['U'])} "
@@ -224,10 +227,10 @@ def _cell_block(c: str, cell: dict) -> list[str]:
             f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}."]
     km = _km(cell)
     if km:
-        out.append(f"Time to target (censored at T): reached {km['reached_existing']}/"
-                   f"{km['n_existing']} existing, {km['reached_proposed']}/{km['n_proposed']} "
-                   f"proposed; restricted mean {km['rmst_existing']:.1f} s against "
-                   f"{km['rmst_proposed']:.1f} s, difference {km['diff']:+.1f} "
+        out.append(f"Time to target (censored at T): reached {km['reached_learner']}/"
+                   f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
+                   f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
+                   f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} "
                    f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p "
                    f"{_f(km['logrank_p'], 2)}.")
     return out + [""]
@@ -287,7 +290,7 @@ def figures(data: Path, out: Path) -> list[Path]:
     paths = []
     for c, cell in cells.items():
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        for arm, color in (("existing", "tab:blue"), ("proposed", "tab:orange")):
+        for arm, color in (("learner", "tab:blue"), ("buffer", "tab:orange")):
             cs = [curves[r["run"]] for r in cell[arm].values() if r["run"] in curves]
             if not cs:
                 continue
@@ -295,11 +298,12 @@ def figures(data: Path, out: Path) -> list[Path]:
             ret = np.array([x["return"] for x in cs])
             mb = np.array([x["link_mb"] for x in cs])
             for ax, x in ((axes[0], t), (axes[1], np.nanmedian(mb, axis=0))):
-                ax.plot(x, np.nanmedian(ret, axis=0), color=color, label=arm)
+                ax.plot(x, np.nanmedian(ret, axis=0), color=color, label=PAPER_TERM[arm])
                 ax.fill_between(x, *np.nanpercentile(ret, [25, 75], axis=0), color=color,
                                 alpha=0.2)
-            _km_plot(axes[2], list(cell[arm].values()), color, arm)
-        for ax, xl in zip(axes, ("wall time (s)", "link MB (median)", "wall time (s)")):
+            _km_plot(axes[2], list(cell[arm].values()), color, PAPER_TERM[arm])
+        for ax, xl in zip(axes, ("wall time (s)", "link MB (median)", "wall time (s)"),
+                          strict=True):
             ax.set_xlabel(xl)
         axes[0].set_ylabel("greedy return")
         axes[2].set_ylabel("not at target yet")
@@ -335,12 +339,12 @@ def pilot_section(data: Path) -> str:
     rows = {}
     for r in runs:
         bw = float(r["cell"].split("bandwidth_mbps=")[1].split(",")[0])
-        rows.setdefault(bw, {})["existing" if r["replay_at"] == "learner" else "proposed"] = r
+        rows.setdefault(bw, {})["learner" if r["replay_at"] == "learner" else "buffer"] = r
     out = ["| bandwidth | existing: P, U, delivered | proposed: P, U (requested) | link MB "
            "(existing / proposed) | load max |", "|---|---|---|---|---|"]
     fits = []
     for bw in sorted(rows):
-        e, p = rows[bw].get("existing"), rows[bw].get("proposed")
+        e, p = rows[bw].get("learner"), rows[bw].get("buffer")
         if e is None or p is None:
             continue
         out.append(f"| {bw:g} Mb/s | {_f(e['P'])}, {_f(e['U'])}, {_f(e['delivered_fraction'])} "

@@ -51,10 +51,10 @@ from analysis.runs import Run, find_runs, load_run
 
 GRID = 48
 RUN_FIELDS = ("run", "cell", "replay_at", "seed", "T", "wall_s", "env_steps", "updates", "evals",
-              "P_requested", "U_requested", "P", "U", "rho", "delivered_fraction", "train_loss", "train_loss_unweighted",
-              "prio_td_held", "prio_held", "arrival_td", "ref_loss", "ref_loss_norm",
-              "auc_return", "final_return", "target", "reached", "time_to_target_s", "link_mb",
-              "return_per_mb", "load_mean", "load_max")
+              "P_requested", "U_requested", "P", "U", "rho", "delivered_fraction", "train_loss",
+              "train_loss_unweighted", "prio_td_held", "prio_held", "arrival_td", "ref_loss",
+              "ref_loss_norm", "auc_return", "final_return", "target", "reached",
+              "time_to_target_s", "link_mb", "return_per_mb", "load_mean", "load_max")
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
 

@@ -3,9 +3,9 @@ equal-wall-time plan (docs/results.md, "Plan for the equal-wall-time experiment"
 
 Paired log ratio (`log_ratio_t`)
 --------------------------------
-For a positive metric measured in both placements of seeds i = 1..n,
+For a positive metric measured in both placements (``replay_at``) of seeds i = 1..n,
 
-    d_i = log(proposed_i / existing_i),   estimate = exp(mean d)   (ratio of geometric means),
+    d_i = log(buffer_i / learner_i),   estimate = exp(mean d)   (ratio of geometric means),
     interval = exp(mean d +- t(1 - a/2, n - 1) * sd(d) / sqrt(n)),
     p = two-sided one-sample t-test of mean d = 0   (scipy.stats.ttest_1samp).
 
@@ -46,7 +46,8 @@ OPPOSITE = "opposite direction"
 
 @dataclass(frozen=True)
 class LogRatio:
-    """proposed / existing of one metric in one cell (see the module docstring)."""
+    """num / den (replay_at=buffer / replay_at=learner) of one metric in one cell (see the
+    module docstring)."""
 
     estimate: float
     low: float  # 95% t-interval (NaN with fewer than 2 pairs)
@@ -72,11 +73,11 @@ class LogRatio:
         return f"{self.estimate:.{digits}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
 
 
-def _pairs(proposed: Mapping, existing: Mapping) -> tuple[np.ndarray, int]:
-    seeds = sorted(set(proposed) | set(existing), key=str)
+def _pairs(num: Mapping, den: Mapping) -> tuple[np.ndarray, int]:
+    seeds = sorted(set(num) | set(den), key=str)
     d, unpaired = [], 0
     for s in seeds:
-        p, e = proposed.get(s, math.nan), existing.get(s, math.nan)
+        p, e = num.get(s, math.nan), den.get(s, math.nan)
         if all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (p, e)):
             d.append(math.log(p / e))
         else:
@@ -84,11 +85,12 @@ def _pairs(proposed: Mapping, existing: Mapping) -> tuple[np.ndarray, int]:
     return np.asarray(d, dtype=float), unpaired
 
 
-def log_ratio_t(proposed: Mapping, existing: Mapping, confidence: float = 0.95) -> LogRatio:
-    """``{seed: value}`` of each placement -> `LogRatio` (module docstring)."""
+def log_ratio_t(num: Mapping, den: Mapping, confidence: float = 0.95) -> LogRatio:
+    """``{seed: value}`` of each side (replay_at=buffer, replay_at=learner) -> `LogRatio`
+    (module docstring)."""
     from scipy import stats
 
-    d, unpaired = _pairs(proposed, existing)
+    d, unpaired = _pairs(num, den)
     n = len(d)
     if n == 0:
         return LogRatio(math.nan, math.nan, math.nan, math.nan, 0, math.nan, unpaired)
@@ -159,22 +161,23 @@ def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, 
 
 def km_compare(times: dict[str, np.ndarray], reached: dict[str, np.ndarray],
                tau: float) -> dict[str, float]:
-    """Time to target as survival, censored at ``tau``, for "existing" and "proposed": each
-    placement's restricted mean time to target (`rmst`), the difference proposed - existing
+    """Time to target as survival, censored at ``tau``, for each placement (``times`` and
+    ``reached`` keyed by replay_at, "learner" and "buffer"): each placement's restricted mean
+    time to target (`rmst`), the difference buffer - learner
     with a 95% normal interval, and the log-rank p (lifelines)."""
     from lifelines.statistics import logrank_test
 
     out: dict[str, float] = {"tau": tau}
     data = {}
-    for k in ("existing", "proposed"):
+    for k in ("learner", "buffer"):
         event = np.asarray(reached[k], bool) & (np.asarray(times[k]) <= tau)
         dur = np.where(event, times[k], tau)
         data[k] = (dur, event)
         out[f"rmst_{k}"], out[f"var_{k}"] = rmst(dur, event, tau)
         out[f"reached_{k}"], out[f"n_{k}"] = int(event.sum()), len(dur)
-    diff = out["rmst_proposed"] - out["rmst_existing"]
-    half = 1.96 * math.sqrt(out["var_proposed"] + out["var_existing"])
+    diff = out["rmst_buffer"] - out["rmst_learner"]
+    half = 1.96 * math.sqrt(out["var_buffer"] + out["var_learner"])
     out.update(diff=diff, diff_low=diff - half, diff_high=diff + half)
-    (dp, ep), (de, ee) = data["proposed"], data["existing"]
+    (dp, ep), (de, ee) = data["buffer"], data["learner"]
     out["logrank_p"] = float(logrank_test(dp, de, ep, ee).p_value)
     return out

@@ -6,7 +6,7 @@ Ratio (`ratio_ci`)
 For a metric with one positive value per run (the loss after convergence, the transferred
 priority, ...), the comparison of the placements is
 
-    R = geometric mean over seeds (proposed) / geometric mean over seeds (existing)
+    R = geometric mean over seeds (buffer) / geometric mean over seeds (learner)
       = exp(mean_i log p_i - mean_i log e_i),
 
 so a ratio and its inverse are symmetric, and one outlying seed cannot dominate as it does a
@@ -70,7 +70,8 @@ REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted in this regime", "inc
 
 @dataclass(frozen=True)
 class Ratio:
-    """proposed / existing for one metric in one cell (see the module docstring)."""
+    """num / den (replay_at=buffer / replay_at=learner in the reports) for one metric in one
+    cell (see the module docstring)."""
 
     label: str
     estimate: float  # ratio of geometric means
@@ -78,8 +79,8 @@ class Ratio:
     high: float
     confidence: float
     seeds: tuple  # the paired seeds, in order
-    proposed: tuple[float, ...]  # per seed
-    existing: tuple[float, ...]
+    num: tuple[float, ...]  # per seed
+    den: tuple[float, ...]
     method: str  # "BCa", "percentile (BCa failed)", "degenerate", "one seed", "no seeds"
     unpaired: tuple = ()  # seeds with a value in one placement only (not in the ratio)
 
@@ -89,7 +90,7 @@ class Ratio:
 
     @property
     def per_seed(self) -> tuple[float, ...]:
-        return tuple(p / e for p, e in zip(self.proposed, self.existing))
+        return tuple(p / e for p, e in zip(self.num, self.den, strict=True))
 
     @property
     def has_interval(self) -> bool:
@@ -111,19 +112,19 @@ class Ratio:
         return f"{est} [{self.low:.{digits}g}, {self.high:.{digits}g}] (n={self.n})"
 
 
-def _pairs(proposed, existing, seeds) -> tuple[list, list[float], list[float], list]:
-    if isinstance(proposed, Mapping) != isinstance(existing, Mapping):
-        raise TypeError("pass both placements as {seed: value} mappings or both as sequences")
-    if isinstance(proposed, Mapping):
+def _pairs(num, den, seeds) -> tuple[list, list[float], list[float], list]:
+    if isinstance(num, Mapping) != isinstance(den, Mapping):
+        raise TypeError("pass both sides as {seed: value} mappings or both as sequences")
+    if isinstance(num, Mapping):
         if seeds is not None:
             raise TypeError("seeds= goes with sequences; mappings carry their seeds")
-        keys = sorted(set(proposed) | set(existing), key=lambda s: (str(type(s)), s))
-        p = [proposed.get(k) for k in keys]
-        e = [existing.get(k) for k in keys]
+        keys = sorted(set(num) | set(den), key=lambda s: (str(type(s)), s))
+        p = [num.get(k) for k in keys]
+        e = [den.get(k) for k in keys]
     else:
-        p, e = list(proposed), list(existing)
+        p, e = list(num), list(den)
         if len(p) != len(e):
-            raise ValueError(f"{len(p)} proposed values and {len(e)} existing ones: paired "
+            raise ValueError(f"{len(p)} numerator values and {len(e)} denominator ones: paired "
                              "values need one of each per seed (use {seed: value} mappings "
                              "when seeds are missing)")
         keys = list(seeds) if seeds is not None else list(range(len(p)))
@@ -134,10 +135,10 @@ def _pairs(proposed, existing, seeds) -> tuple[list, list[float], list[float], l
         return v is not None and math.isfinite(float(v))
 
     used, pv, ev, unpaired = [], [], [], []
-    for k, a, b in zip(keys, p, e):
+    for k, a, b in zip(keys, p, e, strict=True):
         if ok(a) and ok(b):
             if float(a) <= 0 or float(b) <= 0:
-                raise ValueError(f"seed {k}: proposed={a}, existing={b}; a ratio of geometric "
+                raise ValueError(f"seed {k}: num={a}, den={b}; a ratio of geometric "
                                  "means needs positive values")
             used.append(k)
             pv.append(float(a))
@@ -151,20 +152,21 @@ def _log_ratio_of_means(lp, le, axis=-1):
     return np.exp(np.mean(lp, axis=axis) - np.mean(le, axis=axis))
 
 
-def ratio_ci(proposed: Mapping | Sequence, existing: Mapping | Sequence, *,
+def ratio_ci(num: Mapping | Sequence, den: Mapping | Sequence, *,
              seeds: Sequence | None = None, label: str = "", confidence: float = 0.95,
              n_resamples: int = 9999, method: str = "BCa", rng: int | None = 0) -> Ratio:
-    """Ratio of geometric means proposed / existing with a paired bootstrap interval.
+    """Ratio of geometric means num / den with a paired bootstrap interval (the reports pass
+    replay_at=buffer as ``num``, replay_at=learner as ``den``).
 
-    ``proposed`` and ``existing``: ``{seed: value}`` mappings (paired by seed; a seed missing or
+    ``num`` and ``den``: ``{seed: value}`` mappings (paired by seed; a seed missing or
     NaN in one of them is reported in `Ratio.unpaired`), or two sequences of equal length paired
     by position (``seeds`` names them). ``rng``: the bootstrap's seed (fixed by default, so a
     report is reproducible)."""
     from scipy import stats
 
-    used, p, e, unpaired = _pairs(proposed, existing, seeds)
+    used, p, e, unpaired = _pairs(num, den, seeds)
     base = {"label": label, "confidence": confidence, "seeds": tuple(used),
-            "proposed": tuple(p), "existing": tuple(e), "unpaired": tuple(unpaired)}
+            "num": tuple(p), "den": tuple(e), "unpaired": tuple(unpaired)}
     if not used:
         return Ratio(estimate=math.nan, low=math.nan, high=math.nan, method="no seeds", **base)
     lp, le = np.log(p), np.log(e)

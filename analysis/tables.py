@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["md_table", "nbytes", "num", "sort_key", "write_csv"]
+__all__ = ["PAPER_TERM", "md_table", "nbytes", "num", "sort_key", "write_csv"]
+
+# The paper's name of each placement (replay_at): for report text only.
+PAPER_TERM = {"learner": "existing", "buffer": "proposed"}
 
 
 def num(v: float | None, digits: int = 3) -> str:

@@ -40,8 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results.md"
 FIXED = ROOT / "docs" / "results" / "appendix" / "fixed-updates"
 PAPER_LOSS, PAPER_PRIORITY = 0.26, 3.92
-DECIDING = 0.9  # the old design's rule: a cell decides when existing delivers < 90%
-PLACEMENTS = {"learner": "existing", "buffer": "proposed"}
+DECIDING = 0.9  # the old design's rule: a cell decides when replay_at=learner delivers < 90%
 
 
 def read_rows(path: Path, env: str) -> list[dict]:
@@ -67,22 +66,22 @@ def fixed_update_rows() -> list[dict]:
 
 
 def cells(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """{cell: {placement: {seed: row}}}, in the CSV's order."""
+    """{cell: {replay_at: {seed: row}}}, in the CSV's order."""
     out: dict[str, dict[str, dict]] = {}
     for r in rows:
-        by_seed = out.setdefault(r["cell"], {"existing": {}, "proposed": {}})
-        by_seed[PLACEMENTS[r["replay_at"]]][int(r["seed"])] = r
+        by_seed = out.setdefault(r["cell"], {"learner": {}, "buffer": {}})
+        by_seed[r["replay_at"]][int(r["seed"])] = r
     return out
 
 
 def ratio(cell: dict[str, dict], key: str | Callable[[dict], float]) -> LogRatio:
     get = key if callable(key) else (lambda r: r[key])
-    return log_ratio_t({s: get(r) for s, r in cell["proposed"].items()},
-                       {s: get(r) for s, r in cell["existing"].items()})
+    return log_ratio_t({s: get(r) for s, r in cell["buffer"].items()},
+                       {s: get(r) for s, r in cell["learner"].items()})
 
 
 def delivered(cell: dict[str, dict]) -> float:
-    return float(np.median([r["delivered_fraction"] for r in cell["existing"].values()]))
+    return float(np.median([r["delivered_fraction"] for r in cell["learner"].values()]))
 
 
 def _f(x: float, digits: int = 3) -> str:
@@ -139,7 +138,7 @@ def reanalysis() -> str:
             "| cell | figure (paper) | ratio [95% t-interval] | p | Holm p | simultaneous "
             "interval | outcome |", "|---|---|---|---|---|---|---|"]
     outcomes = []
-    for (c, label, _key, paper, r), p_adj in zip(tests, adj):
+    for (c, label, _key, paper, r), p_adj in zip(tests, adj, strict=True):
         lo, hi = r.interval(1 - 0.05 / m)
         o = figure_outcome(r, p_adj, paper, m)
         outcomes.append((c, label, o))
@@ -210,9 +209,9 @@ def _survival_table(cs: dict) -> list[str]:
         longest = max(r["wall_s"] for v in cell.values() for r in v.values())
         if s["tau"] < 0.5 * longest:
             short.append(f"{c} ({s['tau']:.0f} of {longest:.0f} s)")
-        out.append(f"| {c} | {s['tau']:.0f} s | {s['reached_existing']}/{s['n_existing']} / "
-                   f"{s['reached_proposed']}/{s['n_proposed']} | {s['rmst_existing']:.1f} s | "
-                   f"{s['rmst_proposed']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
+        out.append(f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
+                   f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
+                   f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
                    f"{s['diff_high']:+.1f}] s | {_f(s['logrank_p'], 2)} |")
     if short:
         out += ["", "In " + ", ".join(short) + " one placement's runs ended before half of the "
@@ -255,7 +254,7 @@ def render(page: str) -> str:
             raise ValueError(f"docs/results.md has no generated section {name!r}: add the "
                              f"BEGIN/END markers")
         body = make()
-        page = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), page)
+        page = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), page)
     return page
 
 

@@ -41,7 +41,7 @@ def experiment(tmp_path_factory) -> Path:
                          timeout=120)
 
     with ThreadPoolExecutor(2) as pool:  # both at once: the test suite's time, not CPU, is short
-        done = dict(zip(dirs, pool.map(one, dirs)))
+        done = dict(zip(dirs, pool.map(one, dirs), strict=True))
     for replay_at, p in done.items():
         assert p.returncode == 0, f"{replay_at}:\n{p.stdout}\n{p.stderr}"
     return exp
@@ -120,7 +120,7 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
     assert "proposed / existing" in header and "paper (proposed / existing)" in header
     rows = [ln for ln in lines[2:] if ln.startswith("| ")]
     assert len(rows) == len(P.ROWS)
-    for (key, label, _), row in zip(P.ROWS, rows):
+    for (key, label, _), row in zip(P.ROWS, rows, strict=True):
         assert row.startswith(f"| {label}"), (key, row)
         assert row.count(" | ") == header.count(" | ")
     # the computed cells (existing, proposed, ratio) against the metrics computed by hand from

@@ -65,7 +65,7 @@ def test_pairing_by_seed_and_unpaired_seeds():
     assert T.ratio_ci({0: 2.0}, {0: 1.0}).method == "one seed"
     assert not T.ratio_ci({0: 2.0}, {0: 1.0}).has_interval
     assert T.ratio_ci({}, {}).method == "no seeds"
-    with pytest.raises(ValueError, match="seed 1: proposed=0"):
+    with pytest.raises(ValueError, match="seed 1: num=0"):
         T.ratio_ci([1.0, 0.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="one of each per seed"):
         T.ratio_ci([1.0, 2.0], [1.0])
