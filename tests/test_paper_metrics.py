@@ -302,3 +302,28 @@ def test_curves_median_and_iqr_across_seeds(tmp_path):
     # training loss: 1 before update 50, 3 from it on, in every run
     med = cv[("loss", "learner")][0]
     assert med[0] == pytest.approx(1.0) and med[-1] == pytest.approx(3.0)
+
+
+def test_one_grouping_for_link_profiles_and_sweep_cells(tmp_path):
+    """A link profile is a cell whose axes are the link keys: the same grouping gives both,
+    numbers in numeric order, learner first, seeds within a placement; the profile splits a
+    placement whose runs differ in a setting into variants, the sweep's cell does not."""
+    root = tmp_path / "out"
+    for bw in ("10", "5"):
+        for place in ("buffer", "learner"):
+            for seed in (1, 0):
+                write_run(root / f"bandwidth_mbps={bw},replay_at={place}" / f"seed{seed}",
+                          replay_at=place, seed=seed,
+                          config={"bandwidth_mbps": float(bw), "inflight": 1 + seed})
+    runs, errors = load_experiment(root)
+    assert not errors
+    profiles = group(runs, by="link")
+    assert [p.label for p in profiles] == ["CartPole-v1, link None, bandwidth_mbps=5.0",
+                                           "CartPole-v1, link None, bandwidth_mbps=10.0"]
+    assert [g.label for g in profiles[0].groups] == [
+        "existing (replay_at=learner, inflight=1)", "existing (replay_at=learner, inflight=2)",
+        "proposed (replay_at=buffer, inflight=1)", "proposed (replay_at=buffer, inflight=2)"]
+    cells = group(runs, root, by="sweep")
+    assert [c.label for c in cells] == ["bandwidth_mbps=5", "bandwidth_mbps=10"]
+    assert [(g.replay_at, [r.seed for r in g.runs]) for g in cells[0].groups] == \
+        [("learner", [0, 1]), ("buffer", [0, 1])]
