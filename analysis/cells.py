@@ -18,6 +18,7 @@ Cells come in the order of their axes' values, numbers numerically (`analysis.ta
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -93,8 +94,17 @@ def _fmt_key(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
+SLUG_MAX = 100  # characters: a file name (with its prefix and suffix) stays under 255 bytes
+
+
 def slugify(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-").lower() or "profile"
+    """A file-name part for a label: runs of other characters than letters, digits and dots
+    become ``-``, lower case; a longer one keeps its first ``SLUG_MAX - 9`` characters and a
+    hash of the whole (labels of many varying keys would exceed the file system's limit)."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-").lower() or "profile"
+    if len(slug) <= SLUG_MAX:
+        return slug
+    return f"{slug[:SLUG_MAX - 9].rstrip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:8]}"
 
 
 def link_label(key: Key) -> str:

@@ -14,7 +14,7 @@ import pytest
 from analysis import compare as C
 from analysis import metrics as M
 from analysis import paper as P
-from analysis.cells import group
+from analysis.cells import SLUG_MAX, group, slugify
 from analysis.plots import curves
 from analysis.runs import load_experiment, load_run
 
@@ -327,3 +327,13 @@ def test_one_grouping_for_link_profiles_and_sweep_cells(tmp_path):
     assert [c.label for c in cells] == ["bandwidth_mbps=5", "bandwidth_mbps=10"]
     assert [(g.replay_at, [r.seed for r in g.runs]) for g in cells[0].groups] == \
         [("learner", [0, 1]), ("buffer", [0, 1])]
+
+
+def test_a_long_cell_label_makes_a_short_unique_file_name():
+    """A cell of many varying keys has a label of hundreds of characters; its plots' file names
+    stay within the file system's limit (the paper report stopped on ENAMETOOLONG)."""
+    a = ", ".join(f"key_{i}=value_{i}" for i in range(40))
+    b = a.replace("value_39", "value_x")
+    assert len(slugify(a)) <= SLUG_MAX and slugify(a) != slugify(b)
+    assert slugify(a).startswith("key-0-value-0-key-1")
+    assert slugify("bandwidth_mbps=1.25, rho=4") == "bandwidth-mbps-1.25-rho-4"
