@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
-from mpirun import read_h5 as read, run_mpirl
+from mpirun import read_h5 as read
+from mpirun import run_mpirl
 
 WEIGHTS_EVERY = 5
 BETA0, BETA_STEPS = 0.4, 1000
@@ -35,7 +35,8 @@ def test_buffers_sample_with_the_learners_beta(two_sites):
     sites, and the priority update on its way back)."""
     run_dir, _ = two_sites
     learner, _ = read(run_dir / "learner.h5")
-    upd_beta = dict(zip(learner["updates/update"].tolist(), learner["updates/beta"].tolist()))
+    upd_beta = dict(zip(learner["updates/update"].tolist(), learner["updates/beta"].tolist(),
+                        strict=True))
     slope = (1 - BETA0) / BETA_STEPS
     lag = 20  # updates between sampling at a buffer and training at the learner: the batches
     # in flight of both sites and the priority update on its way back (a few), with room for
@@ -77,7 +78,7 @@ def test_progress_link_rate_matches_the_link_rows(two_sites):
     link = np.cumsum((learner["link/bytes_in"] + learner["link/bytes_out"]).reshape(-1, sites)
                      .sum(axis=1))
     assert len(prog) >= 3 and link[-1] > 0
-    for t, got in zip(learner["progress/t"], prog):
+    for t, got in zip(learner["progress/t"], prog, strict=True):
         before = link[t_link <= t][-1] if (t_link <= t).any() else 0
         after = link[t_link >= t][0]
         assert before * 0.99 <= got <= after * 1.01, (
