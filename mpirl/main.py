@@ -356,29 +356,33 @@ def _run(world, setup: _Setup) -> int:
 
 
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
-    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor."""
+    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor,
+    handed its ends of the networks (`mpirl.topology.connect`: who talks to whom)."""
+    from mpirl.topology import connect
+
     cfg, spec, part = setup.cfg, setup.spec, setup.part
+    ends = connect(cfg, topo, wire)
     if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
         from mpirl.learner_worker import GroupWorker
 
-        GroupWorker(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        GroupWorker(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     elif topo.role == "learner":
         from mpirl.learner import Learner
 
         if setup.refset is not None:
             log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
-        summary = Learner(cfg, topo, spec, wire, log, say=lambda s: print(s, flush=True),
+        summary = Learner(cfg, topo, spec, wire, log, ends, say=lambda s: print(s, flush=True),
                           stop_signal=stop_signal, ckpt=ckpt, resume=part,
                           refset=setup.refset).run()
         (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     elif topo.role == "buffer":
         from mpirl.buffer import Buffer
 
-        Buffer(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        Buffer(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     else:
         from mpirl.actor import Actor
 
-        Actor(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        Actor(cfg, topo, spec, wire, log, ends.site, ckpt=ckpt, resume=part).run()
 
 
 def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
