@@ -30,7 +30,8 @@ class ScriptedLink:
 
     def __init__(self, peer: int, script: Callable | None = None, inbox=(), log: list | None = None,
                  feed: Callable[[], list] | None = None):
-        self.peer, self.script, self.inbox, self.log, self.feed = peer, script, list(inbox), log, feed
+        self.peer, self.script, self.inbox = peer, script, list(inbox)
+        self.log, self.feed = log, feed
         self.sent, self.received = LinkStats(), LinkStats()
         self.profile, self.backlog = PROFILES["none"], 0
 
