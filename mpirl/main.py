@@ -1,11 +1,37 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
-The whole data flow, wired in one place::
+Every rank is handed its ends of the networks by `mpirl.topology.connect` (who talks to whom),
+and every message comes in through `mpirl.inbox` (one receive loop).  All message kinds (layouts:
+mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their direction and, in
+[brackets], their flow control::
 
-    actors --EXPERIENCE (Isend, tokens)--> buffer --[long-haul link]--> learner
-      ^                                      |  ^                          |
-      +---------- WEIGHTS (relayed) ---------+  +-- WEIGHTS, PRIORITIES, --+
-                                                    CREDIT, STOP
+  actor            buffer s                         lead learner                learner j > 0
+    | site network    |  long-haul link (LinkEnd)      |  learners network (K > 1)  |
+    |--EXPERIENCE---->|                                |
+    |<--------CREDIT--|  [actor_credits unanswered per actor; one back per EXPERIENCE unless
+    |                 |   --replay-ratio or the full forward queue holds it: backpressure]
+    |<-------WEIGHTS--|<-----------------------WEIGHTS-|  [latest wins: one on the link, one
+    |  (relayed, f4)  |--KEYFRAME--------------------->|   waiting; KEYFRAME: resend in full]
+    |                 |--FORWARD---------------------->|  replay_at=learner
+    |                 |<------------------------CREDIT-|  [forward_credits unanswered FORWARDs]
+    |                 |--BATCH------------------------>|  replay_at=buffer
+    |                 |<--------------------PRIORITIES-|  [one per BATCH trained: the buffer's
+    |                 |                                |   in-flight window of BATCHes]
+    |                 |--STATS------------------------>|  [every 0.25 s]
+    |<----CHECKPOINT--|<--------------------CHECKPOINT-|  request (mpirl.cut)
+    |--CHECKPOINT---->|--CHECKPOINT------------------->|  ack [later messages of the sender
+    |                 |                                |   wait until the receiver's snapshot]
+    |<----------STOP--|<--------------------------STOP-|
+    |--DONE---------->|--DONE------------------------->|  [a buffer's after all its actors']
+    |<----------DONE--|<--------------------------DONE-|  ack: the rank may leave
+                                                       |--ORDER--------------------->|
+                                                       |--SHARD--------------------->|
+                                                       |<-----------------------GRAD-|
+      [async, gba: one ORDER unanswered per learner; allreduce: one ORDER per update each]
+                                                       |--CKPT---------------------->|
+                                                       |<-----------------------CKPT-|
+                                                       |--STOP---------------------->|
+                                                       |<-----------------------DONE-|
 
 Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
 Configuration is parsed and validated once on every rank (no communication needed: every rank

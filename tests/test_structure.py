@@ -74,3 +74,16 @@ def test_no_function_in_mpirl_is_longer_than_a_screen_or_two():
                 if n > MAX_LINES:
                     long.append(f"{p.relative_to(PKG.parent)}:{node.lineno} {node.name} ({n})")
     assert not long, f"functions over {MAX_LINES} lines: {long}"
+
+
+def test_main_docstring_diagram_names_every_message_kind():
+    """mpirl/main.py's diagram is the one place that shows every message kind with its
+    direction and flow control: a kind added to the wire must be added there."""
+    import re
+
+    from mpirl import main
+    from mpirl.learner_group import GTag
+    from mpirl.wire import Tag
+
+    missing = [k.name for k in [*Tag, *GTag] if not re.search(rf"\b{k.name}\b", main.__doc__)]
+    assert not missing, f"kinds missing from mpirl/main.py's diagram: {missing}"
