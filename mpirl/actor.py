@@ -97,7 +97,7 @@ class Actor:
 
     def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
                  site: SitePort, ckpt=None, resume=None):
-        """``site``: this actor's end of the site network (`mpirl.topology.connect`)."""
+        """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
         self.site, self.me = site, topo.place
         m = self.m = cfg.envs_per_actor

@@ -135,7 +135,7 @@ class Buffer:
 
     def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
                  ends: Ends, ckpt=None, resume=None):
-        """``ends`` (`mpirl.topology.connect`): ``site`` toward the actors, ``links[0]`` the
+        """``ends`` (`mpirl.main.connect`): ``site`` toward the actors, ``links[0]`` the
         long-haul link to the learner, ``inbox`` for what it delivers."""
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
         self.ckpt, self.resume = ckpt, resume

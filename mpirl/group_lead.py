@@ -85,7 +85,7 @@ class LeadGroup(Solo):
 
     def __init__(self, lead, comm, ends: dict[int, LinkEnd], inbox: Inbox):
         """``comm``: the learners communicator (its collectives); ``ends``: learner j -> the
-        lead's end toward it, ``inbox`` for what they send (`mpirl.topology.connect`)."""
+        lead's end toward it, ``inbox`` for what they send (`mpirl.main.connect`)."""
         cfg = lead.cfg
         self.lead, self.cfg, self.comm, self.mode = lead, cfg, comm, cfg.learner_sync
         self.k = comm.Get_size()

@@ -107,7 +107,7 @@ class Learner:
     def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
                  ends: Ends, say=print, stop_signal=None, ckpt=None, resume=None,
                  refset: tuple[str, str] | None = None):
-        """``ends`` (`mpirl.topology.connect`): ``links`` (link rank b -> the end toward buffer
+        """``ends`` (`mpirl.main.connect`): ``links`` (link rank b -> the end toward buffer
         b - 1) with the ``inbox`` for what they deliver; ``group`` and ``group_inbox`` toward
         the other learners (--learners K)."""
         import torch

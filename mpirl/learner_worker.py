@@ -47,7 +47,7 @@ class GroupWorker:
     def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
                  ends: Ends, ckpt=None, resume=None):
         """``ends.group[0]``: the end toward the lead, ``ends.group_inbox`` for its messages
-        (`mpirl.topology.connect`)."""
+        (`mpirl.main.connect`)."""
         import torch
 
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log

@@ -1,6 +1,6 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
-Every rank is handed its ends of the networks by `mpirl.topology.connect` (who talks to whom),
+Every rank is handed its ends of the networks by `connect` below (who talks to whom),
 and every message comes in through `mpirl.inbox` (one receive loop).  All message kinds (layouts:
 mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their direction and, in
 [brackets], their flow control::
@@ -58,6 +58,12 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.topology import Ends, Topology
+    from mpirl.wire import Wire
 
 
 def _versions() -> dict:
@@ -381,11 +387,48 @@ def _run(world, setup: _Setup) -> int:
     return 0
 
 
+def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
+    """Who talks to whom, built once for this rank (the roles are handed the result)::
+
+        actor  --site--  buffer s  ==link (emulated: cfg.link)==  lead learner  --learners--
+                                                                      learner 1..K-1
+
+    The learner never talks to actors, nor a buffer to another site.  Tests and benches build
+    an `Ends` of fakes instead (tests/fakes.py)."""
+    from mpirl import seeds
+    from mpirl.inbox import Inbox, SitePort
+    from mpirl.learner_group import GroupWire
+    from mpirl.link import PROFILES, LinkEnd, resolve_profile
+    from mpirl.topology import ACTOR, BUFFER, Ends
+
+    me, ends = topo.place, Ends()
+    if me.role == ACTOR:
+        ends.site = SitePort(topo.site, Inbox(wire, f"actor rank {me.rank}",
+                                              lambda r: f"buffer of site {me.site}", topo.site))
+    elif me.role == BUFFER:
+        ends.site = SitePort(topo.site, Inbox(wire, f"buffer {me.site}",
+                                              lambda r: f"actor (site rank {r})", topo.site))
+        ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg),
+                                 seed=seeds.buffer(cfg.seed, me.rank)["link"])}
+        ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
+    elif topo.lead:
+        n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
+        link_seeds = seeds.learner(cfg.seed, n)["link"]
+        ends.links = {b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1])
+                      for b in range(1, n + 1)}
+        ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
+        k = topo.learners.Get_size() if topo.learners is not None else 1
+        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
+        ends.group_inbox = Inbox(GroupWire, "learner", lambda j: f"learner {j}")
+    else:  # learner j > 0 of the group
+        ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
+        ends.group_inbox = Inbox(GroupWire, f"learner {me.index}", lambda j: "the lead learner")
+    return ends
+
+
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
     """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor,
-    handed its ends of the networks (`mpirl.topology.connect`: who talks to whom)."""
-    from mpirl.topology import connect
-
+    handed its ends of the networks (`connect`: who talks to whom)."""
     cfg, spec, part = setup.cfg, setup.spec, setup.part
     ends = connect(cfg, topo, wire)
     if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group

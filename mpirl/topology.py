@@ -21,6 +21,11 @@ The learner never talks to actors: weights go learner -> buffer (link) -> actors
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpirl.inbox import Inbox, SitePort
+    from mpirl.link import LinkEnd
 
 LEARNER, BUFFER, ACTOR = "learner", "buffer", "actor"
 
@@ -131,7 +136,7 @@ def build(world, buffers: int, learners: int = 1) -> Topology:
 
 @dataclass
 class Ends:
-    """What `connect` hands a role: its ends of the networks it uses and their inboxes.
+    """What `mpirl.main.connect` hands a role: its ends of the networks it uses and their inboxes.
 
     ``site``   actor, buffer: the site network (`mpirl.inbox.SitePort`: Isend + an inbox that
                probes the site communicator)
@@ -142,49 +147,11 @@ class Ends:
                a worker's: ``{0: the lead}``), unemulated; ``group_inbox`` for their messages
     """
 
-    site: object | None = None
-    links: dict = field(default_factory=dict)
-    inbox: object | None = None
-    group: dict = field(default_factory=dict)
-    group_inbox: object | None = None
-
-
-def connect(cfg, topo: Topology, wire) -> Ends:
-    """Who talks to whom, built once for this rank (the roles are handed the result)::
-
-        actor  --site--  buffer s  ==link (emulated: cfg.link)==  lead learner  --learners--
-                                                                      learner 1..K-1
-
-    The learner never talks to actors, nor a buffer to another site.  Tests and benches build
-    an `Ends` of fakes instead (tests/fakes.py)."""
-    from mpirl import seeds
-    from mpirl.inbox import Inbox, SitePort
-    from mpirl.learner_group import GroupWire
-    from mpirl.link import PROFILES, LinkEnd, resolve_profile
-
-    me, ends = topo.place, Ends()
-    if me.role == ACTOR:
-        ends.site = SitePort(topo.site, Inbox(wire, f"actor rank {me.rank}",
-                                              lambda r: f"buffer of site {me.site}", topo.site))
-    elif me.role == BUFFER:
-        ends.site = SitePort(topo.site, Inbox(wire, f"buffer {me.site}",
-                                              lambda r: f"actor (site rank {r})", topo.site))
-        ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg),
-                                 seed=seeds.buffer(cfg.seed, me.rank)["link"])}
-        ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
-    elif topo.lead:
-        n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
-        link_seeds = seeds.learner(cfg.seed, n)["link"]
-        ends.links = {b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1])
-                      for b in range(1, n + 1)}
-        ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
-        k = topo.learners.Get_size() if topo.learners is not None else 1
-        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
-        ends.group_inbox = Inbox(GroupWire, "learner", lambda j: f"learner {j}")
-    else:  # learner j > 0 of the group
-        ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
-        ends.group_inbox = Inbox(GroupWire, f"learner {me.index}", lambda j: "the lead learner")
-    return ends
+    site: SitePort | None = None
+    links: dict[int, LinkEnd] = field(default_factory=dict)
+    inbox: Inbox | None = None
+    group: dict[int, LinkEnd] = field(default_factory=dict)
+    group_inbox: Inbox | None = None
 
 
 def format_table(places: list[Place], hosts: list[str]) -> str:

@@ -1,5 +1,5 @@
 """Fakes of the transport, handed to the roles as arguments (never patched in), and builders of
-roles wired to them: what `mpirl.topology.connect` builds for a real run, without MPI peers.
+roles wired to them: what `mpirl.main.connect` builds for a real run, without MPI peers.
 
 Used by the tests and by bench/learner_loop.py (which puts this folder on ``sys.path``).
 """
