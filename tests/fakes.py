@@ -100,3 +100,40 @@ def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
     site = site or SitePort(MPI.COMM_SELF, Inbox(wire, "buffer 0", lambda r: f"actor {r}",
                                                  MPI.COMM_SELF))
     return Ends(site=site, links={0: link}, inbox=Inbox(wire, "buffer 0", lambda r: "the learner"))
+
+
+def wire_of(cfg):
+    """``(spec, wire)`` of a run of ``cfg`` (the packer every rank of it would use)."""
+    from mpirl.envs import inspect
+    from mpirl.main import _wire
+    from mpirl.replay.build import record_dtype
+
+    spec = inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
+    return spec, _wire(cfg, spec, record_dtype(cfg, spec))
+
+
+def make_learner(cfg, spec, wire, log, links: dict, **kw):
+    """A `mpirl.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
+    from mpirl.learner import Learner
+
+    return Learner(cfg, learner_topo(len(links)), spec, wire, log, learner_ends(wire, links),
+                   say=kw.pop("say", lambda s: None), **kw)
+
+
+def make_buffer(cfg, spec, wire, log, link=None, **kw):
+    """A `mpirl.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on a
+    one-rank site with no actors."""
+    from mpirl.buffer import Buffer
+
+    topo = SimpleNamespace(place=layout(3, 1)[1])
+    return Buffer(cfg, topo, spec, wire, log, buffer_ends(wire, link or ScriptedLink(0)), **kw)
+
+
+def make_actor(cfg, spec, wire, log, **kw):
+    """``(actor, port)``: a `mpirl.actor.Actor` (the only one of site 0) whose messages to the
+    buffer are recorded in ``port.posts``."""
+    from mpirl.actor import Actor
+
+    port = RecordingPort(wire, "actor rank 2")
+    topo = SimpleNamespace(place=layout(3, 1)[2], n_actors=1)
+    return Actor(cfg, topo, spec, wire, log, port, **kw), port

@@ -1,15 +1,13 @@
 """What the learner posts to each buffer and trains on, recorded step by step: the real learner
 loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffers."""
 import numpy as np
-from fakes import ScriptedLink, learner_ends, learner_topo
+from fakes import ScriptedLink, make_learner, wire_of
 
-from mpirl import learner, learner_rows
+from mpirl import learner_rows
 from mpirl.config import Config
-from mpirl.envs import inspect
 from mpirl.logs import RunLog
-from mpirl.qnet import param_count
 from mpirl.replay import Sample
-from mpirl.wire import Tag, Wire, transition_dtype
+from mpirl.wire import Tag
 
 
 def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
@@ -18,9 +16,8 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
     not post it after the DONE it sends back: the buffer has left and never receives it."""
     cfg = Config(replay_at="learner", buffers=2, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
 
     def forward(seq):
         return Tag.FORWARD, wire.forward(np.zeros(64, record), np.ones(64, np.float32), seq)
@@ -34,10 +31,8 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
     posts = []
     links = {1: ScriptedLink(1, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))], posts),
              2: ScriptedLink(2, on_post, [(Tag.STATS, wire.stats([], 60, 0))], posts)}
-    topo = learner_topo(2)
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        summary = learner.Learner(cfg, topo, spec, wire, log, learner_ends(wire, links),
-                                  say=lambda s: None).run()
+        summary = make_learner(cfg, spec, wire, log, links).run()
     assert summary["stop_reason"] == "max_env_steps"
     for b in (1, 2):
         mine = [tag for peer, tag in posts if peer == b]
@@ -52,9 +47,8 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
     weight, so a transition's weight is (N P(i))^-beta of its site over one common figure."""
     cfg = Config(replay_at="buffer", buffers=2, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     site_w = {1: np.linspace(0.1, 1, 8, dtype=np.float32),
               2: np.linspace(0.5, 1, 8, dtype=np.float32)}
     site_max = {1: 4.0, 2: 1.5}  # max weights of the two memories
@@ -72,10 +66,8 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
 
     posts, trained = [], []
     links = {b: ScriptedLink(b, on_post, [batch(b)], posts) for b in (1, 2)}
-    topo = learner_topo(2)
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        lrn = learner.Learner(cfg, topo, spec, wire, log, learner_ends(wire, links),
-                              say=lambda s: None)
+        lrn = make_learner(cfg, spec, wire, log, links)
         put = lrn.trainer.put  # where a batch's weights enter the train step
         lrn.trainer.put = lambda records, weights, frames=None: (
             trained.append(np.array(weights)), put(records, weights, frames))[1]
@@ -94,9 +86,8 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
     be scaled by 2 / 5 (the newer batch's figure)."""
     cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     w = np.linspace(0.1, 1, 8, dtype=np.float32)
 
     def batch(max_weight, batch_id):
@@ -116,10 +107,8 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
 
     posts, trained = [], []
     links = {1: ScriptedLink(1, on_post, [batch(2.0, 0), batch(5.0, 1)], posts)}
-    topo = learner_topo(1)
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        lrn = learner.Learner(cfg, topo, spec, wire, log, learner_ends(wire, links),
-                              say=lambda s: None)
+        lrn = make_learner(cfg, spec, wire, log, links)
         put = lrn.trainer.put  # where a batch's weights enter the train step
         lrn.trainer.put = lambda records, weights, frames=None: (
             trained.append(np.array(weights)), put(records, weights, frames))[1]
@@ -202,9 +191,8 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
     cfg = Config(replay_at="buffer", hidden=(16,), max_updates=1, eval_every=1,
                  eval_episodes=2, evaluator="thread", progress_seconds=0,
                  target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     s = Sample(indices=np.arange(8), generations=np.arange(8), weights=np.ones(8, np.float32),
                priorities=np.ones(8, np.float32), records=np.zeros(8, record))
 
@@ -214,10 +202,8 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
 
     posts = []
     links = {1: ScriptedLink(1, on_post, [(Tag.BATCH, wire.batch(s, 0, 0.0))], posts)}
-    topo = learner_topo(1)
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        summary = learner.Learner(cfg, topo, spec, wire, log, learner_ends(wire, links),
-                                  say=lambda s: None).run()
+        summary = make_learner(cfg, spec, wire, log, links).run()
     assert summary["stop_reason"] == "max_updates" and summary["updates"] == 1
     with h5py.File(tmp_path / "learner.h5", "r") as f:
         assert f["evals/update"][()].tolist() == [1]

@@ -1,20 +1,16 @@
 """The roles' steps on their own, without mpirun: the consistent cut's bookkeeping, the forward
 queue, and a buffer handling PRIORITIES and EXPERIENCE messages (a one-rank communicator and a
 scripted link stand in for the site and the learner)."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from fakes import ScriptedLink, buffer_ends
+from fakes import make_buffer, wire_of
 
 from mpirl import buffer as buffer_mod
 from mpirl.config import Config
 from mpirl.cut import Cut, SiteCut
-from mpirl.envs import inspect
 from mpirl.logs import RunLog
-from mpirl.qnet import param_count
-from mpirl.topology import layout
-from mpirl.wire import Tag, Wire, transition_dtype
+from mpirl.wire import Tag
 
 
 class _Checkpointer:
@@ -51,16 +47,9 @@ def test_site_cut_completes_when_every_actor_acknowledged():
     assert not cut.in_progress and not cut.held
 
 
-def _wire(cfg):
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    return spec, Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                          cfg.dueling))
-
-
 def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
     cfg = Config(replay_at="learner")
-    spec, wire = _wire(cfg)
+    spec, wire = wire_of(cfg)
     q = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
     for k in range(2):
         rec = np.zeros(4, wire.record)
@@ -84,10 +73,9 @@ def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
 def site_buffer(tmp_path):
     """A Buffer with its replay memory (replay_at=buffer) on a one-rank site (no actors)."""
     cfg = Config(replay_at="buffer", hidden=(16,), replay_capacity=64, max_staleness=4)
-    spec, wire = _wire(cfg)
-    topo = SimpleNamespace(place=layout(3, 1)[1])
+    spec, wire = wire_of(cfg)
     with RunLog(tmp_path / "buffer-0.h5", {}, flush_seconds=1) as log:
-        buf = buffer_mod.Buffer(cfg, topo, spec, wire, log, buffer_ends(wire, ScriptedLink(0)))
+        buf = make_buffer(cfg, spec, wire, log)
         buf.owed[1] = 0  # the experiences below come from "actor 1" (the site has none)
         yield buf, wire
 
