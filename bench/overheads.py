@@ -33,11 +33,12 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    ``Actor.send_chunk`` and ``Buffer.receive_actors`` drive it: ``actor_credits`` tokens, one
    CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps when a turn did nothing).
    The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64 (``Waitall`` per
-   window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
-   each); rates are bytes received after the first message / time from first to last.  Two
-   variants of the mpirl path, for the notes only: no-nap (``Backoff(0, 0)``: idle turns only
-   yield the CPU), which separates the cost of the calls from the latency of the naps, and
-   credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
+   window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap,
+   credits, twice (``--seconds`` / 8 each); rates are bytes received after the first message /
+   time from first to last.  Two variants of the mpirl path, for the notes only: no-nap
+   (``Backoff(0, 0)``: idle turns only yield the CPU), which separates the cost of the calls from
+   the latency of the naps, and credits (64 tokens, the raw stream's window, as
+   ``--actor-credits 64`` would give).
    Target >= 0.8.
 4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
    has made its first env step (the latest of the actors' HDF5 attribute ``first_step_unix``,
