@@ -4,9 +4,10 @@
 
 `mpirl.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop --
 receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
-progress and link rows -- against a scripted link that hands it a BATCH message (sampled from a
-prioritized memory and packed by `Wire.batch`, a fresh copy each time, as `LinkEnd.receive`
-gives) whenever it polls; what it posts is counted and dropped.  The reference is
+progress and link rows -- handed a scripted link (tests/fakes.py `ScriptedLink`, the tests' fake)
+that hands it a BATCH message (sampled from a prioritized memory and packed by `Wire.batch`, a
+fresh copy each time, as `LinkEnd.receive` gives) whenever it polls; what it posts is counted and
+dropped.  The reference is
 `mpirl.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s reference).
 Both run in this process, one after the other, ``--rounds`` times; the table gives updates per
 CPU second of each and their ratio per round, and the median.
@@ -25,15 +26,16 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/fakes.py
 
 STEPS = ("receive", "checkpoint", "grant_tokens", "change_link", "train", "evaluate",
          "decide_stop", "send_stop", "report", "wait")
@@ -45,11 +47,9 @@ def build(batch_size: int, tmp: Path):
     from mpirl import envs as envs_mod
     from mpirl import learner as learner_mod
     from mpirl.config import Config
-    from mpirl.link import PROFILES, LinkStats
     from mpirl.logs import RunLog
     from mpirl.qnet import param_count
     from mpirl.replay.build import record_dtype
-    from mpirl.topology import layout
     from mpirl.train_step import TrainStep
     from mpirl.wire import Tag, Wire
 
@@ -59,52 +59,17 @@ def build(batch_size: int, tmp: Path):
     spec = envs_mod.inspect(cfg.env)
     wire = Wire(record_dtype(cfg, spec),
                 param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    from fakes import ScriptedLink, learner_ends, learner_topo  # tests/fakes.py
     from overheads import batch_messages  # bench/overheads.py, next to this file
 
     bufs = batch_messages(cfg, spec, wire, 64)
 
-    class ScriptedLink:
-        """A LinkEnd whose buffer always has the next BATCH ready; posts are counted only."""
-
-        def __init__(self, comm, peer, profile, seed=0):
-            self.sent, self.received = LinkStats(), LinkStats()
-            self.profile, self.backlog, self.i = PROFILES["none"], 0, 0
-
-        def poll(self, now=None):
-            pass
-
-        def post(self, buf, tag, now=None):
-            self.sent.count(buf.nbytes)
-            return 0.0
-
-        def next_departure(self):
-            return None
-
-        latest_rate_bps, latest_replaced = float("nan"), 0
-
-        def drop_latest(self):
-            pass
-
-        def post_latest(self, tag, make, now=None):
-            buf, on_commit = make()
-            if on_commit is not None:
-                on_commit()
-            self.post(buf, tag, now)
-            return True
-
-        def set_profile(self, profile):
-            self.profile = profile
-
-        def receive(self, now=None, limit=64):
-            self.i += 1
-            buf = bufs[self.i % len(bufs)].copy()  # a fresh buffer, as Recv fills one
-            self.received.count(buf.nbytes)
-            return [(Tag.BATCH, buf)]
-
-    learner_mod.LinkEnd = ScriptedLink
-    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    turns = itertools.count(1)
+    ends = learner_ends(wire, {1: ScriptedLink(1, feed=lambda: [  # a fresh buffer, as Recv fills
+        (Tag.BATCH, bufs[next(turns) % len(bufs)].copy())])})
+    topo = learner_topo(1)
     log = RunLog(tmp / "learner.h5", {}, flush_seconds=2)
-    lrn = learner_mod.Learner(cfg, topo, spec, wire, log, say=lambda s: None)
+    lrn = learner_mod.Learner(cfg, topo, spec, wire, log, ends, say=lambda s: None)
     lrn.start()
     step = TrainStep(cfg, spec)
     batches = [wire.unpack(b, Tag.BATCH, "bench").arrays for b in bufs]

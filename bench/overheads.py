@@ -27,17 +27,18 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    uppercase mpi4py stream of messages of the same size, both under ``mpirun -n 2`` (this file's
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
    ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
-   every message, as fast as tokens allow, with the calls the actor and the buffer make (mirrored
-   from ``Actor.receive``/``Actor.send_chunk`` and ``Buffer.receive_actors`` (mpirl/actor.py,
-   mpirl/buffer.py): ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, ``Isend`` kept until
-   ``Test``, ``actor_credits`` tokens, one CREDIT per buffer turn of at most 8 messages, the
-   ``Backoff`` naps when a turn did nothing).  The raw stream: ``Isend`` of one preallocated
-   uint8 buffer in windows of 64 (``Waitall`` per window), blocking ``Recv`` into one
-   preallocated buffer.  Phases alternate raw, mpirl, no-nap, credits, twice (``--seconds`` / 8
-   each); rates are bytes received after the first message / time from first to last.  Two
-   variants of the mpirl path, for the notes only: no-nap (``Backoff(0, 0)``: idle turns only
-   yield the CPU), which separates the cost of the calls from the latency of the naps, and
-   credits (64 tokens, the raw stream's window, as ``--actor-credits 64`` would give).
+   every message, as fast as tokens allow, through the roles' own transport (`mpirl.inbox`:
+   ``Inbox.serve``, matched ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, the handler
+   of the kind; ``SitePort``: ``Isend`` kept until ``Test``) driven as ``Actor.receive``/
+   ``Actor.send_chunk`` and ``Buffer.receive_actors`` drive it: ``actor_credits`` tokens, one
+   CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps when a turn did nothing).
+   The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64 (``Waitall`` per
+   window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap,
+   credits, twice (``--seconds`` / 8 each); rates are bytes received after the first message /
+   time from first to last.  Two variants of the mpirl path, for the notes only: no-nap
+   (``Backoff(0, 0)``: idle turns only yield the CPU), which separates the cost of the calls from
+   the latency of the naps, and credits (64 tokens, the raw stream's window, as
+   ``--actor-credits 64`` would give).
    Target >= 0.8.
 4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
    has made its first env step (the latest of the actors' HDF5 attribute ``first_step_unix``,
@@ -390,18 +391,171 @@ def references(kind: str, seconds: float, between) -> tuple[dict, dict]:
 
 # ---- transport: mpirun -n 2 ------------------------------------------------------------------------
 
-def transport_mode(argv: list[str]) -> int:
-    """``_transport SECONDS PROFILE_DIR|-``, under mpirun -n 2: alternating raw / mpirl phases."""
-    seconds, prof_dir = float(argv[0]), argv[1]
+RAW, END = 101, 102  # tags of the raw stream
+
+
+def experience_payload(cfg, spec, wire):
+    """One actor_chunk of CartPole-like transitions and their |td| (no episode returns)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    k = cfg.actor_chunk
+    rec = np.zeros(k, wire.record)
+    rec["obs"] = rng.normal(size=rec["obs"].shape)
+    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, k)
+    rec["reward"] = 1.0
+    rec["discount"] = cfg.gamma ** cfg.n_step
+    return rec, rng.random(k)
+
+
+def raw_phase(comm, size: int, secs: float):
+    """Rank 0: Isend windows of one preallocated buffer; rank 1: blocking Recv into one."""
     import numpy as np
     from mpi4py import MPI
 
+    buf = np.zeros(size, np.uint8)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        t_end = time.monotonic() + secs
+        while time.monotonic() < t_end:
+            reqs = [comm.Isend([buf, MPI.BYTE], dest=1, tag=RAW) for _ in range(RAW_WINDOW)]
+            MPI.Request.Waitall(reqs)
+        comm.Send([buf[:0], MPI.BYTE], dest=1, tag=END)
+        return None
+    st = MPI.Status()
+    n, t_first, t_last = 0, None, None
+    while True:
+        comm.Recv([buf, MPI.BYTE], source=0, tag=MPI.ANY_TAG, status=st)
+        if st.Get_tag() == END:
+            break
+        t_last = time.monotonic()
+        if t_first is None:
+            t_first = t_last
+        n += 1
+    return {"bytes": (n - 1) * size, "s": t_last - t_first, "msgs": n - 1}
+
+
+class TransportActor:
+    """Rank 0 of the mpirl phase: the actor's calls (`mpirl.inbox` for the buffer's CREDIT,
+    `SitePort` sends kept until ``Test``, the ``Backoff`` wait without a token), sending one
+    freshly packed EXPERIENCE per token."""
+
+    def __init__(self, port, wire, payload, credits: int, backoff):
+        self.port, self.wire, self.payload, self.backoff = port, wire, payload, backoff
+        self.tokens, self.seq, self.idle, self.acked = credits, 0, 0.0, False
+
+    def run(self, secs: float) -> dict:
+        from mpirl.wire import Tag
+
+        BUFFER = 1  # noqa: N806 - the buffer's rank here (a site's buffer is site rank 0)
+
+        inbox, rec, td_abs = self.port.inbox, *self.payload
+        handlers = {Tag.CREDIT: self.on_credit}
+        t_end = time.monotonic() + secs
+        while time.monotonic() < t_end:
+            inbox.serve(handlers, source=BUFFER)
+            self.port.poll()
+            if self.tokens <= 0:  # no token: the actor's wait (throttled time)
+                t0 = time.monotonic()
+                self.backoff.idle()
+                self.idle += time.monotonic() - t0
+                continue
+            self.backoff.work()
+            while self.tokens > 0:  # send_chunk while tokens last
+                buf = self.wire.experience(rec, td_abs, [], len(rec), self.seq)
+                self.port.post(buf, Tag.EXPERIENCE, BUFFER)
+                self.seq += 1
+                self.tokens -= 1
+        self.port.post(self.wire.done(0, 0), Tag.DONE, BUFFER)
+        drain = {t: (self.on_done if t == Tag.DONE else lambda m: None) for t in Tag}
+        while not self.acked or self.port.backlog:  # until the buffer's DONE
+            if not inbox.serve(drain, source=BUFFER):
+                self.port.poll()
+                time.sleep(1e-4)
+        return {"token_wait_s": self.idle, "msgs_sent": self.seq}
+
+    def on_credit(self, m) -> None:
+        self.tokens += m.tokens
+
+    def on_done(self, m) -> None:
+        self.acked = True
+
+
+class TransportBuffer:
+    """Rank 1 of the mpirl phase: the buffer's site part (`mpirl.inbox`, at most
+    MAX_ACTOR_MSGS_PER_TURN per turn, one CREDIT per turn; replay_ratio 0: never held back)."""
+
+    def __init__(self, port, wire, backoff):
+        self.port, self.wire, self.backoff = port, wire, backoff
+        self.owed = self.n = self.nbytes = self.env_steps = 0
+        self.t_first = self.t_last = None
+        self.returns: list = []
+        self.done = False
+
+    def run(self) -> dict:
+        from mpirl.buffer import MAX_ACTOR_MSGS_PER_TURN
+        from mpirl.wire import Tag
+
+        handlers = {Tag.EXPERIENCE: self.on_experience, Tag.DONE: self.on_done}
+        while not self.done:
+            did = self.port.inbox.serve(handlers, limit=MAX_ACTOR_MSGS_PER_TURN)
+            if self.owed:  # grant_tokens
+                self.port.post(self.wire.credit(self.owed), Tag.CREDIT, 0)
+                self.owed = 0
+            self.port.poll()
+            self.backoff.work() if did else self.backoff.idle()
+        self.port.post(self.wire.done(0, 0), Tag.DONE, 0)
+        while self.port.backlog:
+            self.port.poll()
+            time.sleep(1e-4)
+        return {"bytes": self.nbytes, "s": self.t_last - self.t_first, "msgs": self.n}
+
+    def on_experience(self, m) -> None:
+        self.env_steps += m.env_steps
+        self.returns.extend(m.arrays["returns"].tolist())
+        self.t_last = time.monotonic()
+        if self.t_first is None:
+            self.t_first = self.t_last
+        else:
+            self.n += 1
+            self.nbytes += m.nbytes
+        self.owed += 1
+
+    def on_done(self, m) -> None:
+        self.done = True
+
+
+def mpirl_phase(comm, wire, payload, secs: float, profiler, nap: bool, credits: int) -> dict:
+    """The actor's (rank 0) and the buffer's (rank 1) calls through mpirl's own inbox and site
+    port (`mpirl.inbox`); ``nap=False``: Backoff(0, 0), idle turns only yield the CPU."""
+    from mpirl.inbox import Inbox, SitePort
+    from mpirl.waiting import Backoff
+
+    rank = comm.Get_rank()
+    port = SitePort(comm, Inbox(wire, f"rank {rank}", lambda r: f"rank {r}", comm))
+    backoff = Backoff() if nap else Backoff(0.0, 0.0)
+    comm.Barrier()
+    if profiler is not None:
+        profiler.enable()
+    if rank == 0:
+        out = TransportActor(port, wire, payload, credits, backoff).run(secs)
+    else:
+        out = TransportBuffer(port, wire, backoff).run()
+    if profiler is not None:
+        profiler.disable()
+    return out
+
+
+def transport_mode(argv: list[str]) -> int:
+    """``_transport SECONDS PROFILE_DIR|-``, under mpirun -n 2: alternating raw / mpirl phases."""
+    seconds, prof_dir = float(argv[0]), argv[1]
+    from mpi4py import MPI
+
     from mpirl import envs as envs_mod
-    from mpirl.buffer import MAX_ACTOR_MSGS_PER_TURN
     from mpirl.qnet import param_count
     from mpirl.replay.build import record_dtype
-    from mpirl.waiting import Backoff
-    from mpirl.wire import Tag, Wire
+    from mpirl.wire import Wire
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -411,141 +565,20 @@ def transport_mode(argv: list[str]) -> int:
     spec = envs_mod.inspect(cfg.env)
     wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
                                                      cfg.dueling))
-    rng = np.random.default_rng(0)
-    k = cfg.actor_chunk
-    rec = np.zeros(k, wire.record)
-    rec["obs"] = rng.normal(size=rec["obs"].shape)
-    rec["next_obs"] = rng.normal(size=rec["obs"].shape)
-    rec["action"] = rng.integers(0, spec.n_actions, k)
-    rec["reward"] = 1.0
-    rec["discount"] = cfg.gamma ** cfg.n_step
-    td_abs = rng.random(k)
-    size = wire.experience(rec, td_abs, [], k, 0).nbytes
-    RAW, END = 101, 102
+    payload = experience_payload(cfg, spec, wire)
+    size = wire.experience(*payload, [], cfg.actor_chunk, 0).nbytes
     profiler = None
     if prof_dir != "-":
         import cProfile
 
         profiler = cProfile.Profile()
-
-    def raw_phase(secs: float):
-        buf = np.zeros(size, np.uint8)
-        comm.Barrier()
-        if rank == 0:
-            t_end = time.monotonic() + secs
-            while time.monotonic() < t_end:
-                reqs = [comm.Isend([buf, MPI.BYTE], dest=1, tag=RAW) for _ in range(RAW_WINDOW)]
-                MPI.Request.Waitall(reqs)
-            comm.Send([buf[:0], MPI.BYTE], dest=1, tag=END)
-            return None
-        st = MPI.Status()
-        n, t_first, t_last = 0, None, None
-        while True:
-            comm.Recv([buf, MPI.BYTE], source=0, tag=MPI.ANY_TAG, status=st)
-            if st.Get_tag() == END:
-                break
-            t_last = time.monotonic()
-            if t_first is None:
-                t_first = t_last
-            n += 1
-        return {"bytes": (n - 1) * size, "s": t_last - t_first, "msgs": n - 1}
-
-    def mpirl_phase(secs: float, nap: bool = True, credits: int = cfg.actor_credits):
-        """The actor's (rank 0) and the buffer's (rank 1) calls, as in mpirl/actor.py and
-        mpirl/buffer.py; ``nap=False``: Backoff(0, 0), idle turns only yield the CPU."""
-        status = MPI.Status()
-        backoff = Backoff() if nap else Backoff(0.0, 0.0)
-        comm.Barrier()
-        if profiler is not None:
-            profiler.enable()
-        if rank == 0:  # the actor
-            tokens, sends, seq, idle = credits, [], 0, 0.0
-            t_end = time.monotonic() + secs
-            while time.monotonic() < t_end:
-                while True:  # receive_all
-                    msg = comm.Improbe(source=1, tag=MPI.ANY_TAG, status=status)
-                    if msg is None:
-                        break
-                    tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
-                    buf = np.empty(n, np.uint8)
-                    msg.Recv([buf, MPI.BYTE])
-                    m_ = wire.unpack(buf, tag, "buffer")
-                    if m_.kind == Tag.CREDIT:
-                        tokens += m_.count
-                if sends:
-                    sends[:] = [(r, b) for r, b in sends if not r.Test()]
-                if tokens <= 0:  # no token: the actor's wait (throttled time)
-                    t0 = time.monotonic()
-                    backoff.idle()
-                    idle += time.monotonic() - t0
-                    continue
-                backoff.work()
-                while tokens > 0:  # send_chunk while tokens last
-                    buf = wire.experience(rec, td_abs, [], k, seq)
-                    sends.append((comm.Isend([buf, MPI.BYTE], dest=1, tag=Tag.EXPERIENCE), buf))
-                    seq += 1
-                    tokens -= 1
-            MPI.Request.Waitall([r for r, _ in sends])
-            comm.Send([wire.done(0, 0), MPI.BYTE], dest=1, tag=Tag.DONE)
-            while True:  # drain until the buffer's DONE
-                st = MPI.Status()
-                buf = np.empty(1 << 16, np.uint8)
-                comm.Recv([buf, MPI.BYTE], source=1, tag=MPI.ANY_TAG, status=st)
-                if st.Get_tag() == Tag.DONE:
-                    break
-            out = {"token_wait_s": idle, "msgs_sent": seq}
-        else:  # the buffer's site part
-            owed, site_sends, env_steps, returns = 0, [], 0, []
-            n = nbytes = 0
-            t_first = t_last = None
-            done = False
-            while not done:
-                did = False
-                for _ in range(MAX_ACTOR_MSGS_PER_TURN):
-                    msg = comm.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
-                    if msg is None:
-                        break
-                    did = True
-                    src, tag = status.Get_source(), status.Get_tag()
-                    buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                    msg.Recv([buf, MPI.BYTE])
-                    m = wire.unpack(buf, tag, f"actor (site rank {src})")
-                    if m.kind == Tag.EXPERIENCE:
-                        env_steps += int(m.a)
-                        returns.extend(m.arrays["returns"].tolist())
-                        t_last = time.monotonic()
-                        if t_first is None:
-                            t_first = t_last
-                        else:
-                            n += 1
-                            nbytes += buf.nbytes
-                        owed += 1
-                    elif m.kind == Tag.DONE:
-                        done = True
-                if owed:  # grant_actor_tokens (replay_ratio 0: never held back)
-                    c = wire.credit(owed)
-                    site_sends.append((comm.Isend([c, MPI.BYTE], dest=0, tag=Tag.CREDIT), c))
-                    owed = 0
-                if site_sends:
-                    site_sends[:] = [(r, b) for r, b in site_sends if not r.Test()]
-                if did:
-                    backoff.work()
-                else:
-                    backoff.idle()
-            MPI.Request.Waitall([r for r, _ in site_sends])
-            comm.Send([wire.done(0, 0), MPI.BYTE], dest=0, tag=Tag.DONE)
-            out = {"bytes": nbytes, "s": t_last - t_first, "msgs": n}
-        if profiler is not None:
-            profiler.disable()
-        return out
-
     phase = seconds / 8
     got = {"raw": [], "mpirl": [], "nonap": [], "credits": []}
     for kind in ("raw", "mpirl", "nonap", "credits") * 2:
         if kind == "raw":
-            r = raw_phase(phase)
+            r = raw_phase(comm, size, phase)
         else:
-            r = mpirl_phase(phase, nap=kind != "nonap",
+            r = mpirl_phase(comm, wire, payload, phase, profiler, nap=kind != "nonap",
                             credits=RAW_WINDOW if kind == "credits" else cfg.actor_credits)
         r = comm.gather(r, root=1)  # small dicts, once per phase
         if rank == 1:
@@ -611,7 +644,7 @@ def startup(tmp: Path, ranks: int = 9) -> dict:
 
 # ---- the table ----------------------------------------------------------------------------------------
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=15,
                     help="length of each measurement (pipeline runs, references, transport)")
@@ -640,12 +673,11 @@ def main() -> None:
             ap.error(f"--batch-size {a.batch_size}: give a batch size from 1 to {BENCH_MEMORY} "
                      "(the transitions the reference samples from)")
         os.environ["MPIRL_OVERHEADS_BATCH"] = str(a.batch_size)
-    keep = Path(a.keep) if a.keep else None
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-    cfg = default_cfg()
-    ca, cb = cores()
-    load0 = os.getloadavg()
+    return a
+
+
+def measure(a: argparse.Namespace, keep: Path | None) -> dict:
+    """Every component asked for, one mpirun at a time."""
     res: dict = {}
     with tempfile.TemporaryDirectory() as tmpname:
         tmp = Path(tmpname)
@@ -671,95 +703,126 @@ def main() -> None:
             s = startup(tmp)
             res["startup"] = s
             print(json.dumps({"startup": s}), flush=True)
-    load1 = os.getloadavg()
+    return res
 
-    def yes(ok: bool) -> str:
-        return "**yes**" if ok else "**no**"
 
-    rows = ["| component | mpirl | reference | ratio | target | met? |", "|---|---|---|---|---|---|"]
+def yes(ok: bool) -> str:
+    return "**yes**" if ok else "**no**"
+
+
+def median_round(pairs: list):
+    """(median round's pipeline figures, its reference's, median ratio, ratios text)."""
+    ratios = [g["rate"] / f["rate"] for g, f in pairs]
+    mid = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
+    text = "" if len(pairs) == 1 else (
+        f"; {len(pairs)} rounds, ratio per round " + ", ".join(f"{x:.2f}" for x in ratios)
+        + f" (median {ratios[mid]:.2f}, the round shown)")
+    return pairs[mid][0], pairs[mid][1], ratios[mid], text
+
+
+def actor_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> None:
+    got, ref, r, per_round = median_round(res["actor"])
+    rows.append(f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
+                f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
+                f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |")
+    cpu_rows.append(f"| actor: env steps | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+                    f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
+    notes.append(f"actor: steady window {got['window_s']:.1f} s; the actor process used "
+                 f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+                 f"waited for tokens {got['throttled']:.1%} of the time; reference "
+                 f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
+                 + per_round)
+
+
+def learner_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> None:
+    got, ref, r, per_round = median_round(res["learner"])
+    busy = ", ".join(f"{g['busy']:.2f}" for g, _ in res["learner"])
+    rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
+                f"evaluation off as in the reference) | "
+                f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
+                f">= 0.9 | {yes(r >= 0.9)} |")
+    cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+                    f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
+    notes.append(f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
+                 f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
+                 f"no batch and no message) {got['idle']:.2f}; the learner process used "
+                 f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+                 f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
+                 + (per_round + f"; busy fraction per round {busy}" if per_round else ""))
+    ev = res["learner_eval"]
+    notes.append(f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
+                 f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "
+                 f"ratio above): {ev['rate']:,.0f} updates/s ({ev['rate'] / got['rate']:.2f}x "
+                 f"the run without); {ev['evals']} evaluations in the steady window, "
+                 f"{ev['eval_ms']:.0f} ms each on average, together {ev['eval_share']:.1%} "
+                 f"of the window's wall time")
+
+
+def transport_rows(res: dict, rows: list, notes: list) -> None:
+    got, ref, size = res["transport"]
+    r = got["rate"] / ref["rate"]
+    rows.append(f"| transport: actor -> buffer MB/s ({size:,}-byte EXPERIENCE messages) | "
+                f"{got['rate'] / 1e6:,.1f} | {ref['rate'] / 1e6:,.1f} (raw Isend/Recv) | "
+                f"{r:.3f} | >= 0.8 | {yes(r >= 0.8)} |")
+    nonap, cred = res["transport_nonap"], res["transport_credits"]
+    notes.append(f"transport: {got['msgs_per_s']:,.0f} messages/s against "
+                 f"{ref['msgs_per_s']:,.0f} raw; the sender waited for tokens "
+                 f"{got['token_wait_s'] / got['s']:.0%} of the time.  The same path with "
+                 f"the idle naps off (Backoff(0, 0): idle turns only yield): "
+                 f"{nonap['rate'] / 1e6:,.1f} MB/s, {nonap['rate'] / ref['rate']:.2f}x raw, "
+                 f"{nonap['msgs_per_s']:,.0f} messages/s.  With {RAW_WINDOW} tokens (the raw "
+                 f"stream's window; `--actor-credits {RAW_WINDOW}`) and the naps on: "
+                 f"{cred['rate'] / 1e6:,.1f} MB/s, {cred['rate'] / ref['rate']:.2f}x raw")
+
+
+def startup_rows(s: dict, rows: list, notes: list) -> None:
+    r = s["rate"] / s["ref"]
+    rows.append(f"| start-up: s from launch until every actor has stepped, `mpirun -n 9` | "
+                f"{s['rate']:.1f} s | {s['ref']:.1f} s (every rank past `import torch, "
+                f"gymnasium`, `MPI_Init` and a barrier) | "
+                f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |")
+    notes.append(f"start-up: the first actor's first step at {s['first_actor']:.1f} s; the "
+                 f"whole 1-s run took {s['total']:.1f} s; the reference's first rank was "
+                 f"ready at {s['ref_first']:.1f} s, its whole launch with teardown took "
+                 f"{s['ref_total']:.1f} s")
+
+
+def report(res: dict, a: argparse.Namespace, loads: tuple) -> str:
+    """The markdown tables and notes."""
+    cfg = default_cfg()
+    ca, cb = cores()
+    rows = ["| component | mpirl | reference | ratio | target | met? |",
+            "|---|---|---|---|---|---|"]
     cpu_rows = ["| component | mpirl per CPU second | reference per CPU second | ratio |",
                 "|---|---|---|---|"]
-    notes = []
-
-    def rounds(kind: str):
-        """(median round's pipeline figures, its reference's, median ratio, ratios text)."""
-        pairs = res[kind]
-        ratios = [g["rate"] / f["rate"] for g, f in pairs]
-        mid = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
-        text = "" if len(pairs) == 1 else (
-            f"; {len(pairs)} rounds, ratio per round " + ", ".join(f"{x:.2f}" for x in ratios)
-            + f" (median {ratios[mid]:.2f}, the round shown)")
-        return pairs[mid][0], pairs[mid][1], ratios[mid], text
-
+    notes: list = []
     if "actor" in res:
-        got, ref, r, per_round = rounds("actor")
-        rows.append(f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
-                    f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
-                    f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |")
-        cpu_rows.append(f"| actor: env steps | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
-                        f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
-        notes.append(f"actor: steady window {got['window_s']:.1f} s; the actor process used "
-                     f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
-                     f"waited for tokens {got['throttled']:.1%} of the time; reference "
-                     f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
-                     + per_round)
+        actor_rows(res, cfg, rows, cpu_rows, notes)
     if "learner" in res:
-        got, ref, r, per_round = rounds("learner")
-        busy = ", ".join(f"{g['busy']:.2f}" for g, _ in res["learner"])
-        rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
-                    f"evaluation off as in the reference) | "
-                    f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
-                    f">= 0.9 | {yes(r >= 0.9)} |")
-        cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
-                        f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
-        notes.append(f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
-                     f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
-                     f"no batch and no message) {got['idle']:.2f}; the learner process used "
-                     f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
-                     f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
-                     + (per_round + f"; busy fraction per round {busy}" if per_round else ""))
-        ev = res["learner_eval"]
-        notes.append(f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
-                     f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "
-                     f"ratio above): {ev['rate']:,.0f} updates/s ({ev['rate'] / got['rate']:.2f}x "
-                     f"the run without); {ev['evals']} evaluations in the steady window, "
-                     f"{ev['eval_ms']:.0f} ms each on average, together {ev['eval_share']:.1%} "
-                     f"of the window's wall time")
+        learner_rows(res, cfg, rows, cpu_rows, notes)
     if "transport" in res:
-        got, ref, size = res["transport"]
-        r = got["rate"] / ref["rate"]
-        rows.append(f"| transport: actor -> buffer MB/s ({size:,}-byte EXPERIENCE messages) | "
-                    f"{got['rate'] / 1e6:,.1f} | {ref['rate'] / 1e6:,.1f} (raw Isend/Recv) | "
-                    f"{r:.3f} | >= 0.8 | {yes(r >= 0.8)} |")
-        nonap, cred = res["transport_nonap"], res["transport_credits"]
-        notes.append(f"transport: {got['msgs_per_s']:,.0f} messages/s against "
-                     f"{ref['msgs_per_s']:,.0f} raw; the sender waited for tokens "
-                     f"{got['token_wait_s'] / got['s']:.0%} of the time.  The same path with "
-                     f"the idle naps off (Backoff(0, 0): idle turns only yield): "
-                     f"{nonap['rate'] / 1e6:,.1f} MB/s, {nonap['rate'] / ref['rate']:.2f}x raw, "
-                     f"{nonap['msgs_per_s']:,.0f} messages/s.  With {RAW_WINDOW} tokens (the raw "
-                     f"stream's window; `--actor-credits {RAW_WINDOW}`) and the naps on: "
-                     f"{cred['rate'] / 1e6:,.1f} MB/s, {cred['rate'] / ref['rate']:.2f}x raw")
+        transport_rows(res, rows, notes)
     if "startup" in res:
-        s = res["startup"]
-        r = s["rate"] / s["ref"]
-        rows.append(f"| start-up: s from launch until every actor has stepped, `mpirun -n 9` | "
-                    f"{s['rate']:.1f} s | {s['ref']:.1f} s (every rank past `import torch, "
-                    f"gymnasium`, `MPI_Init` and a barrier) | "
-                    f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |")
-        notes.append(f"start-up: the first actor's first step at {s['first_actor']:.1f} s; the "
-                     f"whole 1-s run took {s['total']:.1f} s; the reference's first rank was "
-                     f"ready at {s['ref_first']:.1f} s, its whole launch with teardown took "
-                     f"{s['ref_total']:.1f} s")
+        startup_rows(res["startup"], rows, notes)
     pinned = (f"actor, learner: the measured rank and the reference on core {ca}, the other "
               f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
               f"and {cb}") if ca is not None else "no pinning (fewer than 2 cores)"
-    notes.append(f"{pinned}; load average {load0[0]:.2f} at start, {load1[0]:.2f} at the end; "
-                 f"--seconds {a.seconds:g}")
+    notes.append(f"{pinned}; load average {loads[0][0]:.2f} at start, {loads[1][0]:.2f} at the "
+                 f"end; --seconds {a.seconds:g}")
     text = "\n".join(rows)
     if len(cpu_rows) > 2:
         text += "\n\n" + "\n".join(cpu_rows)
-    text += "\n\n" + "\n".join(f"* {n}" for n in notes)
+    return text + "\n\n" + "\n".join(f"* {n}" for n in notes)
+
+
+def main() -> None:
+    a = parse_args()
+    keep = Path(a.keep) if a.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    res = measure(a, keep)
+    text = report(res, a, (load0, os.getloadavg()))
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")

@@ -41,20 +41,23 @@ def measure(env: str, steps: int, compress: str = "auto") -> dict:
     from mpirl.topology import layout
     from mpirl.wire import Tag
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from fakes import RecordingPort
+
     cfg = Config(env=env, compress=compress)
     spec = inspect(cfg.env)
     wire = _wire(cfg, spec, record_dtype(cfg, spec))
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
-    sent: list[np.ndarray] = []
     with tempfile.TemporaryDirectory() as tmp, \
             RunLog(Path(tmp) / "actor.h5", {}, flush_seconds=600) as log:
-        actor = actor_mod.Actor(cfg, topo, spec, wire, log)
-        actor.send_to_buffer = lambda buf, tag: sent.append(buf)  # captured, not sent
+        port = RecordingPort(wire)  # tests/fakes.py: posts captured, not sent
+        actor = actor_mod.Actor(cfg, topo, spec, wire, log, port)
         actor.weights_version, actor.tokens = 0, 10**9
         actor.start_episodes()
         while actor.env_steps < steps:
             actor.step_envs(*actor.act())
             actor.ship()
+    sent = [buf for _, buf, _ in port.posts]
     msgs = [wire.unpack(b, Tag.EXPERIENCE) for b in sent]
     n = sum(m.count for m in msgs)
     queue = buffer_mod.ForwardQueue(wire, spec, limit=10**7, drop_oldest=True)

@@ -33,9 +33,9 @@ only then); vector runs keep NumpyQ and never import torch.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from mpirl import envs as envs_mod
 from mpirl import failure, schema, seeds
@@ -46,7 +46,13 @@ from mpirl.nstep import NStep
 from mpirl.pacing import TokenBucket
 from mpirl.qnet import make_q
 from mpirl.waiting import Backoff
-from mpirl.wire import Tag, Wire
+from mpirl.wire import Checkpoint, Credit, Message, Stop, Tag, Weights, Wire
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.envs import EnvSpec
+    from mpirl.inbox import SitePort
+    from mpirl.topology import Topology
 
 BUFFER = 0  # the site's buffer is site rank 0
 
@@ -89,9 +95,11 @@ class Outgoing:
 class Actor:
     """One actor rank's envs, network copy, counters and loop."""
 
-    def __init__(self, cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None):
+    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
+                 site: SitePort, ckpt=None, resume=None):
+        """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
-        self.comm, self.me = topo.site, topo.place
+        self.site, self.me = site, topo.place
         m = self.m = cfg.envs_per_actor
         # a resumed run starts fresh episodes, seeded apart from those of earlier launches
         self.seed = seeds.actor(cfg.seed, self.me.rank, self.me.index, topo.n_actors, m,
@@ -118,9 +126,7 @@ class Actor:
         log.set_attrs(epsilons=self.eps)
         self.handlers = {Tag.WEIGHTS: self.on_weights, Tag.CREDIT: self.on_credit,
                          Tag.STOP: self.on_stop, Tag.CHECKPOINT: self.on_checkpoint}
-        self.status = MPI.Status()
-        self.wbuf = np.empty(wire_nbytes_weights(wire), np.uint8)
-        self.sends: list = []  # (request, buffer) in flight
+        self.reuse = {Tag.WEIGHTS: np.empty(wire_nbytes_weights(wire), np.uint8)}
         self.tokens = cfg.actor_credits
         self.backoff = Backoff()
         self.fault = failure.FAULT
@@ -186,41 +192,29 @@ class Actor:
         Improbe per 4-env turn was ~5% of the actor's time).  Then the sends that completed."""
         if force or self.tokens <= 0 or now - self.t_polled >= POLL_S:
             self.t_polled = now
-            comm, status = self.comm, self.status
-            while (msg := comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)) is not None:
-                tag, n = status.Get_tag(), status.Get_count(MPI.BYTE)
-                buf = (self.wbuf if (tag == Tag.WEIGHTS and n == self.wbuf.nbytes)
-                       else np.empty(n, np.uint8))
-                msg.Recv([buf, MPI.BYTE])
-                m = self.wire.unpack(buf, tag, f"buffer of site {self.me.site}")
-                handler = self.handlers.get(m.kind)
-                if handler is None:
-                    raise RuntimeError(f"actor rank {self.me.rank}: unexpected {m.kind.name} from "
-                                       "buffer")
-                handler(m)
-        if self.sends:
-            self.sends[:] = [(r, b) for r, b in self.sends if not r.Test()]
+            self.site.inbox.serve(self.handlers, source=BUFFER, reuse=self.reuse, now=now)
+        self.site.poll()
 
-    def on_weights(self, m) -> None:
+    def on_weights(self, m: Weights) -> None:
         self.q.load(m.arrays["params"])
-        self.weights_version = m.seq
-        self.weights_updates = int(m.a)  # learner updates when they were made
+        self.weights_version = m.version
+        self.weights_updates = m.updates
 
-    def on_credit(self, m) -> None:
-        self.tokens += m.count
+    def on_credit(self, m: Credit) -> None:
+        self.tokens += m.tokens
 
-    def on_stop(self, m) -> None:
+    def on_stop(self, m: Stop) -> None:
         self.stop = True
-        self.final_ckpt = m.seq
+        self.final_ckpt = m.checkpoint
 
-    def on_checkpoint(self, m) -> None:
+    def on_checkpoint(self, m: Checkpoint) -> None:
         """Snapshot between two steps, then acknowledge (`mpirl.cut`)."""
-        self.save(m.seq)
-        self.send_to_buffer(self.wire.checkpoint(m.seq, self.env_steps), Tag.CHECKPOINT)
+        self.save(m.id)
+        self.send_to_buffer(self.wire.checkpoint(m.id, self.env_steps), Tag.CHECKPOINT)
 
     def send_to_buffer(self, buf: np.ndarray, tag: Tag) -> None:
-        """Nonblocking uppercase Isend of a numpy buffer (no pickle); kept until it completes."""
-        self.sends.append((self.comm.Isend([buf, MPI.BYTE], dest=BUFFER, tag=tag), buf))
+        """Nonblocking, kept until it completes (`mpirl.inbox.SitePort`)."""
+        self.site.post(buf, tag, BUFFER)
 
     # ---- wait when held back ------------------------------------------------------------------
     def held_back(self, now: float) -> bool:
@@ -432,20 +426,21 @@ class Actor:
         if self.final_ckpt >= 0:  # everything is sent: the part holds final counters only
             self.save(self.final_ckpt)
         self.send_to_buffer(self.wire.done(self.env_steps, self.done_episodes), Tag.DONE)
-        comm, status, acked = self.comm, self.status, False
-        while not acked or self.sends:
-            msg = comm.Improbe(source=BUFFER, tag=MPI.ANY_TAG, status=status)
-            if msg is not None:
-                buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                msg.Recv([buf, MPI.BYTE])
-                acked = acked or status.Get_tag() == Tag.DONE
+        acked = []  # the buffer's DONE; whatever else it sent meanwhile is dropped
+        drain = {t: acked.append if t == Tag.DONE else _drop for t in Tag}
+        while not acked or self.site.backlog:
+            if self.site.inbox.serve(drain, source=BUFFER):
                 continue
-            self.sends[:] = [(r, b) for r, b in self.sends if not r.Test()]
+            self.site.poll()
             self.backoff.idle()
         self.actor_row()
         self.log.set_attrs(env_steps=self.env_steps, episodes=self.done_episodes)
         for e in self.envs:
             e.close()
+
+
+def _drop(m: Message) -> None:
+    """A message the actor no longer acts on (after its DONE)."""
 
 
 def wire_nbytes_weights(wire: Wire) -> int:

@@ -32,21 +32,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from mpirl import failure, schema, seeds
 from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.cut import SiteCut
 from mpirl.frames import compact, concat
-from mpirl.link import PROFILES, LinkEnd, resolve_profile
+from mpirl.link import PROFILES
 from mpirl.logs import RunLog
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.waiting import Backoff
 from mpirl.weight_codec import FULL, WeightCache
 from mpirl.window import InflightWindow
-from mpirl.wire import Tag, Wire
+from mpirl.wire import Checkpoint, Credit, Done, Experience, Priorities, Stop, Tag, Weights, Wire
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.envs import EnvSpec
+    from mpirl.topology import Ends, Topology
 
 LEARNER = 0  # link rank of the learner
 MAX_ACTOR_MSGS_PER_TURN = 8
@@ -128,13 +133,16 @@ LATER_COUNTERS = ("prio_received", "prio_applied", "prio_moved", "forwarded")  #
 class Buffer:
     """One buffer rank's state and loop."""
 
-    def __init__(self, cfg, topo, spec, wire: Wire, log: RunLog, ckpt=None, resume=None):
+    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
+                 ends: Ends, ckpt=None, resume=None):
+        """``ends`` (`mpirl.main.connect`): ``site`` toward the actors, ``links[0]`` the
+        long-haul link to the learner, ``inbox`` for what it delivers."""
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
         self.ckpt, self.resume = ckpt, resume
-        self.site_comm, self.me = topo.site, topo.place
-        self.actors = list(range(1, self.site_comm.Get_size()))  # site ranks of the actors
+        self.site, self.me = ends.site, topo.place
+        self.actors = list(range(1, self.site.comm.Get_size()))  # site ranks of the actors
         seed = seeds.buffer(cfg.seed, self.me.rank)
-        self.link = LinkEnd(topo.link, LEARNER, resolve_profile(cfg), seed=seed["link"])
+        self.link, self.inbox = ends.links[LEARNER], ends.inbox
         self.memory = (make_replay(cfg, spec, wire.record, seed=seed["replay"])
                        if cfg.replay_at == "buffer" else None)
         self.queue = None if self.memory is not None else ForwardQueue(
@@ -147,7 +155,6 @@ class Buffer:
         self.actor_handlers = {Tag.EXPERIENCE: self.on_experience,
                                Tag.CHECKPOINT: self.on_actor_checkpoint,
                                Tag.DONE: self.on_actor_done}
-        self.status = MPI.Status()
         self.backoff = Backoff()
         self.fault = failure.FAULT
         self.cut = SiteCut(self.actors)
@@ -160,7 +167,6 @@ class Buffer:
         self.prio_received = self.prio_applied = 0
         self.prio_moved = 0.0
         # the loop's state
-        self.site_sends: list = []  # (request, buffer) toward actors, in flight
         self.fwd_tokens = 0  # granted by the learner
         self.owed = {a: 0 for a in self.actors}  # tokens to give back to each actor
         # batch id -> (send time, queue wait, serialization time on the modelled link)
@@ -181,7 +187,7 @@ class Buffer:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        while not self.acked or self.site_sends or self.link.backlog:
+        while not self.acked or self.site.backlog or self.link.backlog:
             now = time.monotonic()
             self.fault.check(now)
             self.change_link(now)
@@ -207,37 +213,31 @@ class Buffer:
     # ---- from the learner ---------------------------------------------------------------------
     def receive_learner(self, now: float) -> bool:
         self.link.poll(now)
-        did = False
-        for tag, buf in self.link.receive(now):
-            did = True
-            m = self.wire.unpack(buf, tag, "the learner")
-            handler = self.learner_handlers.get(m.kind)
-            if handler is None:
-                raise RuntimeError(f"buffer {self.me.site}: unexpected {m.kind.name} from the "
-                                   "learner")
-            handler(m, buf, now)
-        return did
+        msgs = self.link.receive(now)
+        self.inbox.deliver(self.learner_handlers, msgs, LEARNER, now)
+        return bool(msgs)
 
-    def on_weights(self, m, buf, now: float) -> None:
+    def on_weights(self, m: Weights) -> None:
         """New weights into the site's cache, relayed to every actor as float32 (full messages
         as they came); a delta that does not apply asks the learner for a keyframe."""
         cache = self.weights
-        if not cache.apply(m.count, m.seq, int(m.a), m.arrays):
-            self.link.post(self.wire.keyframe(cache.version), Tag.KEYFRAME, now)
+        if not cache.apply(m.encoding, m.version, m.updates, m.arrays):
+            self.link.post(self.wire.keyframe(cache.version), Tag.KEYFRAME, m.t)
             return
-        self.weights_version = m.seq
-        self.learner_updates = max(self.learner_updates, int(m.a))
+        self.weights_version = m.version
+        self.learner_updates = max(self.learner_updates, m.updates)
         if not self.stopping:
-            out = (buf if m.count == FULL and not m.raw_nbytes
-                   else self.wire.weights(cache.params, m.seq, int(m.a)))
+            out = (m.buf if m.encoding == FULL and not m.raw_nbytes
+                   else self.wire.weights(cache.params, m.version, m.updates))
             for a in self.actors:  # relay the same buffer to every actor
                 self.to_actor(out, a, Tag.WEIGHTS)
 
-    def on_priorities(self, m, buf, now: float) -> None:
+    def on_priorities(self, m: Priorities) -> None:
         """A batch's new priorities: the window's round trip, then the memory (generation-checked,
         never on an overwritten slot; older than --max-staleness batches: dropped)."""
-        self.learner_updates = max(self.learner_updates, int(m.b))
-        sent = self.inflight.pop(m.seq, None)
+        now = m.t
+        self.learner_updates = max(self.learner_updates, m.updates)
+        sent = self.inflight.pop(m.batch_id, None)
         hold, step = m.arrays["timing"]
         if sent is not None:
             self.rtts.append(now - sent[0])
@@ -245,90 +245,71 @@ class Buffer:
         memory = self.memory
         if memory is None:
             return
-        self.prio_received += m.count
-        if self.cfg.max_staleness and self.batch_id - 1 - m.seq > self.cfg.max_staleness:
-            self.too_stale += m.count  # too old to trust: GBA's staleness bound
+        self.prio_received += m.n
+        if self.cfg.max_staleness and self.batch_id - 1 - m.batch_id > self.cfg.max_staleness:
+            self.too_stale += m.n  # too old to trust: GBA's staleness bound
             return
         total = memory.total_priority()
         dropped = memory.update(m.arrays["indices"], m.arrays["generations"], m.arrays["td_abs"])
         self.stale_dropped += dropped
-        self.prio_applied += m.count - dropped
+        self.prio_applied += m.n - dropped
         self.prio_moved += abs(memory.total_priority() - total)
 
-    def on_credit(self, m, buf, now: float) -> None:
-        self.fwd_tokens += m.count
+    def on_credit(self, m: Credit) -> None:
+        self.fwd_tokens += m.tokens
 
-    def on_stop(self, m, buf, now: float) -> None:
+    def on_stop(self, m: Stop) -> None:
         self.stopping = True
-        self.final_ckpt = m.seq
+        self.final_ckpt = m.checkpoint
         for a in self.actors:
-            self.to_actor(self.wire.stop(m.seq), a, Tag.STOP)
+            self.to_actor(self.wire.stop(m.checkpoint), a, Tag.STOP)
 
-    def on_checkpoint(self, m, buf, now: float) -> None:
-        """The learner starts checkpoint ``m.seq``: relay it to every actor."""
-        self.cut.begin(m.seq)
+    def on_checkpoint(self, m: Checkpoint) -> None:
+        """The learner starts checkpoint ``m.id``: relay it to every actor."""
+        self.cut.begin(m.id)
         for a in self.actors:
-            self.to_actor(self.wire.checkpoint(m.seq), a, Tag.CHECKPOINT)
+            self.to_actor(self.wire.checkpoint(m.id), a, Tag.CHECKPOINT)
 
-    def on_done(self, m, buf, now: float) -> None:
+    def on_done(self, m: Done) -> None:
         self.acked = True  # the learner's answer to our DONE: the loop may end
 
     # ---- from the actors ----------------------------------------------------------------------
     def receive_actors(self) -> bool:
         """At most MAX_ACTOR_MSGS_PER_TURN messages; during a checkpoint only from actors that
         have not acknowledged yet (the others' messages wait in MPI)."""
-        did = False
-        status = self.status
-        for _ in range(MAX_ACTOR_MSGS_PER_TURN):
-            msg = self.probe()
-            if msg is None:
-                break
-            did = True
-            src, tag = status.Get_source(), status.Get_tag()
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            msg.Recv([buf, MPI.BYTE])
-            m = self.wire.unpack(buf, tag, f"actor (site rank {src})")
-            handler = self.actor_handlers.get(m.kind)
-            if handler is None:
-                raise RuntimeError(f"buffer {self.me.site}: unexpected {m.kind.name} from actor "
-                                   f"{src}")
-            handler(src, m)
-        return did
+        return bool(self.site.inbox.serve(self.actor_handlers, limit=MAX_ACTOR_MSGS_PER_TURN,
+                                          sources=self.unheld))
 
-    def probe(self):
-        comm, status = self.site_comm, self.status
+    def unheld(self) -> list[int] | None:
+        """The actors to take messages from: all (None) unless the cut holds some."""
         if not self.cut.held:
-            return comm.Improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
-        for a in self.actors:
-            if not self.cut.holds(a):
-                msg = comm.Improbe(source=a, tag=MPI.ANY_TAG, status=status)
-                if msg is not None:
-                    return msg
-        return None
+            return None
+        return [a for a in self.actors if not self.cut.holds(a)]
 
-    def on_experience(self, src: int, m) -> None:
-        self.env_steps += int(m.a)
+    def on_experience(self, m: Experience) -> None:
+        self.env_steps += m.env_steps
         self.returns.extend(m.arrays["returns"].tolist())
         self.episodes += len(m.arrays["returns"])
-        if m.count:
-            self.inserted += m.count
+        if m.n:
+            self.inserted += m.n
             args = (m.arrays["records"], m.arrays["td_abs"], m.arrays.get("frames"))
             if self.memory is not None:
                 self.memory.add(*args)
             else:
                 self.queue.add(*args)
-        self.owed[src] += 1
+        self.owed[m.rank] += 1
 
-    def on_actor_done(self, src: int, m) -> None:
-        self.done_actors.add(src)
-        self.to_actor(self.wire.done(0, 0), src, Tag.DONE)
+    def on_actor_done(self, m: Done) -> None:
+        self.done_actors.add(m.rank)
+        self.to_actor(self.wire.done(0, 0), m.rank, Tag.DONE)
 
-    def on_actor_checkpoint(self, src: int, m) -> None:
-        if not self.cut.acknowledge(src, m.seq):
-            raise RuntimeError(f"buffer {self.me.site}: unexpected CHECKPOINT from actor {src}")
+    def on_actor_checkpoint(self, m: Checkpoint) -> None:
+        if not self.cut.acknowledge(m.rank, m.id):
+            raise RuntimeError(f"buffer {self.me.site}: unexpected CHECKPOINT from actor "
+                               f"{m.rank}")
 
     def to_actor(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
-        self.site_sends.append((self.site_comm.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
+        self.site.post(buf, dest=dest, tag=tag)
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def checkpoint(self, now: float) -> bool:
@@ -458,9 +439,8 @@ class Buffer:
     # ---- report and wait ----------------------------------------------------------------------
     def report(self, now: float) -> None:
         """/link and /site rows every half flush (and a last one at the end); the log's flush."""
-        if self.site_sends:
-            self.site_sends[:] = [(r, b) for r, b in self.site_sends if not r.Test()]
-        finished = self.acked and not self.site_sends and not self.link.backlog
+        self.site.poll()
+        finished = self.acked and not self.site.backlog and not self.link.backlog
         if now - self.t_log >= self.cfg.flush_seconds / 2 or finished:
             self.rows(now)
         self.log.maybe_flush(now)

@@ -10,23 +10,27 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpirl.gba import Contribution, GlobalBatch
 from mpirl.learner_group import (
+    GroupMessage,
     GTag,
     LocalSync,
     SubmitSync,
     bcast_weights,
-    body,
     floats,
-    header,
     make_sync,
     pack,
     set_grads,
 )
-from mpirl.link import PROFILES, LinkEnd
+from mpirl.link import LinkEnd
+
+if TYPE_CHECKING:
+    from mpirl.inbox import Inbox
+    from mpirl.topology import Ends
 
 
 class Solo:
@@ -79,11 +83,15 @@ class Member:
 class LeadGroup(Solo):
     """K > 1, on the lead (learner 0)."""
 
-    def __init__(self, lead, comm):
+    def __init__(self, lead, comm, ends: dict[int, LinkEnd], inbox: Inbox):
+        """``comm``: the learners communicator (its collectives); ``ends``: learner j -> the
+        lead's end toward it, ``inbox`` for what they send (`mpirl.main.connect`)."""
         cfg = lead.cfg
         self.lead, self.cfg, self.comm, self.mode = lead, cfg, comm, cfg.learner_sync
         self.k = comm.Get_size()
-        self.members = [Member(j, LinkEnd(comm, j, PROFILES["none"])) for j in range(1, self.k)]
+        self.members = [Member(j, ends[j]) for j in range(1, self.k)]
+        self.inbox = inbox
+        self.handlers = {GTag.GRAD: self._on_grad, GTag.DONE: self._on_done}
         self.n_params = sum(p.numel() for p in lead.trainer.params)
         self.sync = make_sync(cfg, comm, self.n_params, lead.trainer.device)
         self.learning_starts = math.ceil(cfg.learning_starts / self.k)
@@ -187,41 +195,42 @@ class LeadGroup(Solo):
     # ---- replies ---------------------------------------------------------------------------------
     def serve(self, now: float) -> bool:
         """Take the members' replies, apply what is assembled, hand out orders."""
-        did = False
-        for m in self.members:
-            m.end.poll(now)
-            for tag, buf in m.end.receive(now):
-                did = True
-                if tag == GTag.GRAD:
-                    self._on_grad(m, buf, now)
-                elif tag == GTag.DONE:
-                    m.done = True
-                else:
-                    raise RuntimeError(f"learner: unexpected group message {tag} from learner "
-                                       f"{m.index}")
+        did = self._receive(self.handlers, now)
         if self.agg is not None:
             did |= self._apply(now)
             did |= self._hand_out()
         return did
 
-    def _on_grad(self, m: Member, buf: np.ndarray, now: float) -> None:
-        h = header(buf)
-        oid, version, n, loss, spent = int(h[1]), int(h[2]), int(h[3]), float(h[4]), h[5]
+    def _receive(self, handlers: dict, now: float) -> bool:
+        """Every member's messages, each to its handler (`mpirl.inbox`)."""
+        did = False
+        for m in self.members:
+            m.end.poll(now)
+            msgs = m.end.receive(now)
+            did |= bool(msgs)
+            self.inbox.deliver(handlers, msgs, m.index, now)
+        return did
+
+    def _on_done(self, g: GroupMessage) -> None:
+        self.members[g.rank - 1].done = True
+
+    def _on_grad(self, g: GroupMessage) -> None:
+        m = self.members[g.rank - 1]
         want, src, _ = m.orders.popleft()
-        if oid != want:
-            raise RuntimeError(f"learner: learner {m.index} answered order {oid}, expected {want}")
+        if g.id != want:
+            raise RuntimeError(f"learner: learner {m.index} answered order {g.id}, expected "
+                               f"{want}")
         m.served += 1
-        raw = body(buf)
-        grad = None
-        if h[6]:
+        raw, grad = g.body, None
+        if g.has_grad:
             grad = floats(raw, self.n_params)
             raw = raw[4 * self.n_params:]
-        td = floats(raw, n)
+        td = floats(raw, g.n)
         lead = self.lead
         if src is not None and not src[0].done:  # replay_at=buffer: priorities to its buffer
-            lead.post_priorities(src, td, spent)
+            lead.post_priorities(src, td, g.compute_s)
         if grad is not None:
-            self._add(m.index, version, grad, loss, td, now)
+            self._add(m.index, g.version, grad, g.loss, td, g.t)
 
     def _apply(self, now: float) -> bool:
         """async / gba: every assembled global batch becomes one update."""
@@ -269,30 +278,29 @@ class LeadGroup(Solo):
         """Serve the members' replies until each has sent ``kind`` (with header id ``id_``);
         RuntimeError after ``timeout`` s."""
         waiting = {m.index for m in self.members}
+
+        def arrived(g: GroupMessage) -> None:
+            if id_ is None or g.id == id_:
+                waiting.discard(g.rank)
+            else:
+                raise RuntimeError(f"learner: learner {g.rank} sent {kind.name} {g.id} while "
+                                   f"it was to {what}")
+
         end = time.monotonic() + timeout
         while waiting:
             now = time.monotonic()
             if now > end:
                 raise RuntimeError(f"learner(s) {sorted(waiting)} did not {what} within "
                                    f"{timeout:.0f} s")
-            for m in self.members:
-                m.end.poll(now)
-                for tag, buf in m.end.receive(now):
-                    if tag == kind and (id_ is None or int(header(buf)[1]) == id_):
-                        waiting.discard(m.index)
-                    elif tag == GTag.GRAD:
-                        self._on_grad(m, buf, now)
-                    else:
-                        raise RuntimeError(f"learner: unexpected group message {tag} from "
-                                           f"learner {m.index} while waiting for it to {what}")
+            self._receive({kind: arrived, GTag.GRAD: self._on_grad}, now)
             time.sleep(2e-4)
 
 
-def make_group(lead) -> Solo:
+def make_group(lead, ends: Ends) -> Solo:
     comm = getattr(lead.topo, "learners", None)
     if comm is None or comm.Get_size() == 1:
         return Solo(lead)
-    return LeadGroup(lead, comm)
+    return LeadGroup(lead, comm, ends.group, ends.group_inbox)
 
 
 __all__ = ["LeadGroup", "LocalSync", "Member", "Solo", "SubmitSync", "make_group"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,14 +41,20 @@ from mpirl.evaluation import make_runner
 from mpirl.group_lead import make_group
 from mpirl.learner_group import shard_config
 from mpirl.learner_rows import HeldRows, small_mean, spread, td_units
-from mpirl.link import PROFILES, LinkEnd, resolve_profile
+from mpirl.link import PROFILES
 from mpirl.logs import RunLog
 from mpirl.pacing import TokenBucket
 from mpirl.replay.build import beta_at, make_replay
 from mpirl.train_step import TrainStep
 from mpirl.waiting import Backoff
 from mpirl.weight_sync import WeightSync
-from mpirl.wire import Tag, Wire
+from mpirl.wire import Batch, Checkpoint, Done, Forward, Keyframe, Stats, Tag, Wire
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.envs import EnvSpec
+    from mpirl.link import LinkEnd
+    from mpirl.topology import Ends, Topology
 
 __all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep",
            "checkpoint_timeout_s"]
@@ -97,20 +104,23 @@ class Site:
 class Learner:
     """The learner rank's state and loop; ``run()`` returns the run's summary (summary.json)."""
 
-    def __init__(self, cfg, topo, spec, wire: Wire, log: RunLog, say=print, stop_signal=None,
-                 ckpt=None, resume=None, refset: tuple[str, str] | None = None):
+    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
+                 ends: Ends, say=print, stop_signal=None, ckpt=None, resume=None,
+                 refset: tuple[str, str] | None = None):
+        """``ends`` (`mpirl.main.connect`): ``links`` (link rank b -> the end toward buffer
+        b - 1) with the ``inbox`` for what they deliver; ``group`` and ``group_inbox`` toward
+        the other learners (--learners K)."""
         import torch
 
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
         self.say, self.stop_signal, self.ckpt, self.resume = say, stop_signal, ckpt, resume
         self.refset, self.torch = refset, torch
         torch.set_num_threads(cfg.torch_threads)
-        self.seed = seeds.learner(cfg.seed, topo.link.Get_size() - 1)
+        self.seed = seeds.learner(cfg.seed, len(ends.links))
         torch.manual_seed(self.seed["torch"])
-        profile = resolve_profile(cfg)
-        self.sites = {b: Site(b, LinkEnd(topo.link, b, profile, seed=self.seed["link"][b - 1]),
-                              cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
-                      for b in range(1, topo.link.Get_size())}
+        self.sites = {b: Site(b, end, cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
+                      for b, end in sorted(ends.links.items())}
+        self.inbox = ends.inbox
         dev = device_mod.resolve(cfg.device, torch)
         dev_info = device_mod.describe(dev, torch)
         log.set_attrs(**dev_info)
@@ -167,7 +177,7 @@ class Learner:
                        self.t_start)
         self.part_names = [part_name(p.role, p.site, p.rank) for p in topo.places]
         self.eval_runner = None
-        self.group = make_group(self)  # --learners K: the other learners (K = 1: no-op)
+        self.group = make_group(self, ends)  # --learners K: the other learners (K = 1: no-op)
         self.trainer.sync = self.group.sync
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -224,58 +234,56 @@ class Learner:
             if self.cut.holds(b):
                 continue  # its snapshot is taken: what it sent after waits for ours
             msgs = self.cut.unpark(b) + site.link.receive(now)
-            for i, (tag, buf) in enumerate(msgs):
-                did = True
-                m = self.wire.unpack(buf, tag, f"buffer {b - 1}")
-                handler = self.handlers.get(m.kind)
-                if handler is None:
-                    raise RuntimeError(f"learner: unexpected {m.kind.name} from buffer {b - 1}")
-                handler(site, m, buf, now)
-                if self.cut.holds(b):  # that was its acknowledgement
-                    self.cut.park(b, msgs[i + 1:])
-                    break
+            did |= bool(msgs)
+            rest = self.inbox.deliver(self.handlers, msgs, b, now,
+                                      until=lambda b=b: self.cut.holds(b))
+            if rest:  # its acknowledgement came: what it sent after waits for our snapshot
+                self.cut.park(b, rest)
         return did
 
-    def on_batch(self, site: Site, m, buf, now: float) -> None:
+    def on_batch(self, m: Batch) -> None:
         """replay_at=buffer: a sampled batch, trained in fair order (`next_batch`)."""
         if self.stop_reason is None:
-            site.ready.append((m, buf.nbytes, now, buf))
+            self.sites[m.rank].ready.append((m, m.nbytes, m.t, m.buf))
 
-    def on_forward(self, site: Site, m, buf, now: float) -> None:
+    def on_forward(self, m: Forward) -> None:
         """replay_at=learner: forwarded experiences into the memory here; a token is owed."""
+        site, buf = self.sites[m.rank], m.buf
         cfg, records, frames = self.cfg, m.arrays["records"], m.arrays.get("frames")
         pr = (m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha
         self.logs["transfers"].append(
-            buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.count,
+            buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.n,
             nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
             priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr),
             **self.arrival_stats(self.arrival_td(records, frames)), window=0)
         if not self.group.insert(records, m.arrays["td_abs"], frames, buf):  # a shard elsewhere
             self.memory.add(records, m.arrays["td_abs"], frames)
-        self.inserted += m.count
-        site.served += m.count
+        self.inserted += m.n
+        site.served += m.n
         site.owed += 1
 
-    def on_stats(self, site: Site, m, buf, now: float) -> None:
-        site.steps = int(m.a)
+    def on_stats(self, m: Stats) -> None:
+        self.sites[m.rank].steps = m.env_steps
         self.recent.extend(m.arrays["returns"].tolist())
-        self.sync.observe_lag(self.updates - m.seq)  # m.seq: updates of the site's weights
+        self.sync.observe_lag(self.updates - m.weights_updates)
 
-    def on_keyframe(self, site: Site, m, buf, now: float) -> None:
+    def on_keyframe(self, m: Keyframe) -> None:
         """A delta did not apply at the site: its next broadcast is a full keyframe."""
-        self.sync.request_keyframe(site.rank)
+        self.sync.request_keyframe(m.rank)
 
-    def on_done(self, site: Site, m, buf, now: float) -> None:
-        site.steps = int(m.a)
+    def on_done(self, m: Done) -> None:
+        site = self.sites[m.rank]
+        site.steps = m.env_steps
         site.done = True
         site.link.drop_latest()  # weights waiting to go: the buffer leaves after our DONE
         site.link.post(self.wire.done(0, 0), Tag.DONE)
 
-    def on_checkpoint(self, site: Site, m, buf, now: float) -> None:
+    def on_checkpoint(self, m: Checkpoint) -> None:
         """A buffer's acknowledgement: its part (and its actors') is on disk."""
-        if not self.cut.acknowledge(site.rank, m.seq, int(m.a)):
+        site = self.sites[m.rank]
+        if not self.cut.acknowledge(site.rank, m.id, m.env_steps):
             raise RuntimeError(f"learner: unexpected CHECKPOINT from buffer {site.index}")
-        site.steps = int(m.a)
+        site.steps = m.env_steps
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def checkpoint(self, now: float) -> bool:
@@ -422,14 +430,14 @@ class Learner:
         spent /= self.group.k  # K learners serve K batches at a time: the time per batch
         self.step_s = spent if self.step_s is None else 0.9 * self.step_s + 0.1 * spent
         site.link.post(self.wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                            m.seq, m.a, hold=t_done - arrived, step=self.step_s,
-                                            updates=self.updates),
+                                            m.batch_id, m.t_send, hold=t_done - arrived,
+                                            step=self.step_s, updates=self.updates),
                        Tag.PRIORITIES)
         pick = self.arrival_pick(len(td))  # the batch's own |td|: no extra forward pass
-        self.rows.batch(site.index, self.updates, m.count, nbytes, m.raw_nbytes or nbytes,
+        self.rows.batch(site.index, self.updates, m.n, nbytes, m.raw_nbytes or nbytes,
                         int(m.arrays["window"][0]), m.arrays["priorities"],
                         None if pick is None else td if len(pick) == len(td) else td[pick])
-        self.sampled += m.count
+        self.sampled += m.n
 
     def next_batch(self):
         """The next batch, picked and put on its way to the device: (source, device batch), or
@@ -475,10 +483,10 @@ class Learner:
         site = min(waiting, key=Site.share)  # weighted fair queueing
         m, nbytes, arrived, buf = site.ready.popleft()
         site.served += 1
-        site.max_weight = m.b  # the normaliser this batch was sampled with
+        site.max_weight = m.max_weight  # the normaliser this batch was sampled with
         top = max(s.max_weight for s in self.sites.values())
         # one scale for every site: the global largest weight is 1 (design.md)
-        scale = float(m.b / top) if m.b < top else 1.0
+        scale = float(m.max_weight / top) if m.max_weight < top else 1.0
         return (site, m, nbytes, arrived), scale, buf
 
     def update(self, batch) -> tuple[np.ndarray, float]:

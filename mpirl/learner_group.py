@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import time
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +63,9 @@ class GTag(IntEnum):
     CKPT = 46
 
 
+_GTAGS = {int(t) for t in GTag}
+
+
 def pack(kind: GTag, body=(), id_: int = 0, version: int = -1, n: int = 0, a: float = 0.0,
          b: float = 0.0, c: float = 0.0, d: float = 0.0) -> np.ndarray:
     """One group message: the header, then each body array's bytes."""
@@ -73,6 +77,50 @@ def pack(kind: GTag, body=(), id_: int = 0, version: int = -1, n: int = 0, a: fl
 
 def header(buf: np.ndarray) -> np.ndarray:
     return np.frombuffer(buf[: HDR * 8].tobytes(), np.float64)
+
+
+class GroupMessage(NamedTuple):
+    """A received group message: the header's slots, its body, where it came from (as
+    `mpirl.wire.Message`); the properties name the slots of each kind (table above)."""
+
+    kind: GTag
+    id: int
+    version: int
+    n: int
+    a: float
+    b: float
+    c: float
+    d: float
+    body: np.ndarray
+    buf: np.ndarray
+    rank: int = -1
+    t: float = 0.0
+
+    beta = property(lambda m: m.a, doc="ORDER: the importance-sampling exponent")
+    scale = property(lambda m: m.b, doc="ORDER: the importance-weight scale")
+    relayed = property(lambda m: bool(m.c), doc="ORDER: a buffer's BATCH follows")
+    loss = property(lambda m: m.a, doc="GRAD")
+    compute_s = property(lambda m: m.b, doc="GRAD: seconds the worker spent")
+    has_grad = property(lambda m: bool(m.c), doc="GRAD: a gradient precedes the |td|")
+    served = property(lambda m: int(m.a), doc="DONE: orders served")
+
+
+class GroupWire:
+    """Unpacks the group's messages for `mpirl.inbox.Inbox` (as `mpirl.wire.Wire` does the
+    run's)."""
+
+    @staticmethod
+    def unpack(buf: np.ndarray, tag: int, source: str = "?", rank: int = -1,
+               t: float = 0.0) -> GroupMessage:
+        if buf.nbytes < HDR * 8:
+            raise RuntimeError(f"group message with tag {tag} from {source}: {buf.nbytes} "
+                               f"bytes is shorter than the {HDR * 8}-byte header")
+        h = header(buf)
+        if int(h[0]) != tag or tag not in _GTAGS:
+            raise RuntimeError(f"group message with tag {tag} from {source}: header says "
+                               f"kind {int(h[0])}")
+        return GroupMessage(GTag(tag), int(h[1]), int(h[2]), int(h[3]), float(h[4]),
+                            float(h[5]), float(h[6]), float(h[7]), body(buf), buf, rank, t)
 
 
 def body(buf: np.ndarray) -> np.ndarray:

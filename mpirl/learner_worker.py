@@ -11,6 +11,7 @@ priorities of a relayed batch; its shard's own priorities are updated here).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,28 +19,35 @@ from mpirl import device as device_mod
 from mpirl import schema, seeds
 from mpirl.checkpoint import memory_state, restore_memory
 from mpirl.learner_group import (
+    GroupMessage,
     GTag,
     SubmitSync,
     bcast_weights,
-    body,
     floats,
-    header,
     make_sync,
     pack,
     set_params,
     shard_config,
 )
-from mpirl.link import PROFILES, LinkEnd
 from mpirl.replay.build import make_replay
 from mpirl.train_step import TrainStep
 from mpirl.waiting import Backoff
-from mpirl.wire import Tag
+from mpirl.wire import Tag, Wire
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.envs import EnvSpec
+    from mpirl.logs import RunLog
+    from mpirl.topology import Ends, Topology
 
 
 class GroupWorker:
     """Learner ``topo.learners.Get_rank()`` > 0: gradients on the lead's orders."""
 
-    def __init__(self, cfg, topo, spec, wire, log, ckpt=None, resume=None):
+    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
+                 ends: Ends, ckpt=None, resume=None):
+        """``ends.group[0]``: the end toward the lead, ``ends.group_inbox`` for its messages
+        (`mpirl.main.connect`)."""
         import torch
 
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
@@ -57,7 +65,9 @@ class GroupWorker:
         self.sync = make_sync(cfg, comm, sum(p.numel() for p in self.trainer.params),
                               self.trainer.device)
         self.trainer.sync = self.sync
-        self.end = LinkEnd(comm, 0, PROFILES["none"])
+        self.end, self.inbox = ends.group[0], ends.group_inbox
+        self.handlers = {GTag.SHARD: self.on_shard, GTag.ORDER: self.on_order,
+                         GTag.CKPT: self.on_checkpoint, GTag.STOP: self.on_stop}
         self.memory = None
         if cfg.replay_at == "learner":  # one shard of the group's memory
             self.memory = make_replay(shard_config(cfg, comm.Get_size()), spec, wire.record,
@@ -80,24 +90,21 @@ class GroupWorker:
             now = time.monotonic()
             self.end.poll(now)
             msgs = [] if self.stopped else self.end.receive(now)
-            for tag, buf in msgs:
-                {GTag.SHARD: self.on_shard, GTag.ORDER: self.on_order,
-                 GTag.CKPT: self.on_checkpoint, GTag.STOP: self.on_stop}[GTag(tag)](buf)
+            self.inbox.deliver(self.handlers, msgs, 0, now)
             self.backoff.work() if msgs else self.backoff.idle()
             self.log.maybe_flush(now)
         return {"orders": self.served}
 
-    def on_shard(self, buf: np.ndarray) -> None:
-        m = self.wire.unpack(np.array(body(buf)), Tag.FORWARD, "the lead learner")
+    def on_shard(self, g: GroupMessage) -> None:
+        m = self.wire.unpack(np.array(g.body), Tag.FORWARD, "the lead learner")
         self.memory.add(m.arrays["records"], m.arrays["td_abs"], m.arrays.get("frames"))
 
-    def on_order(self, buf: np.ndarray) -> None:
+    def on_order(self, g: GroupMessage) -> None:
         """One batch: load the weights it carries, compute, answer GRAD."""
         t0 = time.monotonic()
-        h = header(buf)
-        oid, version, n, beta, scale, relayed = (int(h[1]), int(h[2]), int(h[3]), float(h[4]),
-                                                 float(h[5]), bool(h[6]))
-        raw = body(buf)
+        oid, version, n, beta, scale, relayed = (g.id, g.version, g.n, g.beta, g.scale,
+                                                 g.relayed)
+        raw = g.body
         t = self.trainer
         if version >= 0:  # the lead's weights: online, then target
             p = sum(x.numel() for x in t.params)
@@ -126,10 +133,10 @@ class GroupWorker:
                                  compute_s=spent, wait_s=self.sync.wait_s)
         self.served += 1
 
-    def on_checkpoint(self, buf: np.ndarray) -> None:
+    def on_checkpoint(self, g: GroupMessage) -> None:
         """Write this learner's part (its network and optimizer: the lead's own in allreduce,
         its copy otherwise; its shard) and acknowledge."""
-        cid = int(header(buf)[1])
+        cid = g.id
         t = self.trainer
         meta = {"served": self.served, "version": self.version, "updates": t.updates}
         arrays = None
@@ -150,6 +157,6 @@ class GroupWorker:
         if self.memory is not None:
             restore_memory(self.memory, part.arrays, r["replay"])
 
-    def on_stop(self, buf: np.ndarray) -> None:
+    def on_stop(self, g: GroupMessage) -> None:
         self.end.post(pack(GTag.DONE, a=self.served), GTag.DONE)
         self.stopped = True

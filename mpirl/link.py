@@ -140,7 +140,9 @@ class LinkEnd:
     def __init__(self, comm, peer: int, profile: LinkProfile, seed: int = 0):
         from mpi4py import MPI
 
-        self._MPI = MPI
+        from mpirl.inbox import take  # (mpi4py on first use: the pure parts import none)
+
+        self._MPI, self._take = MPI, take
         self.comm, self.peer, self.profile = comm, peer, profile
         self.out_model = LinkModel(profile, seed)
         self.in_model = LinkModel(profile, seed + 1)
@@ -271,17 +273,15 @@ class LinkEnd:
 
     # ---- receiving ---------------------------------------------------------------------------
     def receive(self, now: float | None = None, limit: int = 64) -> list[tuple[int, np.ndarray]]:
-        MPI = self._MPI
+        """The ``(tag, buf)`` messages whose delivery time has come, in order; takes at most
+        ``limit`` off MPI (`mpirl.inbox.take`) and holds each for the latency."""
         for _ in range(limit):
-            msg = self.comm.Improbe(source=self.peer, tag=MPI.ANY_TAG, status=self._status)
-            if msg is None:
+            got = self._take(self.comm, self.peer, self._status)
+            if got is None:
                 break
-            n = self._status.Get_count(MPI.BYTE)
-            tag = self._status.Get_tag()
-            buf = np.empty(n, dtype=np.uint8)
-            msg.Recv([buf, MPI.BYTE])
+            _, tag, buf = got
             t = time.monotonic()
-            self.received.count(n)
+            self.received.count(buf.nbytes)
             if self.profile.emulated:
                 self._held.append((self.in_model.delivery(t), tag, buf))
             else:

@@ -1,11 +1,37 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
-The whole data flow, wired in one place::
+Every rank is handed its ends of the networks by `connect` below (who talks to whom),
+and every message comes in through `mpirl.inbox` (one receive loop).  All message kinds (layouts:
+mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their direction and, in
+[brackets], their flow control::
 
-    actors --EXPERIENCE (Isend, tokens)--> buffer --[long-haul link]--> learner
-      ^                                      |  ^                          |
-      +---------- WEIGHTS (relayed) ---------+  +-- WEIGHTS, PRIORITIES, --+
-                                                    CREDIT, STOP
+  actor            buffer s                         lead learner                learner j > 0
+    | site network    |  long-haul link (LinkEnd)      |  learners network (K > 1)  |
+    |--EXPERIENCE---->|                                |
+    |<--------CREDIT--|  [actor_credits unanswered per actor; one back per EXPERIENCE unless
+    |                 |   --replay-ratio or the full forward queue holds it: backpressure]
+    |<-------WEIGHTS--|<-----------------------WEIGHTS-|  [latest wins: one on the link, one
+    |  (relayed, f4)  |--KEYFRAME--------------------->|   waiting; KEYFRAME: resend in full]
+    |                 |--FORWARD---------------------->|  replay_at=learner
+    |                 |<------------------------CREDIT-|  [forward_credits unanswered FORWARDs]
+    |                 |--BATCH------------------------>|  replay_at=buffer
+    |                 |<--------------------PRIORITIES-|  [one per BATCH trained: the buffer's
+    |                 |                                |   in-flight window of BATCHes]
+    |                 |--STATS------------------------>|  [every 0.25 s]
+    |<----CHECKPOINT--|<--------------------CHECKPOINT-|  request (mpirl.cut)
+    |--CHECKPOINT---->|--CHECKPOINT------------------->|  ack [later messages of the sender
+    |                 |                                |   wait until the receiver's snapshot]
+    |<----------STOP--|<--------------------------STOP-|
+    |--DONE---------->|--DONE------------------------->|  [a buffer's after all its actors']
+    |<----------DONE--|<--------------------------DONE-|  ack: the rank may leave
+                                                       |--ORDER--------------------->|
+                                                       |--SHARD--------------------->|
+                                                       |<-----------------------GRAD-|
+      [async, gba: one ORDER unanswered per learner; allreduce: one ORDER per update each]
+                                                       |--CKPT---------------------->|
+                                                       |<-----------------------CKPT-|
+                                                       |--STOP---------------------->|
+                                                       |<-----------------------DONE-|
 
 Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
 Configuration is parsed and validated once on every rank (no communication needed: every rank
@@ -32,6 +58,12 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from mpirl.config import Config
+    from mpirl.topology import Ends, Topology
+    from mpirl.wire import Wire
 
 
 def _versions() -> dict:
@@ -355,30 +387,71 @@ def _run(world, setup: _Setup) -> int:
     return 0
 
 
+def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
+    """Who talks to whom, built once for this rank (the roles are handed the result)::
+
+        actor  --site--  buffer s  ==link (emulated: cfg.link)==  lead learner  --learners--
+                                                                      learner 1..K-1
+
+    The learner never talks to actors, nor a buffer to another site.  Tests and benches build
+    an `Ends` of fakes instead (tests/fakes.py)."""
+    from mpirl import seeds
+    from mpirl.inbox import Inbox, SitePort
+    from mpirl.learner_group import GroupWire
+    from mpirl.link import PROFILES, LinkEnd, resolve_profile
+    from mpirl.topology import ACTOR, BUFFER, Ends
+
+    me, ends = topo.place, Ends()
+    if me.role == ACTOR:
+        ends.site = SitePort(topo.site, Inbox(wire, f"actor rank {me.rank}",
+                                              lambda r: f"buffer of site {me.site}", topo.site))
+    elif me.role == BUFFER:
+        ends.site = SitePort(topo.site, Inbox(wire, f"buffer {me.site}",
+                                              lambda r: f"actor (site rank {r})", topo.site))
+        ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg),
+                                 seed=seeds.buffer(cfg.seed, me.rank)["link"])}
+        ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
+    elif topo.lead:
+        n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
+        link_seeds = seeds.learner(cfg.seed, n)["link"]
+        ends.links = {b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1])
+                      for b in range(1, n + 1)}
+        ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
+        k = topo.learners.Get_size() if topo.learners is not None else 1
+        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
+        ends.group_inbox = Inbox(GroupWire, "learner", lambda j: f"learner {j}")
+    else:  # learner j > 0 of the group
+        ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
+        ends.group_inbox = Inbox(GroupWire, f"learner {me.index}", lambda j: "the lead learner")
+    return ends
+
+
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
-    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor."""
+    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor,
+    handed its ends of the networks (`connect`: who talks to whom)."""
     cfg, spec, part = setup.cfg, setup.spec, setup.part
+    ends = connect(cfg, topo, wire)
     if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
         from mpirl.learner_worker import GroupWorker
 
-        GroupWorker(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        GroupWorker(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     elif topo.role == "learner":
         from mpirl.learner import Learner
 
         if setup.refset is not None:
             log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
-        summary = Learner(cfg, topo, spec, wire, log, say=lambda s: print(s, flush=True),
+        summary = Learner(cfg, topo, spec, wire, log, ends, say=lambda s: print(s, flush=True),
                           stop_signal=stop_signal, ckpt=ckpt, resume=part,
                           refset=setup.refset).run()
         (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     elif topo.role == "buffer":
         from mpirl.buffer import Buffer
 
-        Buffer(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        Buffer(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     else:
         from mpirl.actor import Actor
 
-        Actor(cfg, topo, spec, wire, log, ckpt=ckpt, resume=part).run()
+        Actor(cfg, topo, spec, wire, log, ends.site, ckpt=ckpt, resume=part).run()
 
 
 def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:

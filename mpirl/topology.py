@@ -20,7 +20,12 @@ The learner never talks to actors: weights go learner -> buffer (link) -> actors
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpirl.inbox import Inbox, SitePort
+    from mpirl.link import LinkEnd
 
 LEARNER, BUFFER, ACTOR = "learner", "buffer", "actor"
 
@@ -127,6 +132,26 @@ def build(world, buffers: int, learners: int = 1) -> Topology:
     link = None if link == MPI.COMM_NULL else link
     group = None if group == MPI.COMM_NULL else group
     return Topology(world=world, place=me, places=places, site=site, link=link, learners=group)
+
+
+@dataclass
+class Ends:
+    """What `mpirl.main.connect` hands a role: its ends of the networks it uses and their inboxes.
+
+    ``site``   actor, buffer: the site network (`mpirl.inbox.SitePort`: Isend + an inbox that
+               probes the site communicator)
+    ``links``  peer rank -> `mpirl.link.LinkEnd`: the lead learner's, one per buffer (link rank
+               b = buffer b - 1); a buffer's, ``{0: the learner}``
+    ``inbox``  unpacks and dispatches what the links deliver
+    ``group``  --learners K: learner j -> end on ``learners`` (the lead's: every other learner;
+               a worker's: ``{0: the lead}``), unemulated; ``group_inbox`` for their messages
+    """
+
+    site: SitePort | None = None
+    links: dict[int, LinkEnd] = field(default_factory=dict)
+    inbox: Inbox | None = None
+    group: dict[int, LinkEnd] = field(default_factory=dict)
+    group_inbox: Inbox | None = None
 
 
 def format_table(places: list[Place], hosts: list[str]) -> str:

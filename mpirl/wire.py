@@ -124,6 +124,10 @@ ZSTD_LEVEL = 1
 
 
 class Message(NamedTuple):
+    """A received message: the header's slots, its arrays (views of ``buf``), and where it came
+    from (``rank``: the sender's rank in the communicator; ``t``: when the inbox handed it over).
+    `Wire.unpack` returns the view of its kind (`VIEWS`), whose properties name the slots."""
+
     kind: Tag
     count: int
     seq: int
@@ -131,6 +135,101 @@ class Message(NamedTuple):
     b: float
     arrays: dict
     raw_nbytes: int = 0  # uncompressed size (header included) of a compressed message; else 0
+    buf: np.ndarray | None = None  # the message as received (relayed as is by some roles)
+    rank: int = -1
+    t: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes received (compressed size, header included)."""
+        return 0 if self.buf is None else self.buf.nbytes
+
+
+def _slot(name: str, cast=None, doc: str = "") -> property:
+    i = Message._fields.index(name)
+    if cast is None:
+        return property(lambda m: m[i], doc=doc)
+    return property(lambda m: cast(m[i]), doc=doc)
+
+
+class Experience(Message):
+    __slots__ = ()
+    n = _slot("count", doc="transitions")
+    msg_no = _slot("seq")
+    env_steps = _slot("a", int, "env steps since the actor's last EXPERIENCE")
+    n_returns = _slot("b", int, "episode returns carried")
+
+
+class Credit(Message):
+    __slots__ = ()
+    tokens = _slot("count", doc="tokens granted")
+    samples = _slot("a", doc="samples the learner has drawn so far")
+
+
+class Weights(Message):
+    __slots__ = ()
+    encoding = _slot("count", doc="mpirl.weight_codec: FULL, BF16, DELTA")
+    version = _slot("seq")
+    updates = _slot("a", int, "learner updates when the weights were made")
+
+
+class Keyframe(Message):
+    __slots__ = ()
+    version = _slot("seq", doc="the version the site holds")
+
+
+class Forward(Message):
+    __slots__ = ()
+    n = _slot("count", doc="transitions")
+    msg_no = _slot("seq")
+
+
+class Batch(Message):
+    __slots__ = ()
+    n = _slot("count", doc="batch size")
+    batch_id = _slot("seq")
+    t_send = _slot("a", doc="send time on the buffer's clock (echoed by PRIORITIES)")
+    max_weight = _slot("b", doc="the memory's max importance weight (the weights' normaliser)")
+
+
+class Priorities(Message):
+    __slots__ = ()
+    n = _slot("count", doc="batch size")
+    batch_id = _slot("seq")
+    t_echo = _slot("a", doc="BATCH.t_send echoed")
+    updates = _slot("b", int, "learner updates so far (the buffers' beta follows it)")
+
+
+class Stats(Message):
+    __slots__ = ()
+    n_returns = _slot("count")
+    weights_updates = _slot("seq", doc="learner updates of the weights the site acts with")
+    env_steps = _slot("a", int, "the site's env steps (total)")
+    episodes = _slot("b", int, "the site's episodes (total)")
+
+
+class Stop(Message):
+    __slots__ = ()
+    checkpoint = _slot("seq", doc="id of the final checkpoint (-1: none)")
+
+
+class Done(Message):
+    __slots__ = ()
+    env_steps = _slot("a", int, "env steps (total)")
+    episodes = _slot("b", int, "episodes (total)")
+
+
+class Checkpoint(Message):
+    __slots__ = ()
+    id = _slot("seq", doc="checkpoint id")
+    env_steps = _slot("a", int, "ack: env steps (total) at the snapshot")
+
+
+#: the view `Wire.unpack` returns for each kind
+VIEWS: dict[Tag, type[Message]] = {
+    Tag.EXPERIENCE: Experience, Tag.CREDIT: Credit, Tag.WEIGHTS: Weights,
+    Tag.KEYFRAME: Keyframe, Tag.FORWARD: Forward, Tag.BATCH: Batch, Tag.PRIORITIES: Priorities,
+    Tag.STATS: Stats, Tag.STOP: Stop, Tag.DONE: Done, Tag.CHECKPOINT: Checkpoint}
 
 
 def _header(kind: Tag, count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
@@ -229,8 +328,10 @@ class Wire:
                 self._layouts[key] = lay
         return lay
 
-    def unpack(self, buf: np.ndarray, tag: int, source: str = "?") -> Message:
-        """Check and view a received buffer (no copy). WireError names the sender and the kind."""
+    def unpack(self, buf: np.ndarray, tag: int, source: str = "?", rank: int = -1,
+               t: float = 0.0) -> Message:
+        """Check and view a received buffer (no copy) as its kind's view (`VIEWS`); ``rank``
+        and ``t`` are stored with it (`Message`).  WireError names the sender and the kind."""
         if buf.nbytes < HEADER.itemsize:
             raise WireError(f"message with tag {tag} from {source}: {buf.nbytes} bytes is "
                             "shorter than the 40-byte header")
@@ -249,7 +350,7 @@ class Wire:
             if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
                 raise WireError(f"{where}: unknown flags {raw_kind & ~KIND_MASK:#x}")
             raise WireError(f"{where}: header says {kind.name}, tag says {tag}")
-        raw_nbytes = 0
+        raw_nbytes, received = 0, buf
         if raw_kind & FLAG_ZSTD:
             buf = self._decompress(buf, f"message with tag {tag} from {source}")
             raw_nbytes = buf.nbytes
@@ -273,7 +374,7 @@ class Wire:
         for name, (dt, shape), lo, hi in parts:
             part = buf[lo:hi].view(dt)
             arrays[name] = part if shape is None else part.reshape(shape)
-        return Message(kind, count, seq, a, b, arrays, raw_nbytes)
+        return VIEWS[kind](kind, count, seq, a, b, arrays, raw_nbytes, received, rank, t)
 
     # ---- compression (FLAG_ZSTD) ---------------------------------------------------------------
     def _maybe_compress(self, buf: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import RecordingPort
 from mpi4py import MPI
 
 from mpirl import actor as actor_mod
@@ -49,11 +50,11 @@ def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, n_step):
                                                      cfg.dueling))
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
     with RunLog(tmp_path / "actor-2.h5", {}, flush_seconds=60) as log:
-        a = actor_mod.Actor(cfg, topo, spec, wire, log)
+        port = RecordingPort(wire)
+        a = actor_mod.Actor(cfg, topo, spec, wire, log, port)
         recorded = [[] for _ in a.envs]
         a.envs = [_Record(e, rec) for e, rec in zip(a.envs, recorded)]
-        sent = []
-        a.send_to_buffer = lambda buf, tag: sent.append((Tag(tag), buf))
+        sent = port.posts  # (tag, buffer, dest)
         a.q.load(np.random.default_rng(1).normal(0, 0.5, a.q.size).astype(np.float32))
         a.weights_version = 0
         a.start_episodes()
@@ -65,7 +66,7 @@ def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, n_step):
 
     got = Counter()
     td_sent = []
-    for tag, buf in sent:
+    for tag, buf, _ in sent:
         assert tag == Tag.EXPERIENCE
         m = wire.unpack(buf, tag)
         rec = m.arrays["records"]

@@ -1,76 +1,23 @@
 """What the learner posts to each buffer and trains on, recorded step by step: the real learner
 loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffers."""
-from types import SimpleNamespace
-
 import numpy as np
+from fakes import ScriptedLink, make_learner, wire_of
 
-from mpirl import learner, learner_rows
+from mpirl import learner_rows
 from mpirl.config import Config
-from mpirl.envs import inspect
-from mpirl.link import LinkStats
 from mpirl.logs import RunLog
-from mpirl.qnet import param_count
 from mpirl.replay import Sample
-from mpirl.topology import layout
-from mpirl.wire import Tag, Wire, transition_dtype
+from mpirl.wire import Tag
 
 
-class ScriptedLink:
-    """A LinkEnd toward one buffer: records every post in ``log`` and hands the learner what
-    ``script`` queues (``script(link, tag)`` runs on every post, ``inbox`` starts it)."""
-
-    def __init__(self, log, script, inbox):
-        self.log, self.script, self.inbox = log, script, list(inbox)
-        self.sent, self.received = LinkStats(), LinkStats()
-        self.backlog = 0
-
-    def bind(self, comm, peer, profile, seed=0):
-        self.peer, self.profile = peer, profile
-        return self
-
-    def post(self, buf, tag, now=None):
-        self.log.append((self.peer, Tag(tag)))
-        self.sent.count(buf.nbytes)
-        self.script(self, Tag(tag))
-        return 0.0
-
-    latest_rate_bps, latest_replaced = float("nan"), 0
-
-    def drop_latest(self):
-        pass
-
-    def post_latest(self, tag, make, now=None):
-        buf, on_commit = make()
-        if on_commit is not None:
-            on_commit()
-        self.post(buf, tag, now)
-        return True
-
-    def receive(self, now=None):
-        out, self.inbox = self.inbox, []
-        for _, buf in out:
-            self.received.count(buf.nbytes)
-        return out
-
-    def poll(self, now=None):
-        pass
-
-    def next_departure(self):
-        return None
-
-    def set_profile(self, profile):
-        self.profile = profile
-
-
-def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path, monkeypatch):
+def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
     """replay_at=learner: a buffer's last FORWARD arrives in the same turn as its DONE (it
     hands over its queue, then says DONE).  The learner owes a token for that FORWARD; it must
     not post it after the DONE it sends back: the buffer has left and never receives it."""
     cfg = Config(replay_at="learner", buffers=2, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
 
     def forward(seq):
         return Tag.FORWARD, wire.forward(np.zeros(64, record), np.ones(64, np.float32), seq)
@@ -82,13 +29,10 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path, mo
                                   (Tag.DONE, wire.done(100, 0))]
 
     posts = []
-    links = {1: ScriptedLink(posts, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))]),
-             2: ScriptedLink(posts, on_post, [(Tag.STATS, wire.stats([], 60, 0))])}
-    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
-        comm, peer, *a, **k))
-    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
+    links = {1: ScriptedLink(1, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))], posts),
+             2: ScriptedLink(2, on_post, [(Tag.STATS, wire.stats([], 60, 0))], posts)}
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        summary = learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+        summary = make_learner(cfg, spec, wire, log, links).run()
     assert summary["stop_reason"] == "max_env_steps"
     for b in (1, 2):
         mine = [tag for peer, tag in posts if peer == b]
@@ -97,15 +41,14 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path, mo
         assert not after, f"posted to buffer {b - 1} after its DONE: {[t.name for t in after]}"
 
 
-def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatch):
+def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
     """replay_at=buffer, 2 sites: each buffer divides its importance weights by its own max
     weight (BATCH.b); the learner trains every site's batch on the scale of the largest max
     weight, so a transition's weight is (N P(i))^-beta of its site over one common figure."""
     cfg = Config(replay_at="buffer", buffers=2, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     site_w = {1: np.linspace(0.1, 1, 8, dtype=np.float32),
               2: np.linspace(0.5, 1, 8, dtype=np.float32)}
     site_max = {1: 4.0, 2: 1.5}  # max weights of the two memories
@@ -122,15 +65,13 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
             link.inbox.append((Tag.DONE, wire.done(100, 0)))
 
     posts, trained = [], []
-    links = {b: ScriptedLink(posts, on_post, [batch(b)]) for b in (1, 2)}
-    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
-        comm, peer, *a, **k))
-    put = learner.TrainStep.put  # where a batch's weights enter the train step
-    monkeypatch.setattr(learner.TrainStep, "put", lambda self, records, weights, frames=None: (
-        trained.append(np.array(weights)), put(self, records, weights, frames))[1])
-    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 3), places=layout(5, 2))
+    links = {b: ScriptedLink(b, on_post, [batch(b)], posts) for b in (1, 2)}
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+        lrn = make_learner(cfg, spec, wire, log, links)
+        put = lrn.trainer.put  # where a batch's weights enter the train step
+        lrn.trainer.put = lambda records, weights, frames=None: (
+            trained.append(np.array(weights)), put(records, weights, frames))[1]
+        lrn.run()
     assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
     top = max(site_max.values())
     for got, b in zip(trained, (1, 2)):
@@ -138,16 +79,15 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path, monkeypatc
                                    err_msg=f"site {b - 1}'s weights")
 
 
-def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path, monkeypatch):
+def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
     """replay_at=buffer, 1 site: each batch's weights are divided by the max weight of the
     memory it was sampled from (BATCH.b), so the learner's rescale is exactly 1, however many
     batches wait.  Two batches queued in one turn, max weights 2 then 5: the older one must not
     be scaled by 2 / 5 (the newer batch's figure)."""
     cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), max_env_steps=100,
                  progress_seconds=0, target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     w = np.linspace(0.1, 1, 8, dtype=np.float32)
 
     def batch(max_weight, batch_id):
@@ -166,15 +106,13 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path, monkeypatc
             link.inbox.append((Tag.DONE, wire.done(100, 0)))
 
     posts, trained = [], []
-    links = {1: ScriptedLink(posts, on_post, [batch(2.0, 0), batch(5.0, 1)])}
-    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
-        comm, peer, *a, **k))
-    put = learner.TrainStep.put
-    monkeypatch.setattr(learner.TrainStep, "put", lambda self, records, weights, frames=None: (
-        trained.append(np.array(weights)), put(self, records, weights, frames))[1])
-    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    links = {1: ScriptedLink(1, on_post, [batch(2.0, 0), batch(5.0, 1)], posts)}
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+        lrn = make_learner(cfg, spec, wire, log, links)
+        put = lrn.trainer.put  # where a batch's weights enter the train step
+        lrn.trainer.put = lambda records, weights, frames=None: (
+            trained.append(np.array(weights)), put(records, weights, frames))[1]
+        lrn.run()
     assert len(trained) == 2
     for i, got in enumerate(trained):
         np.testing.assert_array_equal(got, w, err_msg=f"batch {i}'s weights were rescaled")
@@ -244,7 +182,7 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
         np.testing.assert_allclose(b[col], [w[col] for w in want_b], rtol=1e-5, err_msg=col)
 
 
-def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path, monkeypatch):
+def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
     """The evaluation runs off the update loop (issue 16); one requested in the turn the run
     stops used to be dropped at the stop (no /evals row, no best.pt), so a run could lose its
     last and best evaluation.  The learner now waits for it after the final checkpoint."""
@@ -253,9 +191,8 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path, monkeypatch):
     cfg = Config(replay_at="buffer", hidden=(16,), max_updates=1, eval_every=1,
                  eval_episodes=2, evaluator="thread", progress_seconds=0,
                  target_return=float("nan"))
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    wire = Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    spec, wire = wire_of(cfg)
+    record = wire.record
     s = Sample(indices=np.arange(8), generations=np.arange(8), weights=np.ones(8, np.float32),
                priorities=np.ones(8, np.float32), records=np.zeros(8, record))
 
@@ -264,12 +201,9 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path, monkeypatch):
             link.inbox.append((Tag.DONE, wire.done(100, 0)))
 
     posts = []
-    links = {1: ScriptedLink(posts, on_post, [(Tag.BATCH, wire.batch(s, 0, 0.0))])}
-    monkeypatch.setattr(learner, "LinkEnd", lambda comm, peer, *a, **k: links[peer].bind(
-        comm, peer, *a, **k))
-    topo = SimpleNamespace(link=SimpleNamespace(Get_size=lambda: 2), places=layout(3, 1))
+    links = {1: ScriptedLink(1, on_post, [(Tag.BATCH, wire.batch(s, 0, 0.0))], posts)}
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
-        summary = learner.Learner(cfg, topo, spec, wire, log, say=lambda s: None).run()
+        summary = make_learner(cfg, spec, wire, log, links).run()
     assert summary["stop_reason"] == "max_updates" and summary["updates"] == 1
     with h5py.File(tmp_path / "learner.h5", "r") as f:
         assert f["evals/update"][()].tolist() == [1]

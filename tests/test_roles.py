@@ -1,21 +1,16 @@
 """The roles' steps on their own, without mpirun: the consistent cut's bookkeeping, the forward
 queue, and a buffer handling PRIORITIES and EXPERIENCE messages (a one-rank communicator and a
 scripted link stand in for the site and the learner)."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mpi4py import MPI
+from fakes import make_buffer, wire_of
 
 from mpirl import buffer as buffer_mod
 from mpirl.config import Config
 from mpirl.cut import Cut, SiteCut
-from mpirl.envs import inspect
-from mpirl.link import LinkStats
 from mpirl.logs import RunLog
-from mpirl.qnet import param_count
-from mpirl.topology import layout
-from mpirl.wire import Tag, Wire, transition_dtype
+from mpirl.wire import Tag
 
 
 class _Checkpointer:
@@ -52,16 +47,9 @@ def test_site_cut_completes_when_every_actor_acknowledged():
     assert not cut.in_progress and not cut.held
 
 
-def _wire(cfg):
-    spec = inspect(cfg.env)
-    record = transition_dtype(spec.obs_shape, spec.obs_dtype)
-    return spec, Wire(record, param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                          cfg.dueling))
-
-
 def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
     cfg = Config(replay_at="learner")
-    spec, wire = _wire(cfg)
+    spec, wire = wire_of(cfg)
     q = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
     for k in range(2):
         rec = np.zeros(4, wire.record)
@@ -81,43 +69,31 @@ def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
     assert back.len == 2 and back.take(5)[0]["action"].tolist() == [2, 2]
 
 
-class _Link:
-    def __init__(self, *a, **k):
-        self.sent, self.received, self.backlog = LinkStats(), LinkStats(), 0
-        self.posts = []
-
-    def post(self, buf, tag, now=None):
-        self.posts.append(Tag(tag))
-        return 0.0
-
-
 @pytest.fixture
-def site_buffer(tmp_path, monkeypatch):
+def site_buffer(tmp_path):
     """A Buffer with its replay memory (replay_at=buffer) on a one-rank site (no actors)."""
-    monkeypatch.setattr(buffer_mod, "LinkEnd", _Link)
     cfg = Config(replay_at="buffer", hidden=(16,), replay_capacity=64, max_staleness=4)
-    spec, wire = _wire(cfg)
-    topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[1])
+    spec, wire = wire_of(cfg)
     with RunLog(tmp_path / "buffer-0.h5", {}, flush_seconds=1) as log:
-        buf = buffer_mod.Buffer(cfg, topo, spec, wire, log)
+        buf = make_buffer(cfg, spec, wire, log)
         buf.owed[1] = 0  # the experiences below come from "actor 1" (the site has none)
         yield buf, wire
 
 
 def _experience(wire, n, env_steps):
     return wire.unpack(wire.experience(np.zeros(n, wire.record), np.ones(n, np.float32), [1.0],
-                                       env_steps, 0), Tag.EXPERIENCE)
+                                       env_steps, 0), Tag.EXPERIENCE, rank=1)
 
 
 def test_buffer_applies_priorities_only_to_slots_not_overwritten(site_buffer):
     buf, wire = site_buffer
-    buf.on_experience(1, _experience(wire, 64, 64))
+    buf.on_experience(_experience(wire, 64, 64))
     assert (buf.inserted, buf.env_steps, buf.episodes, len(buf.memory)) == (64, 64, 1, 64)
     s = buf.memory.sample(16)
     buf.batch_id = 1  # batch 0 was sent
-    buf.on_experience(1, _experience(wire, 32, 32))  # overwrites slots 0..31
+    buf.on_experience(_experience(wire, 32, 32))  # overwrites slots 0..31
     raw = wire.priorities(s.indices, s.generations, np.full(16, 5.0), 0, 0.0, updates=10)
-    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES), raw, now=1.0)
+    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
     stale = int((s.indices < 32).sum())
     assert 0 < stale < 16  # both cases in the batch (fixed seed)
     assert buf.prio_received == 16 and buf.stale_dropped == stale
@@ -127,11 +103,11 @@ def test_buffer_applies_priorities_only_to_slots_not_overwritten(site_buffer):
 
 def test_buffer_drops_priorities_older_than_max_staleness(site_buffer):
     buf, wire = site_buffer
-    buf.on_experience(1, _experience(wire, 64, 64))
+    buf.on_experience(_experience(wire, 64, 64))
     s = buf.memory.sample(8)
     buf.batch_id = 10  # batches 0..9 sent; batch 0 is 9 behind, max_staleness 4
     before = buf.memory.total_priority()
     raw = wire.priorities(s.indices, s.generations, np.full(8, 9.0), 0, 0.0)
-    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES), raw, now=1.0)
+    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
     assert buf.too_stale == 8 and buf.prio_applied == 0
     assert buf.memory.total_priority() == before

@@ -310,3 +310,14 @@ def test_mpirl_never_imports_analysis():
             found += [f"{p.relative_to(PKG.parent)}: {n}" for n in names
                       if n == "analysis" or n.startswith("analysis.")]
     assert not found, f"mpirl imports analysis: {found}"
+
+
+def test_main_docstring_diagram_names_every_message_kind():
+    """mpirl/main.py's diagram is the one place that shows every message kind with its
+    direction and flow control: a kind added to the wire must be added there."""
+    from mpirl import main
+    from mpirl.learner_group import GTag
+    from mpirl.wire import Tag
+
+    missing = [k.name for k in [*Tag, *GTag] if not re.search(rf"\b{k.name}\b", main.__doc__)]
+    assert not missing, f"kinds missing from mpirl/main.py's diagram: {missing}"

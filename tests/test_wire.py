@@ -95,3 +95,38 @@ def test_other_obs_shape_is_rejected(wire):
 
 def test_pack_header_only():
     assert pack(Tag.STOP).nbytes == 40
+
+
+def test_every_kind_has_a_view_that_names_its_header_slots(wire):
+    """The named fields read the slots the packers write: a field that reads the wrong slot
+    (PRIORITIES' learner updates are in b, WEIGHTS' in a) fails here."""
+    from mpirl.replay import Sample
+    from mpirl.wire import VIEWS
+
+    assert set(VIEWS) == set(Tag)
+    s = Sample(indices=np.arange(3), generations=np.arange(3), weights=np.ones(3, np.float32),
+               priorities=np.ones(3, np.float32), records=records(wire, 3))
+    cases = [
+        (wire.experience(records(wire, 2), [1, 2], [5.0], env_steps=9, seq=4),
+         {"n": 2, "msg_no": 4, "env_steps": 9, "n_returns": 1}),
+        (wire.credit(6, samples=11.0), {"tokens": 6, "samples": 11.0}),
+        (wire.weights(np.zeros(10), version=3, updates=77),
+         {"version": 3, "updates": 77, "encoding": 0}),
+        (wire.keyframe(8), {"version": 8}),
+        (wire.forward(records(wire, 2), [1, 2], seq=5), {"n": 2, "msg_no": 5}),
+        (wire.batch(s, 12, 3.5, max_weight=2.25),
+         {"n": 3, "batch_id": 12, "t_send": 3.5, "max_weight": 2.25}),
+        (wire.priorities(np.arange(3), np.arange(3), np.ones(3), 12, 3.5, updates=41),
+         {"n": 3, "batch_id": 12, "t_echo": 3.5, "updates": 41}),
+        (wire.stats([1.0, 2.0], 100, 7, weights_updates=40),
+         {"n_returns": 2, "env_steps": 100, "episodes": 7, "weights_updates": 40}),
+        (wire.stop(9), {"checkpoint": 9}),
+        (wire.done(50, 4), {"env_steps": 50, "episodes": 4}),
+        (wire.checkpoint(2, 60), {"id": 2, "env_steps": 60}),
+    ]
+    assert {Tag(int(b[:HEADER.itemsize].view(HEADER)["kind"][0])) for b, _ in cases} == set(Tag)
+    for buf, fields in cases:
+        kind = Tag(int(buf[:HEADER.itemsize].view(HEADER)["kind"][0]))
+        m = wire.unpack(buf, kind, rank=2, t=1.5)
+        assert type(m) is VIEWS[kind] and m.rank == 2 and m.t == 1.5 and m.buf is buf
+        assert {k: getattr(m, k) for k in fields} == fields, kind.name

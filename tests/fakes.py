@@ -1,0 +1,139 @@
+"""Fakes of the transport, handed to the roles as arguments (never patched in), and builders of
+roles wired to them: what `mpirl.main.connect` builds for a real run, without MPI peers.
+
+Used by the tests and by bench/learner_loop.py (which puts this folder on ``sys.path``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.inbox import Inbox, SitePort
+from mpirl.link import PROFILES, LinkStats
+from mpirl.topology import Ends, layout
+from mpirl.wire import Tag
+
+
+class ScriptedLink:
+    """A `mpirl.link.LinkEnd` toward ``peer`` with no MPI behind it.
+
+    Every post is counted in ``sent`` and, with a ``log`` list, recorded there as ``(peer,
+    Tag)``; ``script(link, tag)``, if given, runs on every post (it may queue replies in
+    ``inbox``).  ``receive`` hands over what ``inbox`` holds, or with ``feed`` what ``feed()``
+    returns on every call (a buffer that always has the next message ready).  Latest-wins posts
+    go at once (a link that never backs up)."""
+
+    latest_rate_bps, latest_replaced = float("nan"), 0
+
+    def __init__(self, peer: int, script: Callable | None = None, inbox=(), log: list | None = None,
+                 feed: Callable[[], list] | None = None):
+        self.peer, self.script, self.inbox = peer, script, list(inbox)
+        self.log, self.feed = log, feed
+        self.sent, self.received = LinkStats(), LinkStats()
+        self.profile, self.backlog = PROFILES["none"], 0
+
+    def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
+        if self.log is not None:
+            self.log.append((self.peer, Tag(tag)))
+        self.sent.count(buf.nbytes)
+        if self.script is not None:
+            self.script(self, Tag(tag))
+        return 0.0
+
+    def post_latest(self, tag: int, make, now: float | None = None) -> bool:
+        buf, on_commit = make()
+        if on_commit is not None:
+            on_commit()
+        self.post(buf, tag, now)
+        return True
+
+    def drop_latest(self) -> None:
+        pass
+
+    def receive(self, now: float | None = None, limit: int = 64) -> list:
+        if self.feed is not None:
+            out = self.feed()
+        else:
+            out, self.inbox = self.inbox, []
+        for _, buf in out:
+            self.received.count(buf.nbytes)
+        return out
+
+    def poll(self, now: float | None = None) -> None:
+        pass
+
+    def next_departure(self) -> None:
+        return None
+
+    def set_profile(self, profile) -> None:
+        self.profile = profile
+
+
+class RecordingPort(SitePort):
+    """A `mpirl.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts`` as
+    ``(Tag, buffer, dest)`` instead of sent."""
+
+    def __init__(self, wire, me: str = "test rank"):
+        super().__init__(MPI.COMM_SELF, Inbox(wire, me, lambda r: f"site rank {r}", MPI.COMM_SELF))
+        self.posts: list = []
+
+    def post(self, buf: np.ndarray, tag: int, dest: int) -> None:
+        self.posts.append((Tag(tag), buf, dest))
+
+
+def learner_ends(wire, links: dict) -> Ends:
+    """The lead learner's ends with ``links`` (link rank -> fake) in place of the buffers."""
+    return Ends(links=links, inbox=Inbox(wire, "learner", lambda b: f"buffer {b - 1}"))
+
+
+def learner_topo(buffers: int) -> SimpleNamespace:
+    """A topology for a learner built without mpirun (one actor per site)."""
+    return SimpleNamespace(link=None, learners=None, places=layout(1 + 2 * buffers, buffers))
+
+
+def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
+    """A buffer's ends: ``link`` toward the learner, ``site`` (default: a one-rank site with no
+    actors, on COMM_SELF)."""
+    site = site or SitePort(MPI.COMM_SELF, Inbox(wire, "buffer 0", lambda r: f"actor {r}",
+                                                 MPI.COMM_SELF))
+    return Ends(site=site, links={0: link}, inbox=Inbox(wire, "buffer 0", lambda r: "the learner"))
+
+
+def wire_of(cfg):
+    """``(spec, wire)`` of a run of ``cfg`` (the packer every rank of it would use)."""
+    from mpirl.envs import inspect
+    from mpirl.main import _wire
+    from mpirl.replay.build import record_dtype
+
+    spec = inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
+    return spec, _wire(cfg, spec, record_dtype(cfg, spec))
+
+
+def make_learner(cfg, spec, wire, log, links: dict, **kw):
+    """A `mpirl.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
+    from mpirl.learner import Learner
+
+    return Learner(cfg, learner_topo(len(links)), spec, wire, log, learner_ends(wire, links),
+                   say=kw.pop("say", lambda s: None), **kw)
+
+
+def make_buffer(cfg, spec, wire, log, link=None, **kw):
+    """A `mpirl.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on a
+    one-rank site with no actors."""
+    from mpirl.buffer import Buffer
+
+    topo = SimpleNamespace(place=layout(3, 1)[1])
+    return Buffer(cfg, topo, spec, wire, log, buffer_ends(wire, link or ScriptedLink(0)), **kw)
+
+
+def make_actor(cfg, spec, wire, log, **kw):
+    """``(actor, port)``: a `mpirl.actor.Actor` (the only one of site 0) whose messages to the
+    buffer are recorded in ``port.posts``."""
+    from mpirl.actor import Actor
+
+    port = RecordingPort(wire, "actor rank 2")
+    topo = SimpleNamespace(place=layout(3, 1)[2], n_actors=1)
+    return Actor(cfg, topo, spec, wire, log, port, **kw), port
