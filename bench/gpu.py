@@ -38,7 +38,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,12 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl.launch import mpirun_cmd
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
 
 
 def specs():
@@ -151,7 +147,7 @@ def step_table(a, cuda: bool) -> list[str]:
 def pipeline(env: str, device: str, seconds: float, ranks: int, tmp: Path,
              extra: tuple = ()) -> dict:
     run_dir = tmp / env.replace("/", "-")
-    cmd = [mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main", "--env", env,
+    cmd = [*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main", "--env", env,
            "--device", device, "--max-seconds", str(seconds), "--target-return", "none",
            "--run-dir", str(run_dir), "--progress-seconds", "2", "--checkpoint-seconds", "0",
            *extra]
