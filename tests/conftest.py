@@ -6,7 +6,9 @@
   user's own env `toy_env`), on PYTHONPATH before what the caller had.
 
 Markers (pyproject.toml): ``slow`` (left out by default) and ``mpi`` (starts mpirun jobs);
-``python -m pytest -m "not slow and not mpi"`` runs the in-process tests alone.
+``python -m pytest -m "not slow and not mpi"`` runs the in-process tests alone.  A test that
+uses one of the module fixtures in `MPI_FIXTURES` (each runs an mpirun job the module's tests
+share) is marked ``mpi`` here.
 """
 from __future__ import annotations
 
@@ -17,6 +19,15 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parent
+#: module fixtures that start mpirun: test_play's and test_resume's ``trained``, test_resume's
+#: ``resumed``, test_figures' ``two_sites``, test_analysis' ``experiment``
+MPI_FIXTURES = frozenset({"trained", "resumed", "two_sites", "experiment"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MPI_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mpi)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 from mpirun import run_mpirl
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("replay_at", ["buffer", "learner"])
 def test_cartpole_learns(tmp_path, replay_at):
     run_dir = tmp_path / "run"

@@ -252,6 +252,7 @@ def test_missing_extra_one_clear_error(tmp_path, monkeypatch, capsys, missing, a
 
 # ---- --resume rebuilds the same env -------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_resume_rebuilds_the_users_env(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)

@@ -211,6 +211,7 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
             r.close()
 
 
+@pytest.mark.mpi
 def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
     from mpirun import run_mpirl
 
@@ -288,6 +289,7 @@ def test_a_set_of_another_env_is_one_clear_error(tmp_path):
     assert cli.obs.shape == (20, 3) and cli.meta["env_wrappers"] == ["toy_env:plus_one"]
 
 
+@pytest.mark.mpi
 def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path):
     """--env-kwargs that change the observation: the auto set is the run's env's, and every
     evaluation reports a finite reference loss (a set of the default env crashed the

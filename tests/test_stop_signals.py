@@ -72,6 +72,7 @@ def _job_env(tmp_path: Path) -> dict:
     return env
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("how", ["script", "scancel"])
 def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     """`script`: SIGTERM to the batch shell only (`#SBATCH --signal=B:TERM@120`); `scancel`:
@@ -94,6 +95,7 @@ def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     _assert_complete_final_checkpoint(run, out)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("how", ["ctrl-c", "kill-mpirun"])
 def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, how):
     """`ctrl-c`: SIGINT to the terminal's foreground process group (mpirl.launch and mpirun);
@@ -125,6 +127,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+@pytest.mark.mpi
 def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     """SIGTERM to `python -m mpirl.sweep` (an array task's TERM): its running run stops with a
     final checkpoint, the sweep exits 128+15, and the next invocation continues that run."""

@@ -264,6 +264,7 @@ def test_repository_specs_pass_the_flag_check():
     assert seeds["map"] >= 10
 
 
+@pytest.mark.mpi
 def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     """Two runs of a few seconds under mpirun -n 3, one after another; the second invocation
     skips both. Each finished run's row lands in the spec's export folder (analysis.export)."""
