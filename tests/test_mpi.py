@@ -8,7 +8,7 @@ from mpirun import read_h5 as read, run_mpirl
 
 # a budget of updates, not of seconds: the run does the work the assertions need (an evaluation
 # every 100 updates, weight broadcasts at least every 100) and stops
-UPDATES = 300
+UPDATES = 200
 SHORT = ["--max-updates", str(UPDATES), "--eval-every", "100", "--progress-seconds", "2",
          "--target-return", "none", "--learning-starts", "200", "--flush-seconds", "1",
          "--hidden", "32", "32"]
