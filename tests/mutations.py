@@ -109,8 +109,10 @@ def pytest(copy: Path, args: tuple[str, ...], env: dict) -> tuple[int, float, st
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         "-o", "addopts=", *args], cwd=copy, env=env, capture_output=True,
                        text=True, check=False)
-    last = [x for x in p.stdout.splitlines() if x.strip()][-1:] or [p.stderr[-200:]]
-    return p.returncode, time.monotonic() - t0, last[0]
+    lines = p.stdout.splitlines()
+    why = [x[1:].strip() for x in lines if x.startswith("E ")][:1]  # the first failing line
+    last = [x for x in lines if x.strip()][-1:] or [p.stderr[-200:]]
+    return p.returncode, time.monotonic() - t0, (why or last)[0][:160]
 
 
 def main(words: list[str]) -> int:
@@ -141,9 +143,10 @@ def main(words: list[str]) -> int:
                              ("MISSED" if rc == 0 else f"error (exit {rc})"), t, last))
             print(f"{rows[-1][1]:>15}  {m.name}  ({rows[-1][2]:.0f} s: {rows[-1][3]})",
                   flush=True)
-    print("\n| mutation | tests | result | time |\n|---|---|---|---|")
-    for m, (name, verdict, t, _) in zip(chosen, rows, strict=True):
-        print(f"| {name} | `{' '.join(m.tests)}` | {verdict} | {t:.0f} s |")
+    print("\n| mutation | tests | result | time | first failing line |\n|---|---|---|---|---|")
+    for m, (name, verdict, t, why) in zip(chosen, rows, strict=True):
+        why = why.replace("|", "\\|")
+        print(f"| {name} | `{' '.join(m.tests)}` | {verdict} | {t:.0f} s | `{why}` |")
     return 0 if all(r[1] == "caught" for r in rows) else 1
 
 

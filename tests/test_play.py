@@ -258,8 +258,9 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
     shutil.copytree(trained, run)
     with h5py.File(run / "actor-2.h5", "r") as f:
         before = len(f["episodes/ret"])
-    p = run_mpirl(3, "--resume", str(run), "--max-seconds", "3", "--target-return", "none",
-                  timeout=120, env=_env())
+    steps = json.loads((run / "summary.json").read_text())["env_steps"]
+    p = run_mpirl(3, "--resume", str(run), "--max-env-steps", str(steps + 300), "--target-return",
+                  "none", timeout=120, env=_env())  # 300 env steps: ~40 episodes of 7
     assert p.returncode == 0, p.stdout + p.stderr
     with h5py.File(run / "actor-2.h5", "r") as f:
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]

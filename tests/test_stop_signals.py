@@ -144,9 +144,9 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
         progress_seconds = 1
         flush_seconds = 1
         [budget]
-        max_seconds = MAX
+        BUDGET
         """)
-    spec.write_text(body.replace("MAX", "150"))
+    spec.write_text(body.replace("BUDGET", "max_seconds = 150"))
     run = tmp_path / "out" / "seed0"
     proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -161,14 +161,14 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, out + log
     assert "stopped by SIGTERM" in out
     first = _assert_complete_final_checkpoint(run, out + log)
-    # the next invocation continues it from that checkpoint (a shorter budget for this launch)
-    spec.write_text(body.replace("MAX", "4"))
+    # the next invocation continues it from that checkpoint, for 20 updates more
+    spec.write_text(body.replace("BUDGET", f"max_updates = {first['updates'] + 20}"))
     again = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(spec)], check=False,
                            capture_output=True, text=True, timeout=150)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "continuing from its checkpoint" in again.stdout
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_seconds" and summary["updates"] > first["updates"]
+    assert summary["stop_reason"] == "max_updates" and summary["updates"] == first["updates"] + 20
 
 
 # ---- mpirl.launch alone, with a stand-in launcher (no MPI) ------------------------------------
