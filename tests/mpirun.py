@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from mpirl.launch import launcher, mpirun_cmd, mpirun_path, stop_signal
 
 __all__ = ["descendants", "launcher", "mpirun_cmd", "mpirun_path", "one_error", "read_h5",
-           "run_mpirl", "signal_job", "stop_signal"]
+           "run_mpirl", "signal_job", "stop_signal", "wait_for_training"]
 
 
 def run_mpirl(n: int, *args: str, timeout: float = 300, env: dict | None = None,
@@ -45,6 +46,27 @@ def read_h5(path) -> tuple[dict, dict]:
         f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
                      if isinstance(obj, h5py.Dataset) else None)
         return out, dict(f.attrs)
+
+
+def logged_updates(run: Path) -> int:
+    """The learner's /updates rows flushed so far in ``run`` (0 before its file exists)."""
+    import h5py
+
+    try:
+        with h5py.File(run / "learner.h5", "r", locking=False) as f:
+            return len(f["updates/update"]) if "updates" in f else 0
+    except (OSError, KeyError):  # not created yet, or the read overlapped a flush
+        return 0
+
+
+def wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
+    """Until the learner of the job ``proc`` has logged updates in ``run`` (so a stop signal
+    now gives a checkpoint with something in it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None and logged_updates(run) == 0:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it was signalled"
+    assert logged_updates(run) > 0, "no updates logged: the run did not start training in time"
 
 
 def descendants(pid: int) -> list[int]:

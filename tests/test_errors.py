@@ -104,19 +104,15 @@ def test_sigterm_stops_cleanly(tmp_path):
     import json
     import subprocess
     import sys
-    import time
 
-    from mpirun import mpirun_cmd, stop_signal
+    from mpirun import mpirun_cmd, stop_signal, wait_for_training
 
     run = tmp_path / "run"
     proc = subprocess.Popen([*mpirun_cmd(4), sys.executable, "-m", "mpirl.main",
                              "--run-dir", str(run), "--max-seconds", "120", "--progress-seconds",
                              "1", "--target-return", "none", "--hidden", "16"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not (run / "learner.h5").exists():
-        time.sleep(0.2)
-    time.sleep(4)
+    wait_for_training(proc, run)
     proc.send_signal(stop_signal())  # SIGTERM; Open MPI: SIGUSR1
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err

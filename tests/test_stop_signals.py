@@ -13,12 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import h5py
 import pytest
-from mpirun import launcher, mpirun_cmd, signal_job
+from mpirun import launcher, mpirun_cmd, signal_job, wait_for_training
 
 from mpirl import checkpoint as ck
 from mpirl.failure import STOP_SIGNALS
@@ -27,23 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--hidden", "16", "--target-return", "none", "--progress-seconds", "1",
        "--flush-seconds", "1"]
 STOPS = {s.name for s in STOP_SIGNALS}
-
-
-def _updates(run: Path) -> int:
-    try:
-        with h5py.File(run / "learner.h5", "r", locking=False) as f:
-            return len(f["updates/update"]) if "updates" in f else 0
-    except (OSError, KeyError):  # not created yet, or the read overlapped a flush
-        return 0
-
-
-def _wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
-    """Until the learner has logged updates (a checkpoint with something in it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None and _updates(run) == 0:
-        time.sleep(0.5)
-    assert proc.poll() is None, "the run ended before it was signalled"
-    assert _updates(run) > 0, "no updates logged: the run did not start training in time"
 
 
 def _assert_complete_final_checkpoint(run: Path, out: str) -> dict:
@@ -82,7 +63,7 @@ def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
                             stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "mpirl-7-r0"
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         if how == "script":
             proc.send_signal(signal.SIGTERM)
         else:
@@ -107,7 +88,7 @@ def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own group, as a terminal job is
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -151,7 +132,7 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:
