@@ -137,6 +137,7 @@ def test_sigterm_stops_cleanly(tmp_path):
     steps = 0
     for a in ("actor-2.h5", "actor-3.h5"):
         data, attrs = files[a]
+        assert data["actor/env_steps"].size > 0, f"{a}: no /actor rows reached the file"
         assert attrs["env_steps"] == data["actor/env_steps"][-1] > 0, a
         assert attrs["episodes"] == len(data["episodes/ret"]), a
         steps += attrs["env_steps"]
