@@ -24,7 +24,7 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
    updates/s, env steps/s, busy fraction, best greedy evaluation.  On 16 cores 9 ranks are not
    oversubscribed; the actors' CPU, not the GPU, bounds Pong's env steps.
 
-``--dry-run`` runs everything on CPU with tiny counts (0.3 s per point, batch 32 only, a 6 s
+``--dry-run`` runs everything on CPU with tiny counts (0.3 s per point, batch 32 only, a 3 s
 MinAtar pipeline run with ``--device cpu``; Pong is left out), so a machine without CUDA checks
 that the script works; its figures mean nothing.  Without CUDA (and no ``--dry-run``) the CUDA
 columns say so.
@@ -40,7 +40,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,15 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl.launch import mpirun_cmd
+
 if TYPE_CHECKING:
     from mpirl.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
 
 
 def specs():
@@ -157,7 +153,7 @@ def step_table(a, cuda: bool) -> list[str]:
 def pipeline(env: str, device: str, seconds: float, ranks: int, tmp: Path,
              extra: tuple = ()) -> dict:
     run_dir = tmp / env.replace("/", "-")
-    cmd = [mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main", "--env", env,
+    cmd = [*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main", "--env", env,
            "--device", device, "--max-seconds", str(seconds), "--target-return", "none",
            "--run-dir", str(run_dir), "--progress-seconds", "2", "--checkpoint-seconds", "0",
            *extra]
@@ -232,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available() and not a.dry_run
     if a.dry_run:
-        a.seconds, a.batches, a.run_seconds, a.ranks = 0.3, [32], 6.0, 3
+        a.seconds, a.batches, a.run_seconds, a.ranks = 0.3, [32], 3.0, 3
     head = (f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
             + (f"{torch.cuda.get_device_name(0)}" if cuda else "no CUDA device")
             + f", {os.cpu_count()} CPU cores" + (" (--dry-run: figures mean nothing)"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,17 +34,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from mpirl.launch import mpirun_cmd
+
 BATCH = 64
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
 
 
 def run(run_dir: Path, k: int, mode: str, seconds: float, straggle: str | None, seed: int = 3,
         actor_rate: float = 400.0, evaluate: bool = False) -> None:
-    cmd = [mpirun(), "-n", str(k + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
+    cmd = [*mpirun_cmd(k + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
            str(run_dir), "--learners", str(k), "--learner-sync", mode, "--replay-at", "learner",
            "--replay-ratio", "0", "--max-seconds", str(seconds), "--target-return", "none",
            "--progress-seconds", "0", "--seed", str(seed), "--checkpoint-seconds", "0",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,14 +21,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
+from mpirl.launch import mpirun_cmd
 
 
 def one(run_dir: Path, ranks: int, seconds: float, link: str, inflight: str) -> dict:
-    cmd = [mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main", "--run-dir",
+    cmd = [*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main", "--run-dir",
            str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
            "--replay-ratio", "0", "--link", link, "--inflight", inflight,
            "--progress-seconds", "1", "--hidden", "64", "64", "--seed", "3"]

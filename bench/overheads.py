@@ -111,8 +111,9 @@ EXTRA: list[str] = []  # more mpirl.main flags for the pipeline runs (--mpirl-ar
 # ---- helpers ------------------------------------------------------------------------------------
 
 def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
+    from mpirl.launch import mpirun_path
+
+    return mpirun_path()
 
 
 def cores() -> tuple[int | None, int | None]:

@@ -26,7 +26,6 @@ import argparse
 import io
 import os
 import pstats
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,14 +34,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
+from mpirl.launch import mpirun_cmd
 
 
 def one(run_dir: Path, actors: int, seconds: float, throttled: bool, profile: bool = False) -> dict:
-    cmd = [mpirun(), "-n", str(actors + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
+    cmd = [*mpirun_cmd(actors + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
            str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
            "--progress-seconds", "1", "--seed", "3", "--checkpoint-seconds", "0"]
     if not throttled:

@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,20 +35,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from mpirl.launch import mpirun_cmd
+
 TARGET = 475.0
 MAX_SECONDS = 600
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    return str(here) if here.exists() else (shutil.which("mpirun") or "mpirun")
 
 
 def run_mpirl(replay_at: str, seed: int, ranks: int, tmp: Path,
               max_seconds: float = MAX_SECONDS) -> dict:
     run_dir = tmp / f"{replay_at}-{seed}"
     t0 = time.monotonic()
-    p = subprocess.run([mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main",
+    p = subprocess.run([*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main",
                         "--replay-at", replay_at, "--seed", str(seed), "--run-dir", str(run_dir),
                         "--max-seconds", str(max_seconds), "--target-return", str(TARGET),
                         "--progress-seconds", "0"], capture_output=True, text=True,

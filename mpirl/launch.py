@@ -24,11 +24,18 @@ Protocol:
    here) as one request.
 
 The exit status is the launcher's (128 + N when it died of signal N).
+
+Finding the launcher (`mpirun_cmd`, used by the tests and the benches): the venv's ``mpirun``
+(the ``mpich`` wheel puts it beside this Python), else the one on PATH. Open MPI refuses more
+ranks than cores unless told ``--oversubscribe``, so `mpirun_cmd` adds it there; a clean stop of
+a bare Open MPI mpirun is asked for with SIGUSR1 (`stop_signal`), of MPICH's Hydra with SIGTERM.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +49,33 @@ BLOCKED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: the signal the launcher gets instead; every launcher forwards it and the ranks stop on it
 RELAYED = signal.SIGUSR1
 POLL_S = 0.2
+
+
+def mpirun_path() -> str:
+    """The venv's ``mpirun``, else the one on PATH."""
+    here = Path(sys.executable).parent / "mpirun"
+    found = str(here) if here.exists() else shutil.which("mpirun")
+    if not found:
+        raise RuntimeError("mpirun not found: install mpirl into a venv (pip install -e .)")
+    return found
+
+
+@functools.cache
+def launcher() -> str:
+    """'openmpi' or 'mpich' (anything that is not Open MPI: Hydra, and its derivatives)."""
+    out = subprocess.run([mpirun_path(), "--version"], capture_output=True, text=True, timeout=30)
+    return "openmpi" if "Open MPI" in out.stdout + out.stderr else "mpich"
+
+
+def mpirun_cmd(n: int) -> list[str]:
+    """``mpirun [launcher flags] -n N``, ready for the program and its arguments."""
+    flags = ["--oversubscribe"] if launcher() == "openmpi" else []
+    return [mpirun_path(), *flags, "-n", str(n)]
+
+
+def stop_signal() -> signal.Signals:
+    """The signal that asks a bare ``mpirun`` for a clean stop (every rank checkpoints)."""
+    return RELAYED if launcher() == "openmpi" else signal.SIGTERM
 
 
 def spawn(cmd: list[str], **popen_kw) -> subprocess.Popen:

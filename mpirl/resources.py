@@ -224,7 +224,6 @@ def check(world, cfg: Config) -> EnvSpec:
 
     from mpirl import failure, topology
     from mpirl.config import ConfigError
-    from mpirl.replay.build import replay_footprint
 
     rank = world.Get_rank()
     places = topology.layout(world.Get_size(), cfg.buffers)
@@ -235,7 +234,15 @@ def check(world, cfg: Config) -> EnvSpec:
     row, _ = local_row(cfg, places[rank].role, MPI.Get_processor_name(), forced)
     rows = np.zeros(world.Get_size(), ROW)
     world.Allgather([row.reshape(1).view(np.uint8), MPI.BYTE], [rows.view(np.uint8), MPI.BYTE])
-    # every rank decides from the same rows: the same verdict, and rank 0's env spec
+    return decide(rows, places, cfg)
+
+
+def decide(rows: np.ndarray, places, cfg) -> EnvSpec:
+    """Every rank decides from the same gathered ``rows``: rank 0's env spec, or the same
+    ConfigError (`verdict`)."""
+    from mpirl.config import ConfigError
+    from mpirl.replay.build import replay_footprint
+
     ref = _text(rows[0]["spec"])
     spec = spec_from_json(ref) if ref else None
     err = verdict(rows, places, cfg, None if spec is None else replay_footprint(cfg, spec))

@@ -1,6 +1,7 @@
 """Run under `mpirun -n 2`: rank 0 posts a weight-sized latest-wins message every few ms over a
 slow emulated link, then a STOP; rank 1 times what arrives.  Prints JSON on rank 0 (used by
-tests/test_weights_link.py)."""
+tests/test_weights_link.py).  Rank 1 keeps receiving after the STOP, as a buffer does, until
+rank 0 has flushed its link: the weights waiting in the slot enter the wire after the STOP."""
 import json
 import sys
 import time
@@ -35,11 +36,11 @@ if rank == 0:
                       "weights_received": int(got[1])}))
 else:
     weights, t_stop_arrived = 0, None
-    while t_stop_arrived is None:
+    while t_stop_arrived is None or not comm.Iprobe(source=0, tag=99):  # 0 has flushed
         for tag, _ in link.receive():
             if tag == Tag.STOP:
                 t_stop_arrived = time.monotonic()
-            else:
+            elif t_stop_arrived is None:
                 weights += 1
         time.sleep(1e-4)
     t_stop = np.empty(1)

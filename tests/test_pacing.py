@@ -133,6 +133,7 @@ def _check_logged_rho(p: dict) -> None:
     assert np.allclose(p["rho"][1:][ok], d_upd[ok] * BATCH / d_steps[ok])
 
 
+@pytest.mark.mpi
 def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path):
     run_dir = tmp_path / "paced"
     r = run_mpirl(2 + ACTORS, *_common(run_dir), "--replay-at", "buffer", "--max-updates", "120",
@@ -173,6 +174,7 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
     assert np.isfinite(m["train_loss_conv"])  # the settle rule stays beside it
 
 
+@pytest.mark.mpi
 def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_fraction(tmp_path):
     run_dir = tmp_path / "drop"
     # ~12.5 kB/s toward the learner (~200 CartPole transitions/s) against P = 400/s
@@ -206,6 +208,7 @@ def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_f
     assert rows.sum() >= 3 and (p["delivered_fraction"][rows] < 1.0).mean() >= 0.75
 
 
+@pytest.mark.mpi
 def test_max_updates_continues_with_resume_and_never_overshoots(tmp_path):
     run_dir = tmp_path / "budget"
     base = ["--env", "CartPole-v1", "--hidden", "16", "--progress-seconds", "0",

@@ -39,6 +39,7 @@ def test_no_rank_is_one_clear_error():
     assert r.returncode == 2 and "PMI_RANK" in r.stderr and "mpirun" in r.stderr
 
 
+@pytest.mark.mpi
 @needs_two
 def test_under_mpirun():
     r = subprocess.run([*mpirun_cmd(3), str(PIN), sys.executable, "-c",

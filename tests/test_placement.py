@@ -352,6 +352,7 @@ def test_cli_errors_exit_2(monkeypatch, capsys):
 
 # ---- real Hydra: the generated file places ranks as planned ------------------------------------
 
+@pytest.mark.mpi
 def test_hydra_fills_generated_hostfile(tmp_path):
     mpirun = Path(sys.executable).with_name("mpirun")
     me = socket.gethostname()

@@ -252,13 +252,15 @@ def test_missing_extra_one_clear_error(tmp_path, monkeypatch, capsys, missing, a
 
 # ---- --resume rebuilds the same env -------------------------------------------------------------
 
+@pytest.mark.mpi
 def test_resume_rebuilds_the_users_env(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     with h5py.File(run / "actor-2.h5", "r") as f:
         before = len(f["episodes/ret"])
-    p = run_mpirl(3, "--resume", str(run), "--max-seconds", "3", "--target-return", "none",
-                  timeout=120, env=_env())
+    steps = json.loads((run / "summary.json").read_text())["env_steps"]
+    p = run_mpirl(3, "--resume", str(run), "--max-env-steps", str(steps + 300), "--target-return",
+                  "none", timeout=120, env=_env())  # 300 env steps: ~40 episodes of 7
     assert p.returncode == 0, p.stdout + p.stderr
     with h5py.File(run / "actor-2.h5", "r") as f:
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]

@@ -211,6 +211,7 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
             r.close()
 
 
+@pytest.mark.mpi
 def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
     from mpirun import run_mpirl
 
@@ -288,24 +289,21 @@ def test_a_set_of_another_env_is_one_clear_error(tmp_path):
     assert cli.obs.shape == (20, 3) and cli.meta["env_wrappers"] == ["toy_env:plus_one"]
 
 
-def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path):
+@pytest.mark.mpi
+def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path,
+                                                                            tests_on_path):
     """--env-kwargs that change the observation: the auto set is the run's env's, and every
     evaluation reports a finite reference loss (a set of the default env crashed the
     evaluation process, which aborted the job)."""
-    import os
-    from pathlib import Path
-
     import h5py
     from mpirun import run_mpirl
 
-    tests = str(Path(__file__).parent)
-    env = {"PYTHONPATH": os.pathsep.join(x for x in (tests, os.environ.get("PYTHONPATH")) if x)}
     run = tmp_path / "run"
     p = run_mpirl(3, "--env", TOY, "--env-kwargs", '{"n": 5}', "--reference-set", "auto",
                   "--reference-size", "200", "--max-updates", "300", "--eval-every", "100",
                   "--eval-episodes", "2", "--learning-starts", "100", "--hidden", "16",
                   "--target-return", "none", "--max-seconds", "60", "--run-dir", str(run),
-                  timeout=180, env=env)
+                  timeout=180, env=tests_on_path)
     assert p.returncode == 0, p.stdout + p.stderr
     with h5py.File(run / "learner.h5", "r") as f:
         loss = f["evals/reference_loss"][()]

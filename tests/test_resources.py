@@ -1,5 +1,5 @@
 """mpirl.resources: which rank checks what, memory summed per host, and the one message every
-rank agrees on, in process (the MPI side is in test_faults.py)."""
+rank agrees on, in process (the MPI side is in test_failure.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -333,6 +333,7 @@ def test_resume_continues_counters_logs_and_learning(resumed):
         assert len(data["episodes/ret"]) > len(before[a][0]["episodes/ret"])
 
 
+@pytest.mark.mpi
 def test_kill_during_checkpoint_leaves_previous_usable(resumed):
     run, _, ckpt_before, _, _ = resumed
     man, folders = ck.ids(run)
@@ -364,6 +365,7 @@ def test_kill_during_checkpoint_leaves_previous_usable(resumed):
     assert man == folders and len(man) == ck.KEEP  # the partial folder is gone
 
 
+@pytest.mark.mpi
 def test_wrong_world_size_is_one_clear_error(trained):
     run, _ = trained
     p = run_mpirl(3, "--resume", str(run), timeout=60)
@@ -374,6 +376,7 @@ def test_wrong_world_size_is_one_clear_error(trained):
     assert "mpirun -n 4" in lines[0]
 
 
+@pytest.mark.mpi
 def test_corrupt_checkpoint_is_one_clear_error(trained, tmp_path):
     run, _ = trained
     copy = tmp_path / "run"

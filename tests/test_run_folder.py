@@ -2,7 +2,8 @@
 import json
 import sys
 
-from mpirun import mpirun_path
+import pytest
+from mpirun import mpirun_cmd
 
 from mpirl import checkpoint as ck
 
@@ -17,13 +18,14 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.mpi
 def test_default_run_folder_is_rank_0s_when_ranks_start_apart(tmp_path):
     import subprocess
 
     script = tmp_path / "late_start.py"
     script.write_text(LATE_START)
-    p = subprocess.run([mpirun_path(), "-n", "4", sys.executable, str(script),
-                        "--max-seconds", "8", "--checkpoint-seconds", "2",
+    p = subprocess.run([*mpirun_cmd(4), sys.executable, str(script),
+                        "--max-seconds", "4", "--checkpoint-seconds", "1",
                         "--target-return", "none", "--learning-starts", "200",
                         "--hidden", "32", "32", "--progress-seconds", "0",
                         "--flush-seconds", "1"],

@@ -13,12 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import h5py
 import pytest
-from mpirun import launcher, mpirun_cmd, signal_job
+from mpirun import launcher, mpirun_cmd, signal_job, wait_for_training
 
 from mpirl import checkpoint as ck
 from mpirl.failure import STOP_SIGNALS
@@ -27,23 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--hidden", "16", "--target-return", "none", "--progress-seconds", "1",
        "--flush-seconds", "1"]
 STOPS = {s.name for s in STOP_SIGNALS}
-
-
-def _updates(run: Path) -> int:
-    try:
-        with h5py.File(run / "learner.h5", "r", locking=False) as f:
-            return len(f["updates/update"]) if "updates" in f else 0
-    except (OSError, KeyError):  # not created yet, or the read overlapped a flush
-        return 0
-
-
-def _wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -> None:
-    """Until the learner has logged updates (a checkpoint with something in it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None and _updates(run) == 0:
-        time.sleep(0.5)
-    assert proc.poll() is None, "the run ended before it was signalled"
-    assert _updates(run) > 0, "no updates logged: the run did not start training in time"
 
 
 def _assert_complete_final_checkpoint(run: Path, out: str) -> dict:
@@ -72,6 +53,7 @@ def _job_env(tmp_path: Path) -> dict:
     return env
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("how", ["script", "scancel"])
 def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     """`script`: SIGTERM to the batch shell only (`#SBATCH --signal=B:TERM@120`); `scancel`:
@@ -81,7 +63,7 @@ def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
                             stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "mpirl-7-r0"
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         if how == "script":
             proc.send_signal(signal.SIGTERM)
         else:
@@ -94,6 +76,7 @@ def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     _assert_complete_final_checkpoint(run, out)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("how", ["ctrl-c", "kill-mpirun"])
 def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, how):
     """`ctrl-c`: SIGINT to the terminal's foreground process group (mpirl.launch and mpirun);
@@ -105,7 +88,7 @@ def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own group, as a terminal job is
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -125,6 +108,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+@pytest.mark.mpi
 def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     """SIGTERM to `python -m mpirl.sweep` (an array task's TERM): its running run stops with a
     final checkpoint, the sweep exits 128+15, and the next invocation continues that run."""
@@ -141,14 +125,14 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
         progress_seconds = 1
         flush_seconds = 1
         [budget]
-        max_seconds = MAX
+        BUDGET
         """)
-    spec.write_text(body.replace("MAX", "150"))
+    spec.write_text(body.replace("BUDGET", "max_seconds = 150"))
     run = tmp_path / "out" / "seed0"
     proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_training(proc, run)
+        wait_for_training(proc, run)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -158,14 +142,14 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, out + log
     assert "stopped by SIGTERM" in out
     first = _assert_complete_final_checkpoint(run, out + log)
-    # the next invocation continues it from that checkpoint (a shorter budget for this launch)
-    spec.write_text(body.replace("MAX", "4"))
+    # the next invocation continues it from that checkpoint, for 20 updates more
+    spec.write_text(body.replace("BUDGET", f"max_updates = {first['updates'] + 20}"))
     again = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(spec)], check=False,
                            capture_output=True, text=True, timeout=150)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "continuing from its checkpoint" in again.stdout
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "max_seconds" and summary["updates"] > first["updates"]
+    assert summary["stop_reason"] == "max_updates" and summary["updates"] == first["updates"] + 20
 
 
 # ---- mpirl.launch alone, with a stand-in launcher (no MPI) ------------------------------------

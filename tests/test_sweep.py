@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from mpirun import mpirun_path
+from mpirun import mpirun_cmd
 
 from mpirl import sweep as S
 
@@ -264,15 +264,16 @@ def test_repository_specs_pass_the_flag_check():
     assert seeds["map"] >= 10
 
 
+@pytest.mark.mpi
 def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     """Two runs of a few seconds under mpirun -n 3, one after another; the second invocation
     skips both. Each finished run's row lands in the spec's export folder (analysis.export)."""
-    mpirun = mpirun_path()
+    launcher = json.dumps([*mpirun_cmd(3)[:-1], "{ranks}"])  # Open MPI: --oversubscribe
     p = spec_file(tmp_path, f"""
         out = "OUT"
         export = "OUT-data"
         ranks = 3
-        launcher = ["{mpirun}", "-n", "{{ranks}}"]
+        launcher = {launcher}
         [flags]
         target_return = "none"
         hidden = [16]

@@ -135,6 +135,7 @@ print("returns", res.returns.tolist())
 '''
 
 
+@pytest.mark.mpi
 def test_a_users_env_module_may_import_mpi4py_under_mpirun(tmp_path):
     """A real launch: the learner's rank under mpirun starts the evaluation child, whose env
     module imports mpi4py.  With the launcher's PMI_FD and PMI_RANK inherited, MPICH's child

@@ -32,6 +32,7 @@ def _fault(n: int, spec: str, tmp_path):
     ("buffer:1:1", "rank 1 (buffer of site 0)"),
     ("actor:2:1", "rank 2 (actor of site 0)"),
 ])
+@pytest.mark.mpi
 def test_exception_in_any_role_aborts_the_job(tmp_path, spec, who):
     p, took = _fault(3, spec, tmp_path)
     assert p.returncode != 0
@@ -41,6 +42,7 @@ def test_exception_in_any_role_aborts_the_job(tmp_path, spec, who):
     assert took is not None and took < ABORT_WITHIN_S, took
 
 
+@pytest.mark.mpi
 def test_sigkilled_rank_ends_the_job_and_files_stay_readable(tmp_path):
     p, took = _fault(4, "actor:2:4:kill", tmp_path)
     assert p.returncode != 0 and took is not None and took < ABORT_WITHIN_S, (took, p.stderr)
@@ -59,6 +61,7 @@ def test_sigkilled_rank_ends_the_job_and_files_stay_readable(tmp_path):
             assert killed_at - last < 1.0 + 2.5, (name, killed_at - last)
 
 
+@pytest.mark.mpi
 def test_mismatched_message_is_rejected_naming_rank_and_message(tmp_path):
     p, _ = _fault(3, "actor:2:1:wire", tmp_path)
     assert p.returncode != 0
@@ -72,6 +75,7 @@ def test_mismatched_message_is_rejected_naming_rank_and_message(tmp_path):
     ("1:memory", "rank 1 (buffer of site 0)"),
     ("2:env", "rank 2 (actor of site 0)"),
 ])
+@pytest.mark.mpi
 def test_a_host_check_failing_on_one_nonzero_rank_ends_the_job_with_one_message(
         tmp_path, forced, who):
     """MPIRL_FAULT_CHECK=RANK:CHECK fails one check on one rank only (mpirl.resources): rank 0

@@ -17,10 +17,8 @@ from mpirl.config import Config
 from mpirl.envs import inspect
 from mpirl.logs import RunLog
 from mpirl.nstep import NStep
-from mpirl.qnet import param_count
-from mpirl.replay.build import record_dtype
 from mpirl.topology import layout
-from mpirl.wire import Tag, Wire
+from mpirl.wire import Tag
 
 
 class _Record(gym.Wrapper):
@@ -42,12 +40,10 @@ class _Record(gym.Wrapper):
 
 
 @pytest.mark.parametrize("n_step", [1, 3])
-def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, n_step):
+def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, run_wire, n_step):
     cfg = Config(n_step=n_step, envs_per_actor=3, actor_chunk=16, hidden=(16,),
                  env_kwargs={"max_episode_steps": 12})  # truncations as well as terminations
-    spec = inspect(cfg.env)
-    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                                     cfg.dueling))
+    spec, wire = run_wire(cfg, inspect(cfg.env), role="actor")
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
     with RunLog(tmp_path / "actor-2.h5", {}, flush_seconds=60) as log:
         port = RecordingPort(wire)

@@ -1,0 +1,53 @@
+"""Fixtures shared by the tests.
+
+- ``run_wire``: the wire a run of a configuration packs and unpacks with (mpirl.main builds the
+  same one), for tests that drive a role in-process.
+- ``tests_on_path``: the environment for a job that imports the tests folder's modules (the
+  user's own env `toy_env`), on PYTHONPATH before what the caller had.
+
+Markers (pyproject.toml): ``slow`` (left out by default) and ``mpi`` (starts mpirun jobs);
+``python -m pytest -m "not slow and not mpi"`` runs the in-process tests alone.  A test that
+uses one of the module fixtures in `MPI_FIXTURES` (each runs an mpirun job the module's tests
+share) is marked ``mpi`` here.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+#: module fixtures that start mpirun: test_play's and test_resume's ``trained``, test_resume's
+#: ``resumed``, test_figures' ``two_sites``, test_analysis' ``experiment``
+MPI_FIXTURES = frozenset({"trained", "resumed", "two_sites", "experiment"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MPI_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mpi)
+
+
+@pytest.fixture
+def run_wire() -> Callable:
+    """``make(cfg, spec=None, role=None) -> (spec, wire)``: the env spec (inspected when not
+    given) and the rank's `mpirl.wire.Wire` for ``cfg``, as mpirl.main builds them."""
+    from mpirl import envs
+    from mpirl.main import _wire
+    from mpirl.replay.build import record_dtype
+
+    def make(cfg, spec=None, role: str | None = None):
+        if spec is None:
+            spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
+        return spec, _wire(cfg, spec, record_dtype(cfg, spec), role)
+
+    return make
+
+
+@pytest.fixture
+def tests_on_path() -> dict[str, str]:
+    """``{"PYTHONPATH": tests folder + what was there}``, for run_mpirl(..., env=...)."""
+    return {"PYTHONPATH": os.pathsep.join(
+        x for x in (str(TESTS), os.environ.get("PYTHONPATH")) if x)}
