@@ -2,6 +2,9 @@
 
 - ``run_wire``: the wire a run of a configuration packs and unpacks with (mpirl.main builds the
   same one), for tests that drive a role in-process.
+- The fake transport and the role builders wired to it live in ``fakes.py`` (a module, not
+  fixtures, because bench/learner_loop.py uses them too): `fakes.ScriptedLink`,
+  `fakes.RecordingPort`, `fakes.make_learner`, `fakes.make_buffer`, `fakes.make_actor`.
 - ``tests_on_path``: the environment for a job that imports the tests folder's modules (the
   user's own env `toy_env`), on PYTHONPATH before what the caller had.
 
@@ -32,18 +35,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def run_wire() -> Callable:
-    """``make(cfg, spec=None, role=None) -> (spec, wire)``: the env spec (inspected when not
-    given) and the rank's `mpirl.wire.Wire` for ``cfg``, as mpirl.main builds them."""
-    from mpirl import envs
-    from mpirl.main import _wire
-    from mpirl.replay.build import record_dtype
+    """``make(cfg, spec=None, role=None) -> (spec, wire)``: `fakes.wire_of`, the env spec and the
+    rank's `mpirl.wire.Wire` for ``cfg``, as mpirl.main builds them."""
+    from fakes import wire_of
 
-    def make(cfg, spec=None, role: str | None = None):
-        if spec is None:
-            spec = envs.inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
-        return spec, _wire(cfg, spec, record_dtype(cfg, spec), role)
-
-    return make
+    return wire_of
 
 
 @pytest.fixture

@@ -102,14 +102,17 @@ def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
     return Ends(site=site, links={0: link}, inbox=Inbox(wire, "buffer 0", lambda r: "the learner"))
 
 
-def wire_of(cfg):
-    """``(spec, wire)`` of a run of ``cfg`` (the packer every rank of it would use)."""
+def wire_of(cfg, spec=None, role: str | None = None):
+    """``(spec, wire)``: the env spec of ``cfg`` (inspected when not given) and the
+    `mpirl.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that rank's
+    role), as `mpirl.main` builds them."""
     from mpirl.envs import inspect
     from mpirl.main import _wire
     from mpirl.replay.build import record_dtype
 
-    spec = inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
-    return spec, _wire(cfg, spec, record_dtype(cfg, spec))
+    if spec is None:
+        spec = inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
+    return spec, _wire(cfg, spec, record_dtype(cfg, spec), role)
 
 
 def make_learner(cfg, spec, wire, log, links: dict, **kw):
