@@ -226,7 +226,7 @@ def check(world, cfg: Config) -> EnvSpec:
     from mpirl.config import ConfigError
 
     rank = world.Get_rank()
-    places = topology.layout(world.Get_size(), cfg.buffers)
+    places = topology.layout(world.Get_size(), cfg.buffers, cfg.learners)
     try:
         forced = failure.forced_checks(rank, CHECKS)
     except ValueError as e:  # the same on every rank

@@ -134,3 +134,38 @@ def test_local_checks_and_the_test_hook():
     assert forced_checks(0, CHECKS, "") == frozenset()
     with pytest.raises(ValueError, match="RANK:CHECK"):
         forced_checks(0, CHECKS, "1:disk")
+
+
+class OneRankWorld:
+    """``check`` seen from one rank of a ``size``-rank world: Allgather puts this rank's row in
+    its slot and ``other`` (a passing row) in every other slot."""
+
+    def __init__(self, rank: int, size: int, other: np.ndarray):
+        self.rank, self.size, self.other = rank, size, other
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Allgather(self, send, recv):
+        rows = recv[0].view(R.ROW)
+        rows[:] = self.other
+        rows[self.rank] = send[0].view(R.ROW)[0]
+
+
+def test_host_checks_follow_the_learner_group_layout(monkeypatch):
+    """With --learners 2 on 5 ranks, rank 1 is a learner and rank 2 the buffer: each runs its
+    own role's checks and is named by it (the layout without K took rank 1 for the buffer and
+    rank 2 for an actor, whose memory check was skipped)."""
+    from mpirl.config import ConfigError
+
+    cfg = Config(learners=2)
+    other, _ = R.local_row(cfg, "learner", "cloud", frozenset())  # rank 0, with the env spec
+    monkeypatch.setenv("MPIRL_FAULT_CHECK", "2:memory")
+    with pytest.raises(ConfigError, match=r"rank 2 \(buffer of site 0\) on host .*: memory"):
+        R.check(OneRankWorld(2, 5, other), cfg)
+    monkeypatch.setenv("MPIRL_FAULT_CHECK", "1:env")
+    with pytest.raises(ConfigError, match=r"rank 1 \(learner\) on host .*: env"):
+        R.check(OneRankWorld(1, 5, other), cfg)
