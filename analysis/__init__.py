@@ -2,7 +2,7 @@
 
 Reads only the run's HDF5 files and ``summary.json`` (h5py + numpy; matplotlib for plots), never
 ``mpirl`` itself, so it works on a machine that has only the run folders; the one exception is
-`analysis.to_tensorboard`, which uses the live dashboard's scalars (`mpirl.dashboard`).
+`analysis.to_tensorboard`, which uses the live dashboard's scalars (`mpirl.logs.dashboard`).
 
 - `analysis.runs`: find run folders, read them (live, finished or killed runs).
 - `analysis.metrics`: the per-run metrics (`run_metrics`) over the fixed window and the settle

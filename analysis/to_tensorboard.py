@@ -6,10 +6,10 @@ and no TensorBoard; HDF5 stays the source of truth)::
 
 Works on a finished, a live or a killed run (the rows up to the writers' last flush; run it again
 for newer rows: it rewrites its folder). The scalars are those of the live ``--tensorboard``
-mirror, made by the same `mpirl.dashboard.Scalars` from ``learner.h5`` (the folder itself) and
-`mpirl.dashboard.BufferScalars` from each ``buffer-<s>.h5`` (its subfolder ``buffer-<s>``, a
+mirror, made by the same `mpirl.logs.dashboard.Scalars` from ``learner.h5`` (the folder itself) and
+`mpirl.logs.dashboard.BufferScalars` from each ``buffer-<s>.h5`` (its subfolder ``buffer-<s>``, a
 TensorBoard run of its own: the sites' curves share one chart per tag); the tags, steps and
-downsampling are in mpirl.dashboard's docstring. This is the one module of analysis that imports
+downsampling are in mpirl.logs.dashboard's docstring. This is the one module of analysis that imports
 mpirl: the mapping lives with the live mirror (mpirl does not import analysis). Needs the
 tensorboard package (``pip install -e ".[tensorboard]"``).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from mpirl.dashboard import SCALARS, EventWriter
+from mpirl.logs.dashboard import SCALARS, EventWriter
 
 __all__ = ["convert"]
 

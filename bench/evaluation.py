@@ -4,7 +4,7 @@ and in a child process, against no evaluation at all, in one invocation.
     python bench/evaluation.py [--seconds 10] [--rounds 2] [--eval-every 500] [--out FILE.md]
 
 One process runs the learner's own ``TrainStep`` (CartPole-v1, the default MLP and batch, one
-torch thread) in a loop on prepared batches and asks an ``mpirl.evaluation`` runner for a greedy
+torch thread) in a loop on prepared batches and asks an ``mpirl.roles.evaluation`` runner for a greedy
 evaluation every ``--eval-every`` updates, exactly as the learner loop does (one in flight; polled
 once per update).  The weights evaluated are a hand-set MLP that balances the pole (a linear
 controller written into the first layers), so every evaluation plays 10 full 500-step episodes:
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
 MODES = ("none", "inline", "thread", "process")
 
@@ -41,7 +41,7 @@ def balancing_params(hidden: tuple[int, ...], n_actions: int = 2) -> np.ndarray:
     """Flat MLP weights whose greedy policy is ``a = [0.1 x + 0.5 x' + 3 th + th' > 0]``
     (500 steps in every CartPole-v1 episode): hidden0 = relu(+-w.s), later hidden layers pass
     those two units through, q1 = unit0 - unit1, q0 = 0."""
-    from mpirl.qnet import layer_shapes
+    from mpirl.agent.qnet import layer_shapes
 
     w = np.array([0.1, 0.5, 3.0, 1.0], np.float32)
     out = []
@@ -76,8 +76,8 @@ def batches(cfg: Config, spec, n: int = 32):
 def one(mode: str, seconds: float, eval_every: int, cfg: Config, spec, data) -> dict:
     import torch
 
-    from mpirl.evaluation import make_runner
-    from mpirl.train_step import TrainStep
+    from mpirl.roles.evaluation import make_runner
+    from mpirl.agent.train_step import TrainStep
 
     torch.set_num_threads(1)
     step = TrainStep(cfg, spec)
@@ -119,8 +119,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    from mpirl.config import Config
-    from mpirl.envs import inspect
+    from mpirl.run.config import Config
+    from mpirl.agent.envs import inspect
 
     cfg = Config()
     spec = inspect(cfg.env)

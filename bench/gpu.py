@@ -5,7 +5,7 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
                         [--cpu-threads 1] [--out FILE.md]
     python bench/gpu.py --dry-run        # CPU only, tiny counts: checks the paths (CI runs it)
 
-1. **Train step** -- the learner's own ``mpirl.train_step.TrainStep`` in a loop on prepared batches
+1. **Train step** -- the learner's own ``mpirl.agent.train_step.TrainStep`` in a loop on prepared batches
    of the form the learner receives (structured records; image batches as a frame table plus
    indices, stacked by the learner), for ``--seconds`` per point after a warm-up:
 
@@ -51,14 +51,14 @@ import numpy as np
 from mpirl.launch import mpirun_cmd
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def specs():
     """(name, EnvSpec) of the two networks, built without creating an env (no ALE needed)."""
-    from mpirl.envs import ATARI_SIZE, ATARI_STACK, EnvSpec
+    from mpirl.agent.envs import ATARI_SIZE, ATARI_STACK, EnvSpec
 
     mlp = EnvSpec((4,), np.dtype(np.float32), 2, 475.0)
     cnn = EnvSpec((ATARI_STACK, ATARI_SIZE, ATARI_SIZE), np.dtype(np.uint8), 6, None,
@@ -96,7 +96,7 @@ def train_rate(cfg: Config, spec, batch: int, device: str, mode: str, seconds: f
     """Updates/s of TrainStep on ``device``: mode 'serial' (step) or 'prefetch' (as the loop)."""
     import torch
 
-    from mpirl.train_step import TrainStep
+    from mpirl.agent.train_step import TrainStep
 
     step = TrainStep(cfg, spec, device, amp)
     data = make_batches(cfg, spec, batch)
@@ -125,7 +125,7 @@ def train_rate(cfg: Config, spec, batch: int, device: str, mode: str, seconds: f
 def step_table(a, cuda: bool) -> list[str]:
     import torch
 
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
     torch.set_num_threads(a.cpu_threads)
     lines = [("| network | batch | cpu updates/s | cuda serial | cuda prefetch | cuda bf16 | "

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 
 def record_frames(env_id: str, steps: int = 3000) -> np.ndarray:
-    from mpirl import envs
+    from mpirl.agent import envs
 
     env = envs.make(env_id, seed=0)
     o, _ = env.reset(seed=0)

@@ -2,13 +2,13 @@
 
     python bench/learner_loop.py [--seconds 3] [--rounds 8] [--batch-size 64] [--steps]
 
-`mpirl.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop --
+`mpirl.roles.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop --
 receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
 progress and link rows -- handed a scripted link (tests/fakes.py `ScriptedLink`, the tests' fake)
 that hands it a BATCH message (sampled from a prioritized memory and packed by `Wire.batch`, a
 fresh copy each time, as `LinkEnd.receive` gives) whenever it polls; what it posts is counted and
 dropped.  The reference is
-`mpirl.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s reference).
+`mpirl.agent.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s reference).
 Both run in this process, one after the other, ``--rounds`` times; the table gives updates per
 CPU second of each and their ratio per round, and the median.
 
@@ -44,14 +44,14 @@ STEPS = ("receive", "checkpoint", "grant_tokens", "change_link", "train", "evalu
 def build(batch_size: int, tmp: Path):
     import torch
 
-    from mpirl import envs as envs_mod
-    from mpirl import learner as learner_mod
-    from mpirl.config import Config
-    from mpirl.logs import RunLog
-    from mpirl.qnet import param_count
+    from mpirl.agent import envs as envs_mod
+    from mpirl.roles import learner as learner_mod
+    from mpirl.run.config import Config
+    from mpirl.logs.runlog import RunLog
+    from mpirl.agent.qnet import param_count
     from mpirl.replay.build import record_dtype
-    from mpirl.train_step import TrainStep
-    from mpirl.wire import Tag, Wire
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.transport.wire import Tag, Wire
 
     torch.set_num_threads(1)
     cfg = Config(batch_size=batch_size, eval_every=10**9, evaluator="inline",

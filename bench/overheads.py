@@ -15,7 +15,7 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
 2. **learner** -- updates/s of the learner rank of the same job, learner the bottleneck (actors
    unthrottled, ``--replay-ratio 0``, as bench/link.py), with greedy evaluation off
    (``--eval-every`` 10**9: the reference does not evaluate either), against a loop of
-   ``mpirl.train_step.TrainStep`` -- the learner's own train step, not a copy (same network,
+   ``mpirl.agent.train_step.TrainStep`` -- the learner's own train step, not a copy (same network,
    batch size, Adam, gradient clip, target copy every ``target_update``) -- on batches of the same
    form the learner gets (structured records viewed out of a BATCH message).  Target >= 0.9.
    Evaluation's share is reported beside it, from a second run of the same job with the default
@@ -27,7 +27,7 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    uppercase mpi4py stream of messages of the same size, both under ``mpirun -n 2`` (this file's
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
    ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
-   every message, as fast as tokens allow, through the roles' own transport (`mpirl.inbox`:
+   every message, as fast as tokens allow, through the roles' own transport (`mpirl.transport.inbox`:
    ``Inbox.serve``, matched ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, the handler
    of the kind; ``SitePort``: ``Isend`` kept until ``Test``) driven as ``Actor.receive``/
    ``Actor.send_chunk`` and ``Buffer.receive_actors`` drive it: ``actor_credits`` tokens, one
@@ -58,7 +58,7 @@ measured rank gets a core to itself.  The job is launched MPMD, each rank throug
     learner run: mpirun -n 1 ... _rank A ... : -n 2 ... _rank B ...
                  (rank 0 the learner alone on core A, buffer and actor on core B)
 
-(rank order: learner, buffer, then its actors; ``mpirl/topology.py``).  Each reference runs in a
+(rank order: learner, buffer, then its actors; ``mpirl/transport/topology.py``).  Each reference runs in a
 subprocess pinned to the same core A, with one BLAS/torch thread as mpirl's ranks, while a
 spinning "ballast" process is pinned to core B: on a shared machine the scheduler moves other
 processes to the less busy core, so without the ballast core A would be crowded during the
@@ -143,7 +143,7 @@ def last_json(text: str) -> dict:
 def default_cfg():
     """mpirl's defaults, with ``--batch-size`` (passed to the reference subprocesses in the
     environment) applied."""
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
     batch = os.environ.get("MPIRL_OVERHEADS_BATCH")
     return Config(batch_size=int(batch)) if batch else Config()
@@ -261,9 +261,9 @@ def ref_actor_mode(argv: list[str]) -> int:
     seconds = float(argv[1])
     import numpy as np
 
-    from mpirl import envs as envs_mod
-    from mpirl.actor import epsilon
-    from mpirl.qnet import make_q
+    from mpirl.agent import envs as envs_mod
+    from mpirl.roles.actor import epsilon
+    from mpirl.agent.qnet import make_q
 
     cfg = default_cfg()
     spec = envs_mod.inspect(cfg.env)
@@ -287,7 +287,7 @@ def ref_actor_mode(argv: list[str]) -> int:
             break
         qv = q(obs)
         actions = qv.argmax(axis=1).tolist()
-        u = rng.random(2 * m).tolist()  # the actor's draw (mpirl.actor.Actor.act)
+        u = rng.random(2 * m).tolist()  # the actor's draw (mpirl.roles.actor.Actor.act)
         for j, env in enumerate(envs):
             a = actions[j] if u[j] >= eps[j] else min(int(u[m + j] * n_act), n_act - 1)
             nxt, _, term, trunc, _ = env.step(env_action[a])
@@ -321,16 +321,16 @@ def batch_messages(cfg, spec, wire, count: int = 64) -> list:
 
 
 def ref_learner_mode(argv: list[str]) -> int:
-    """``_ref_learner CPU SECONDS``: mpirl.train_step.TrainStep in a loop, one process."""
+    """``_ref_learner CPU SECONDS``: mpirl.agent.train_step.TrainStep in a loop, one process."""
     pin(argv[0])
     seconds = float(argv[1])
     import torch
 
-    from mpirl import envs as envs_mod
-    from mpirl.train_step import TrainStep
-    from mpirl.qnet import param_count
+    from mpirl.agent import envs as envs_mod
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.agent.qnet import param_count
     from mpirl.replay.build import record_dtype
-    from mpirl.wire import Tag, Wire
+    from mpirl.transport.wire import Tag, Wire
 
     cfg = default_cfg()
     spec = envs_mod.inspect(cfg.env)
@@ -438,7 +438,7 @@ def raw_phase(comm, size: int, secs: float):
 
 
 class TransportActor:
-    """Rank 0 of the mpirl phase: the actor's calls (`mpirl.inbox` for the buffer's CREDIT,
+    """Rank 0 of the mpirl phase: the actor's calls (`mpirl.transport.inbox` for the buffer's CREDIT,
     `SitePort` sends kept until ``Test``, the ``Backoff`` wait without a token), sending one
     freshly packed EXPERIENCE per token."""
 
@@ -447,7 +447,7 @@ class TransportActor:
         self.tokens, self.seq, self.idle, self.acked = credits, 0, 0.0, False
 
     def run(self, secs: float) -> dict:
-        from mpirl.wire import Tag
+        from mpirl.transport.wire import Tag
 
         BUFFER = 1  # noqa: N806 - the buffer's rank here (a site's buffer is site rank 0)
 
@@ -484,7 +484,7 @@ class TransportActor:
 
 
 class TransportBuffer:
-    """Rank 1 of the mpirl phase: the buffer's site part (`mpirl.inbox`, at most
+    """Rank 1 of the mpirl phase: the buffer's site part (`mpirl.transport.inbox`, at most
     MAX_ACTOR_MSGS_PER_TURN per turn, one CREDIT per turn; replay_ratio 0: never held back)."""
 
     def __init__(self, port, wire, backoff):
@@ -495,8 +495,8 @@ class TransportBuffer:
         self.done = False
 
     def run(self) -> dict:
-        from mpirl.buffer import MAX_ACTOR_MSGS_PER_TURN
-        from mpirl.wire import Tag
+        from mpirl.roles.buffer import MAX_ACTOR_MSGS_PER_TURN
+        from mpirl.transport.wire import Tag
 
         handlers = {Tag.EXPERIENCE: self.on_experience, Tag.DONE: self.on_done}
         while not self.done:
@@ -529,9 +529,9 @@ class TransportBuffer:
 
 def mpirl_phase(comm, wire, payload, secs: float, profiler, nap: bool, credits: int) -> dict:
     """The actor's (rank 0) and the buffer's (rank 1) calls through mpirl's own inbox and site
-    port (`mpirl.inbox`); ``nap=False``: Backoff(0, 0), idle turns only yield the CPU."""
-    from mpirl.inbox import Inbox, SitePort
-    from mpirl.waiting import Backoff
+    port (`mpirl.transport.inbox`); ``nap=False``: Backoff(0, 0), idle turns only yield the CPU."""
+    from mpirl.transport.inbox import Inbox, SitePort
+    from mpirl.transport.waiting import Backoff
 
     rank = comm.Get_rank()
     port = SitePort(comm, Inbox(wire, f"rank {rank}", lambda r: f"rank {r}", comm))
@@ -553,10 +553,10 @@ def transport_mode(argv: list[str]) -> int:
     seconds, prof_dir = float(argv[0]), argv[1]
     from mpi4py import MPI
 
-    from mpirl import envs as envs_mod
-    from mpirl.qnet import param_count
+    from mpirl.agent import envs as envs_mod
+    from mpirl.agent.qnet import param_count
     from mpirl.replay.build import record_dtype
-    from mpirl.wire import Wire
+    from mpirl.transport.wire import Wire
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

@@ -3,11 +3,11 @@
     python bench/weights.py [--nets cartpole minatar atari] [--updates 100] [--broadcasts 6]
                             [--runs] [--run-seconds 40] [--out FILE.json]
 
-In process (cheap): each network is the learner's own (`mpirl.qnet.make_torch_q`: the CartPole
+In process (cheap): each network is the learner's own (`mpirl.agent.qnet.make_torch_q`: the CartPole
 MLP 64x64, the MinAtar CNN, the Atari Nature CNN), trained with Adam at its usual learning rate
 on random batches (Adam moves every parameter by about lr a step whatever the data, so the
 change between broadcasts has the size a real run's has) for ``--updates`` updates between
-broadcasts.  Each broadcast is encoded as the learner does (`mpirl.weight_sync`): full, bf16,
+broadcasts.  Each broadcast is encoded as the learner does (`mpirl.transport.weight_sync`): full, bf16,
 delta (from the previous rebuilt weights, zstd); reported: bytes a broadcast (delta alone and
 with a keyframe every 20), the reduction against full, encode + decode time, and at 0.5 and 10
 Mb/s the broadcasts a second the link carries and, with --weights-every auto at share 0.25, the
@@ -47,8 +47,8 @@ def trajectory(net: str, updates: int, broadcasts: int) -> list[np.ndarray]:
     """The flat weights at ``broadcasts + 1`` broadcasts, ``updates`` Adam steps apart."""
     import torch
 
-    from mpirl import envs
-    from mpirl.qnet import make_torch_q
+    from mpirl.agent import envs
+    from mpirl.agent.qnet import make_torch_q
 
     env_id, lr, batch = NETS[net]
     spec = envs.inspect(env_id)
@@ -71,8 +71,8 @@ def trajectory(net: str, updates: int, broadcasts: int) -> list[np.ndarray]:
 
 def encodings(ws: list[np.ndarray]) -> dict:
     """Bytes a broadcast and codec time for each encoding over one trajectory."""
-    from mpirl import weight_codec as wc
-    from mpirl.wire import Tag, Wire
+    from mpirl.transport import weight_codec as wc
+    from mpirl.transport.wire import Tag, Wire
 
     wire = Wire(np.dtype([("x", "<f4")]), ws[0].size)
     full = wire.weights(ws[-1], 1, 0).nbytes

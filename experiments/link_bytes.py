@@ -4,7 +4,7 @@ bandwidth axis is calibrated with (issue 14: "a pilot to calibrate bytes per tra
     python experiments/link_bytes.py --env MinAtar/Breakout-v1 [--steps 3000]
                                      [--compress on|off|auto]
 
-One process, no mpirun: an `mpirl.actor.Actor` steps the env with its own exploration (a zero
+One process, no mpirun: an `mpirl.roles.actor.Actor` steps the env with its own exploration (a zero
 network, so greedy = action 0, and the actor's Ape-X epsilons) and packs its EXPERIENCE messages
 as in a run; the buffer's `ForwardQueue` cuts them into FORWARD messages (replay_at=learner, what
 the existing placement sends) and a prioritized memory samples BATCH messages (replay_at=buffer,
@@ -31,15 +31,15 @@ MIN_STEPS = 1000  # a few FORWARD messages of 256 transitions and a memory to sa
 def measure(env: str, steps: int, compress: str = "auto") -> dict:
     from mpi4py import MPI
 
-    from mpirl import actor as actor_mod
-    from mpirl import buffer as buffer_mod
-    from mpirl.config import Config
-    from mpirl.envs import inspect
-    from mpirl.logs import RunLog
+    from mpirl.roles import actor as actor_mod
+    from mpirl.roles import buffer as buffer_mod
+    from mpirl.run.config import Config
+    from mpirl.agent.envs import inspect
+    from mpirl.logs.runlog import RunLog
     from mpirl.main import _wire
     from mpirl.replay.build import make_replay, record_dtype
-    from mpirl.topology import layout
-    from mpirl.wire import Tag
+    from mpirl.transport.topology import layout
+    from mpirl.transport.wire import Tag
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from fakes import RecordingPort
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     if a.steps < MIN_STEPS:
         ap.error(f"--steps {a.steps} is too few: FORWARD messages hold 256 transitions and the "
                  f"memory needs some to sample; use --steps {MIN_STEPS} or more")
-    from mpirl.errors import ConfigError
+    from mpirl.run.errors import ConfigError
 
     try:
         r = measure(a.env, a.steps, a.compress)

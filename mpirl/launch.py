@@ -19,7 +19,7 @@ Protocol:
    also reads the launcher's pending signals (Linux: ``/proc/PID/status``) to catch one sent to
    the launcher itself (``kill <mpirun pid>``, scancel).
 3. Either way it sends SIGUSR1 to the launcher, which Hydra, Open MPI's mpirun and srun forward
-   to every rank; ``mpirl.failure.StopSignal`` makes it the clean stop, unblocks the signals
+   to every rank; ``mpirl.run.failure.StopSignal`` makes it the clean stop, unblocks the signals
    (Hydra passes the mask on), and takes the burst a scancel causes (TERM from SLURM, USR1 from
    here) as one request.
 
@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from mpirl.failure import REPEAT_S
+from mpirl.run.failure import REPEAT_S
 
 #: the signals the launcher must not see (Open MPI's mpirun kills the job on each)
 BLOCKED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -104,7 +104,7 @@ class Relay:
     """A signal handler: a stop signal, here or pending at the launcher -> SIGUSR1 to the launcher.
 
     ``signal`` holds the first one (the sweep then starts no further run). Every signal here is
-    relayed, so a second one, after ``mpirl.failure.REPEAT_S``, ends the job at once.
+    relayed, so a second one, after ``mpirl.run.failure.REPEAT_S``, ends the job at once.
     """
 
     def __init__(self):

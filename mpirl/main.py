@@ -1,8 +1,8 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
 Every rank is handed its ends of the networks by `connect` below (who talks to whom),
-and every message comes in through `mpirl.inbox` (one receive loop).  All message kinds (layouts:
-mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their direction and, in
+and every message comes in through `mpirl.transport.inbox` (one receive loop).  All message kinds (layouts:
+mpirl.transport.wire ``Tag``; learner group: mpirl.roles.learner_group ``GTag``), their direction and, in
 [brackets], their flow control::
 
   actor            buffer s                         lead learner                learner j > 0
@@ -18,7 +18,7 @@ mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their directio
     |                 |<--------------------PRIORITIES-|  [one per BATCH trained: the buffer's
     |                 |                                |   in-flight window of BATCHes]
     |                 |--STATS------------------------>|  [every 0.25 s]
-    |<----CHECKPOINT--|<--------------------CHECKPOINT-|  request (mpirl.cut)
+    |<----CHECKPOINT--|<--------------------CHECKPOINT-|  request (mpirl.transport.cut)
     |--CHECKPOINT---->|--CHECKPOINT------------------->|  ack [later messages of the sender
     |                 |                                |   wait until the receiver's snapshot]
     |<----------STOP--|<--------------------------STOP-|
@@ -33,10 +33,10 @@ mpirl.wire ``Tag``; learner group: mpirl.learner_group ``GTag``), their directio
                                                        |--STOP---------------------->|
                                                        |<-----------------------DONE-|
 
-Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.topology).
+Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.transport.topology).
 Configuration is parsed and validated once on every rank (no communication needed: every rank
 reaches the same verdict); what depends on the host (the env, memory, optional packages) is
-checked by the ranks that use it and gathered into one verdict (mpirl.resources); errors are
+checked by the ranks that use it and gathered into one verdict (mpirl.run.resources); errors are
 printed by rank 0 only and every rank exits non-zero.
 ``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
 manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
@@ -61,9 +61,9 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
-    from mpirl.topology import Ends, Topology
-    from mpirl.wire import Wire
+    from mpirl.run.config import Config
+    from mpirl.transport.topology import Ends, Topology
+    from mpirl.transport.wire import Wire
 
 
 def _versions() -> dict:
@@ -105,7 +105,7 @@ def _prepare_run_dir(world, cfg) -> Path:
     silent overwrite).  The default folder's time stamp is rank 0's clock: ranks start seconds
     apart (more so under Open MPI, on several hosts), and each rank's own stamp would split the
     run over several folders."""
-    from mpirl.config import ConfigError
+    from mpirl.run.config import ConfigError
 
     err, path = "", None
     if world.Get_rank() == 0:
@@ -145,7 +145,7 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
     """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
     run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
     ``(path, sha256)`` or the same ConfigError."""
-    from mpirl.config import ConfigError
+    from mpirl.run.config import ConfigError
 
     text = None
     if world.Get_rank() == 0:
@@ -165,7 +165,7 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
 
 def _resume_manifest(world, run_dir: str) -> dict:
     """Rank 0 selects and checks the checkpoint; every rank gets its manifest or the error."""
-    from mpirl import checkpoint
+    from mpirl.run import checkpoint
 
     text, err = None, ""
     if world.Get_rank() == 0:
@@ -190,7 +190,7 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
     import numpy as np
     from mpi4py import MPI
 
-    from mpirl import checkpoint
+    from mpirl.run import checkpoint
 
     rank = world.Get_rank()
     me = places[rank]
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
 
-    from mpirl import topology
-    from mpirl.config import ConfigError
+    from mpirl.transport import topology
+    from mpirl.run.config import ConfigError
 
     world = MPI.COMM_WORLD
     try:
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
 def _configure(world, argv) -> _Setup | int:
     """Parse and check the configuration, resolve the env, check resources, decide the run
     folder (or load this rank's checkpoint part).  ConfigError on a bad value."""
-    from mpirl import topology
-    from mpirl.config import ConfigError, parse, resume_dir
+    from mpirl.transport import topology
+    from mpirl.run.config import ConfigError, parse, resume_dir
 
     rank = world.Get_rank()
     # the same verdict on every rank, printed by rank 0 only
@@ -285,7 +285,7 @@ def _configure(world, argv) -> _Setup | int:
     else:
         cfg = parse(argv)
     cfg.validate(world.Get_size())
-    from mpirl import device
+    from mpirl.agent import device
 
     if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
         err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
@@ -310,11 +310,11 @@ def _configure(world, argv) -> _Setup | int:
 
 def _check_resources(world, cfg, resumed: bool):
     """Each rank checks on its host what its role uses (the env, replay memory summed per host,
-    tensorboard, zstandard), and every rank gets the same verdict (mpirl.resources.check);
+    tensorboard, zstandard), and every rank gets the same verdict (mpirl.run.resources.check);
     then image runs must be able to start learning.  Returns the env spec and the transition
     record dtype."""
-    from mpirl import resources
-    from mpirl.config import ConfigError
+    from mpirl.run import resources
+    from mpirl.run.config import ConfigError
     from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
 
     spec = resources.check(world, cfg)
@@ -332,11 +332,12 @@ def _check_resources(world, cfg, resumed: bool):
 
 def _run(world, setup: _Setup) -> int:
     """From here on, any exception on any rank aborts the whole job promptly."""
-    from mpirl import failure, topology
-    from mpirl.checkpoint import Checkpointer, write_allowance_s
-    from mpirl.config import to_dict
-    from mpirl.link import resolve_profile
-    from mpirl.logs import RunLog
+    from mpirl.run import failure
+    from mpirl.transport import topology
+    from mpirl.run.checkpoint import Checkpointer, write_allowance_s
+    from mpirl.run.config import to_dict
+    from mpirl.transport.link import resolve_profile
+    from mpirl.logs.runlog import RunLog
     from mpirl.replay.build import replay_footprint
 
     cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
@@ -358,7 +359,7 @@ def _run(world, setup: _Setup) -> int:
     layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
               for p, h in zip(topo.places, hosts)]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
-    from mpirl.checkpoint import part_name
+    from mpirl.run.checkpoint import part_name
 
     name = part_name(topo.role, topo.place.site, rank)
     profiler = None
@@ -374,7 +375,7 @@ def _run(world, setup: _Setup) -> int:
                 resume=part is not None) as log:
         ckpt.log = log
         if cfg.tensorboard and (topo.lead or topo.role == "buffer"):  # buffers: a run each
-            from mpirl.dashboard import TensorBoardMirror
+            from mpirl.logs.dashboard import TensorBoardMirror
 
             tb = run_dir / "tensorboard" / ("" if topo.role == "learner" else name)
             log.mirror = TensorBoardMirror(tb, log, topo.role)
@@ -395,11 +396,11 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
 
     The learner never talks to actors, nor a buffer to another site.  Tests and benches build
     an `Ends` of fakes instead (tests/fakes.py)."""
-    from mpirl import seeds
-    from mpirl.inbox import Inbox, SitePort
-    from mpirl.learner_group import GroupWire
-    from mpirl.link import PROFILES, LinkEnd, resolve_profile
-    from mpirl.topology import ACTOR, BUFFER, Ends
+    from mpirl.run import seeds
+    from mpirl.transport.inbox import Inbox, SitePort
+    from mpirl.roles.learner_group import GroupWire
+    from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
+    from mpirl.transport.topology import ACTOR, BUFFER, Ends
 
     me, ends = topo.place, Ends()
     if me.role == ACTOR:
@@ -427,16 +428,16 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
 
 
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
-    """This rank's role: mpirl.learner.Learner, mpirl.buffer.Buffer or mpirl.actor.Actor,
+    """This rank's role: mpirl.roles.learner.Learner, mpirl.roles.buffer.Buffer or mpirl.roles.actor.Actor,
     handed its ends of the networks (`connect`: who talks to whom)."""
     cfg, spec, part = setup.cfg, setup.spec, setup.part
     ends = connect(cfg, topo, wire)
     if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
-        from mpirl.learner_worker import GroupWorker
+        from mpirl.roles.learner_worker import GroupWorker
 
         GroupWorker(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     elif topo.role == "learner":
-        from mpirl.learner import Learner
+        from mpirl.roles.learner import Learner
 
         if setup.refset is not None:
             log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
@@ -445,18 +446,18 @@ def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
                           refset=setup.refset).run()
         (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     elif topo.role == "buffer":
-        from mpirl.buffer import Buffer
+        from mpirl.roles.buffer import Buffer
 
         Buffer(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
     else:
-        from mpirl.actor import Actor
+        from mpirl.roles.actor import Actor
 
         Actor(cfg, topo, spec, wire, log, ends.site, ckpt=ckpt, resume=part).run()
 
 
 def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     """Rank 0's start-up lines: what runs where, over which link."""
-    from mpirl import topology
+    from mpirl.transport import topology
     from mpirl.replay.build import replay_footprint
 
     cfg, spec, part, manifest = setup.cfg, setup.spec, setup.part, setup.manifest
@@ -482,9 +483,9 @@ def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
 
 def _wire(cfg, spec, record, role: str | None = None):
     """This rank's packer; only the learner and the buffers compress (FORWARD, BATCH), so only
-    they need zstandard (mpirl.resources)."""
-    from mpirl import qnet
-    from mpirl.wire import Wire
+    they need zstandard (mpirl.run.resources)."""
+    from mpirl.agent import qnet
+    from mpirl.transport.wire import Wire
 
     return Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
                 frame_shape=spec.frame_shape,
@@ -493,8 +494,8 @@ def _wire(cfg, spec, record, role: str | None = None):
 
 def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
     """Run-level attributes of this rank's HDF5 file (docs/hdf5.md)."""
-    from mpirl import seeds
-    from mpirl.config import to_dict
+    from mpirl.run import seeds
+    from mpirl.run.config import to_dict
     from mpirl.placement import slurm_info
 
     rank = world.Get_rank()
@@ -510,7 +511,7 @@ def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dic
 def _note_resume(log, part, manifest: dict) -> None:
     """Where this launch continues: rows past the part's log_rows were written by the launch
     before, after its part of the checkpoint (kept; docs/reliability.md says which to cut)."""
-    from mpirl.checkpoint import file_rows
+    from mpirl.run.checkpoint import file_rows
 
     resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
     resumes.append({"checkpoint": part.id, "reason": manifest.get("reason"), "unix": time.time(),

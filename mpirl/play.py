@@ -7,7 +7,7 @@
 The env and the network are rebuilt from the run's stored config (``learner.h5``'s
 ``config_json``): ``--env``, ``--env-kwargs``, ``--env-wrappers``, ``--hidden``, ``--dueling``, and
 the Atari/MinAtar preprocessing of training.  Weights: ``best`` = ``RUN_DIR/best.pt`` (see
-mpirl.best_model), ``latest`` = the newest complete checkpoint, ``ID`` = checkpoint ID; by default
+mpirl.roles.best_model), ``latest`` = the newest complete checkpoint, ``ID`` = checkpoint ID; by default
 ``best`` when the run has one, else ``latest``.  The policy is argmax Q under mpirl's own acting
 network (numpy MLP for vectors, the torch CNN for images), as the learner's greedy evaluation;
 episode ``i`` is reset with seed ``--seed + i``, so a play is repeatable.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
 VIDEO_EXTRA = 'pip install -e ".[video]"'
 EXPORT_EXTRA = 'pip install -e ".[export]"'
@@ -43,15 +43,15 @@ class PlayError(ValueError):
 
 def run_config(run_dir: str | Path):
     """The run's stored Config (learner.h5's config_json, else the newest checkpoint's)."""
-    from mpirl import checkpoint
-    from mpirl.config import ConfigError, parse
+    from mpirl.run import checkpoint
+    from mpirl.run.config import ConfigError, parse
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PlayError(f"{str(run_dir)!r} is not a run folder")
     stored = None
     if (run_dir / "learner.h5").is_file():
-        from mpirl.logs import open_for_reading
+        from mpirl.logs.runlog import open_for_reading
 
         with open_for_reading(run_dir / "learner.h5") as f:
             stored = json.loads(f.attrs["config_json"])
@@ -70,7 +70,8 @@ def run_config(run_dir: str | Path):
 
 def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
     """(the Q-network's state_dict, a line saying where it came from)."""
-    from mpirl import best_model, checkpoint
+    from mpirl.roles import best_model
+    from mpirl.run import checkpoint
 
     run_dir = Path(run_dir)
     best = run_dir / best_model.FILENAME
@@ -103,7 +104,7 @@ def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
 
 def networks(cfg: Config, spec, state_dict: dict):
     """(the torch Q-network with these weights, mpirl's acting network with the same)."""
-    from mpirl.qnet import make_learner_q, make_q
+    from mpirl.agent.qnet import make_learner_q, make_q
 
     net = make_learner_q(spec, cfg.hidden, cfg.dueling)
     try:
@@ -153,7 +154,7 @@ def _minatar_frames(env):
 
 def make_env(cfg: Config, spec, video: str | Path | None = None):
     """The run's env as its actors build it; with ``video``, every episode recorded there."""
-    from mpirl import envs
+    from mpirl.agent import envs
 
     if video is None:
         return envs.make(cfg.env, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
@@ -257,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from gymnasium.error import DependencyNotInstalled
 
-    from mpirl import envs
-    from mpirl.config import ConfigError
+    from mpirl.agent import envs
+    from mpirl.run.config import ConfigError
 
     try:
         if args.episodes < 0:

@@ -3,7 +3,7 @@
 The training loss of the two placements is not comparable: each is the importance-weighted loss
 of batches sampled differently (from the learner's memory or from a buffer's) at different
 stages of training. The reference loss is defined the same way for both (issue 14, item 3): the
-*unweighted* loss of `mpirl.dqn.dqn_loss` (double-DQN n-step target, Huber) of the current
+*unweighted* loss of `mpirl.agent.dqn.dqn_loss` (double-DQN n-step target, Huber) of the current
 online and target networks on a set of transitions that no replay memory ever held, collected
 once per environment and seed and stored as ``.npz``.
 
@@ -18,15 +18,15 @@ A run computes it with ``--reference-set PATH|auto`` (`resolve`) at every greedy
 the evaluation runner, on the weights evaluated used as their own target network
 (`reference_loss_self`, numpy): ``/evals/reference_loss``.
 
-Collection: one environment made as the actors make it (`mpirl.envs.make` with the run's
+Collection: one environment made as the actors make it (`mpirl.agent.envs.make` with the run's
 ``--env-kwargs`` and ``--env-wrappers``, image rewards clipped to [-1, 1]), reset with ``seed``,
 and a policy that is uniform random (default) or epsilon-greedy with a given Q-function; actions
 come from ``numpy.random.default_rng(seed)``, so a set depends only on (env, kwargs, wrappers,
 seed, size, n_step, gamma, policy) and the library versions. The n-step transitions are built by
-the actors' `mpirl.nstep.NStep`, so ``n_step`` and ``gamma`` must be the run's.
-``--reference-set auto`` uses `mpirl.seeds.reference`, which no actor's or evaluation's reset
+the actors' `mpirl.agent.nstep.NStep`, so ``n_step`` and ``gamma`` must be the run's.
+``--reference-set auto`` uses `mpirl.run.seeds.reference`, which no actor's or evaluation's reset
 seed equals; a seed picked by hand is one of 2**32 that a run's env resets spread over
-(`mpirl.seeds`).
+(`mpirl.run.seeds`).
 
 A run accepts a set whose metadata names its env, kwargs, wrappers, n-step and gamma (a set
 without ``env_kwargs`` / ``env_wrappers`` in its metadata was collected without any) and whose
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
 __all__ = ["RefSet", "auto_path", "check_fits", "collect", "content_sha256", "env_key", "load",
            "reference_loss", "reference_loss_self", "resolve", "save"]
@@ -103,8 +103,8 @@ def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
     """``size`` n-step transitions from one env, made with ``kwargs`` and ``wrappers`` (see the
     module docstring). Without ``q`` the policy is uniform random; with it, epsilon-greedy on
     ``q(obs_batch) -> Q values``."""
-    from mpirl import envs
-    from mpirl.nstep import NStep
+    from mpirl.agent import envs
+    from mpirl.agent.nstep import NStep
 
     if size < 1:
         raise ValueError(f"size={size} must be >= 1")
@@ -196,7 +196,7 @@ def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
 
 def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec=None) -> None:
     """ValueError naming the mismatch unless ``rs`` was collected on the run's env (id,
-    kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.envs.EnvSpec`)
+    kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.agent.envs.EnvSpec`)
     holds observations of the env's shape and dtype."""
     kwargs = json.loads(json.dumps(dict(cfg.env_kwargs or {})))  # as stored (tuples: lists)
     want = {"env": cfg.env, "env_kwargs": kwargs,
@@ -220,14 +220,14 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
     of a sweep cell or of ``runs/``), collected there on the run's env (its kwargs and wrappers;
-    random policy, seed `mpirl.seeds.reference`, --reference-size transitions) when it is not
+    random policy, seed `mpirl.run.seeds.reference`, --reference-size transitions) when it is not
     there yet; written to a temporary name and renamed, so runs starting together never read
     half a file. A PATH: loaded. Either is checked against the run (`check_fits`; ``spec``: the
     run's env spec, for the observations' shape). Raises ValueError naming the mismatch.
     ``run_dir`` is needed for ``auto`` only."""
     import os
 
-    from mpirl import seeds
+    from mpirl.run import seeds
 
     kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
@@ -252,12 +252,12 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 
 def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
                    chunk: int = 4096) -> dict[str, float]:
-    """The unweighted `mpirl.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
+    """The unweighted `mpirl.agent.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
     every transition of ``refset``, in chunks; no gradients, the networks are left as they are.
     Returns the mean Huber loss, the mean |td| and the number of transitions."""
     import torch
 
-    from mpirl.dqn import dqn_loss
+    from mpirl.agent.dqn import dqn_loss
 
     n = len(refset)
     loss_sum = td_sum = 0.0
@@ -279,8 +279,8 @@ def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
 def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
                         huber_delta: float = 1.0, chunk: int = 4096) -> dict[str, float]:
     """`reference_loss` with one network as both online and target, in numpy on any
-    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.qnet.NumpyQ`, or the torch
-    CNN behind `mpirl.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
+    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.agent.qnet.NumpyQ`, or the torch
+    CNN behind `mpirl.agent.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
     observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
     Huber with ``huber_delta``, unweighted means; ``q_sq_mean`` = mean Q(s, a)^2, the Q scale
     the loss is divided by to compare weights whose values grew by different amounts."""
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env-wrappers", default="", metavar="M:F,..",
                     help="the run's --env-wrappers, in order")
     ap.add_argument("--seed", type=int, required=True,
-                    help="env and policy seed (mpirl.seeds.reference(--seed) is the run's own)")
+                    help="env and policy seed (mpirl.run.seeds.reference(--seed) is the run's own)")
     ap.add_argument("--size", type=int, default=10_000, help="transitions")
     ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")
     ap.add_argument("--gamma", type=float, required=True, help="the run's --gamma")

@@ -49,7 +49,7 @@ then counts the new launch only). After each run, ``sweep.json`` in its folder r
 command, exit status, times, host and the load average sampled every 5 s while it ran (its own
 ranks included). The run's output goes to ``<folder>.log``.
 
-Every run's flags are checked with mpirl's own parser (``mpirl.config.parse``) and layout check
+Every run's flags are checked with mpirl's own parser (``mpirl.run.config.parse``) and layout check
 before anything starts, so an unknown flag or a bad value is one error naming the run, the flag
 and the value. Exit status: 0 = every run complete, 1 = some run failed, 2 = a bad spec.
 """
@@ -80,7 +80,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from mpirl.failure import STOP_SIGNALS
+from mpirl.run.failure import STOP_SIGNALS
 from mpirl.launch import Relay
 
 __all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status",
@@ -333,10 +333,10 @@ def flag_args(flags: dict[str, Any]) -> list[str]:
 
 
 def check(spec: Spec, runs: list[Run]) -> list[str]:
-    """Check every run's flags with mpirl's own parser and layout check (``mpirl.config``):
+    """Check every run's flags with mpirl's own parser and layout check (``mpirl.run.config``):
     one line per problem, naming a run it applies to (empty = all good)."""
-    from mpirl.config import Config, ConfigError, parse
-    from mpirl.topology import LayoutError
+    from mpirl.run.config import Config, ConfigError, parse
+    from mpirl.transport.topology import LayoutError
 
     known = {f.name for f in dataclasses.fields(Config)}
     where = {**{n: "[flags]" for n in spec.flags}, **{n: "[budget]" for n in spec.budget},
@@ -416,7 +416,7 @@ def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
         return 0
     args = run.mpirl_args()
     if status == "resumable" and spec.resume:
-        from mpirl.config import RESUME_FLAGS
+        from mpirl.run.config import RESUME_FLAGS
 
         keep = {k: v for k, v in run.flags.items() if k in RESUME_FLAGS}
         args = ["--resume", str(run.run_dir), *flag_args(keep)]

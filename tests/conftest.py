@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def run_wire() -> Callable:
     """``make(cfg, spec=None, role=None) -> (spec, wire)``: `fakes.wire_of`, the env spec and the
-    rank's `mpirl.wire.Wire` for ``cfg``, as mpirl.main builds them."""
+    rank's `mpirl.transport.wire.Wire` for ``cfg``, as mpirl.main builds them."""
     from fakes import wire_of
 
     return wire_of

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.inbox import Inbox, SitePort
-from mpirl.link import PROFILES, LinkStats
-from mpirl.topology import Ends, layout
-from mpirl.wire import Tag
+from mpirl.transport.inbox import Inbox, SitePort
+from mpirl.transport.link import PROFILES, LinkStats
+from mpirl.transport.topology import Ends, layout
+from mpirl.transport.wire import Tag
 
 
 class ScriptedLink:
-    """A `mpirl.link.LinkEnd` toward ``peer`` with no MPI behind it.
+    """A `mpirl.transport.link.LinkEnd` toward ``peer`` with no MPI behind it.
 
     Every post is counted in ``sent`` and, with a ``log`` list, recorded there as ``(peer,
     Tag)``; ``script(link, tag)``, if given, runs on every post (it may queue replies in
@@ -73,7 +73,7 @@ class ScriptedLink:
 
 
 class RecordingPort(SitePort):
-    """A `mpirl.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts`` as
+    """A `mpirl.transport.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts`` as
     ``(Tag, buffer, dest)`` instead of sent."""
 
     def __init__(self, wire, me: str = "test rank"):
@@ -104,9 +104,9 @@ def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
 
 def wire_of(cfg, spec=None, role: str | None = None):
     """``(spec, wire)``: the env spec of ``cfg`` (inspected when not given) and the
-    `mpirl.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that rank's
+    `mpirl.transport.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that rank's
     role), as `mpirl.main` builds them."""
-    from mpirl.envs import inspect
+    from mpirl.agent.envs import inspect
     from mpirl.main import _wire
     from mpirl.replay.build import record_dtype
 
@@ -116,26 +116,26 @@ def wire_of(cfg, spec=None, role: str | None = None):
 
 
 def make_learner(cfg, spec, wire, log, links: dict, **kw):
-    """A `mpirl.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
-    from mpirl.learner import Learner
+    """A `mpirl.roles.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
+    from mpirl.roles.learner import Learner
 
     return Learner(cfg, learner_topo(len(links)), spec, wire, log, learner_ends(wire, links),
                    say=kw.pop("say", lambda s: None), **kw)
 
 
 def make_buffer(cfg, spec, wire, log, link=None, **kw):
-    """A `mpirl.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on a
+    """A `mpirl.roles.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on a
     one-rank site with no actors."""
-    from mpirl.buffer import Buffer
+    from mpirl.roles.buffer import Buffer
 
     topo = SimpleNamespace(place=layout(3, 1)[1])
     return Buffer(cfg, topo, spec, wire, log, buffer_ends(wire, link or ScriptedLink(0)), **kw)
 
 
 def make_actor(cfg, spec, wire, log, **kw):
-    """``(actor, port)``: a `mpirl.actor.Actor` (the only one of site 0) whose messages to the
+    """``(actor, port)``: a `mpirl.roles.actor.Actor` (the only one of site 0) whose messages to the
     buffer are recorded in ``port.posts``."""
-    from mpirl.actor import Actor
+    from mpirl.roles.actor import Actor
 
     port = RecordingPort(wire, "actor rank 2")
     topo = SimpleNamespace(place=layout(3, 1)[2], n_actors=1)

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from mpirl import envs
-from mpirl.config import Config
-from mpirl.learner_group import AllreduceSync, bcast_weights
-from mpirl.train_step import TrainStep
-from mpirl.wire import transition_dtype
+from mpirl.agent import envs
+from mpirl.run.config import Config
+from mpirl.roles.learner_group import AllreduceSync, bcast_weights
+from mpirl.agent.train_step import TrainStep
+from mpirl.transport.wire import transition_dtype
 
 comm = MPI.COMM_WORLD
 rank, k = comm.Get_rank(), comm.Get_size()

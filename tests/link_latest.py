@@ -9,8 +9,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.link import LinkEnd, LinkProfile
-from mpirl.wire import Tag
+from mpirl.transport.link import LinkEnd, LinkProfile
+from mpirl.transport.wire import Tag
 
 lat_ms, mbps, size, seconds = (float(x) for x in sys.argv[1:5])
 comm = MPI.COMM_WORLD

@@ -7,7 +7,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.link import LinkEnd, LinkProfile
+from mpirl.transport.link import LinkEnd, LinkProfile
 
 lat_ms, mbps, size, count = (float(x) for x in sys.argv[1:5])
 comm = MPI.COMM_WORLD

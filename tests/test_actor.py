@@ -1,6 +1,6 @@
 """The actor's per-step bookkeeping against an independent reference, without mpirun: an Actor on
 a one-rank communicator steps real CartPole envs, its EXPERIENCE messages are captured, and every
-transition is checked against the n-step transitions `mpirl.nstep.NStep` builds from the same
+transition is checked against the n-step transitions `mpirl.agent.nstep.NStep` builds from the same
 env steps (recorded by a wrapper), with the initial priorities recomputed from the actor's
 network."""
 from collections import Counter
@@ -12,13 +12,13 @@ import pytest
 from fakes import RecordingPort
 from mpi4py import MPI
 
-from mpirl import actor as actor_mod
-from mpirl.config import Config
-from mpirl.envs import inspect
-from mpirl.logs import RunLog
-from mpirl.nstep import NStep
-from mpirl.topology import layout
-from mpirl.wire import Tag
+from mpirl.roles import actor as actor_mod
+from mpirl.run.config import Config
+from mpirl.agent.envs import inspect
+from mpirl.logs.runlog import RunLog
+from mpirl.agent.nstep import NStep
+from mpirl.transport.topology import layout
+from mpirl.transport.wire import Tag
 
 
 class _Record(gym.Wrapper):

@@ -66,8 +66,8 @@ def test_analysis_never_imports_mpirl():
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            if path.name == "to_tensorboard.py":  # the live mirror's mapping, mpirl.dashboard
-                names = [n for n in names if n != "mpirl.dashboard"]
+            if path.name == "to_tensorboard.py":  # the live mirror's mapping, mpirl.logs.dashboard
+                names = [n for n in names if n != "mpirl.logs.dashboard"]
             assert not any(n == "mpirl" or n.startswith("mpirl.") for n in names), \
                 f"{path.name} imports {names}"
     code = ("import sys; sys.modules['mpirl'] = None\n"  # any import of mpirl now fails
@@ -80,7 +80,7 @@ def test_analysis_never_imports_mpirl():
 
 def test_transfer_kinds_are_the_wire_tags():
     """analysis names /transfers/kind by the wire's tags without importing mpirl."""
-    from mpirl.wire import Tag
+    from mpirl.transport.wire import Tag
 
     assert {k.name: int(k) for k in M.Kind} == {k.name: int(Tag[k.name]) for k in M.Kind}
 
@@ -281,7 +281,7 @@ def test_fields_of_different_lengths_are_cut_to_the_shortest(experiment, tmp_pat
 
 WRITER = textwrap.dedent("""
     import sys, h5py, numpy as np
-    from mpirl.logs import Field, RunLog
+    from mpirl.logs.runlog import Field, RunLog
     src, dst = sys.argv[1], sys.argv[2]
     with h5py.File(src, "r") as f:
         attrs = {k: v for k, v in f.attrs.items()

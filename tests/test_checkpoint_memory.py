@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirl import checkpoint as ck
+from mpirl.run import checkpoint as ck
 from mpirl.replay import FrameReplay, PrioritizedReplay
-from mpirl.wire import transition_dtype
+from mpirl.transport.wire import transition_dtype
 
 
 def _vector_memory(fill: bool = True):
@@ -138,9 +138,9 @@ def test_resume_peak_memory_is_a_fraction_of_the_ring(tmp_path, make):
 RESUME_RSS = textwrap.dedent("""
     import sys
     import numpy as np
-    from mpirl import checkpoint as ck
+    from mpirl.run import checkpoint as ck
     from mpirl.replay import PrioritizedReplay
-    from mpirl.wire import transition_dtype
+    from mpirl.transport.wire import transition_dtype
 
     def kib(key):
         with open("/proc/self/status") as f:
@@ -213,9 +213,9 @@ def test_checkpoint_time_limits_grow_with_the_memory():
     memory at ck.MIN_WRITE_BYTES_PER_S: the documented 1M-transition Pong memory (8.45 GB) needs
     ~340 s at that rate, which the fixed 120 s limit turned into an abort."""
     pytest.importorskip("ale_py")
-    from mpirl import envs
-    from mpirl.config import Config
-    from mpirl.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
+    from mpirl.agent import envs
+    from mpirl.run.config import Config
+    from mpirl.roles.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
     from mpirl.replay.build import replay_footprint
 
     cfg = Config(env="ALE/Pong-v5", replay_capacity=1_000_000)

@@ -1,6 +1,6 @@
 import pytest
 
-from mpirl.config import Config, ConfigError, parse
+from mpirl.run.config import Config, ConfigError, parse
 
 
 def test_defaults_valid():
@@ -63,7 +63,7 @@ def test_unknown_option_exits_2(capsys):
 def test_env_kwargs_and_wrappers_from_cli_toml_and_stored(tmp_path):
     """--env-kwargs is JSON on the command line, a table in TOML; --env-wrappers a comma list or
     a TOML list; both survive the stored config (--resume, mpirl.play)."""
-    from mpirl.config import to_dict
+    from mpirl.run.config import to_dict
 
     cli = parse(["--env-kwargs", '{"n": 3, "length": 7}', "--env-wrappers", "a.b:f, c:g"])
     assert cli.env_kwargs == {"n": 3, "length": 7} and cli.wrapper_specs() == ["a.b:f", "c:g"]
@@ -94,7 +94,7 @@ def test_bad_env_options(argv, match):
 def test_weights_flags(tmp_path):
     """--weights-every is N or auto (a TOML number too); a bad value, share or encoding is one
     ConfigError naming it."""
-    from mpirl.config import parse
+    from mpirl.run.config import parse
 
     assert parse([]).weights_every_fixed() is None  # auto by default
     assert parse(["--weights-every", "25"]).weights_every_fixed() == 25

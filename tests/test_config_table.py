@@ -1,13 +1,13 @@
 """docs/configuration.md's tables are generated from `Config`'s help strings (as docs/hdf5.md is
-from mpirl.schema): the committed text must be exactly what mpirl.config_table writes now."""
+from mpirl.logs.schema): the committed text must be exactly what mpirl.run.config_table writes now."""
 
 import dataclasses
 from pathlib import Path
 
 import pytest
 
-from mpirl import config_table
-from mpirl.config import Config, build_parser
+from mpirl.run import config_table
+from mpirl.run.config import Config, build_parser
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -16,7 +16,7 @@ def test_the_committed_configuration_table_is_the_generated_one():
     committed = config_table.generated_part(DOC.read_text())
     assert committed == config_table.markdown(), (
         "docs/configuration.md differs from Config's help strings: run "
-        "python -m mpirl.config_table --update docs/configuration.md"
+        "python -m mpirl.run.config_table --update docs/configuration.md"
     )
 
 

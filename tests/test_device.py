@@ -12,11 +12,11 @@ import pytest
 import torch
 from mpirun import run_mpirl
 
-from mpirl import checkpoint as ck
-from mpirl.config import Config, ConfigError, parse, to_dict
-from mpirl.envs import inspect
-from mpirl.train_step import TrainStep
-from mpirl.wire import transition_dtype
+from mpirl.run import checkpoint as ck
+from mpirl.run.config import Config, ConfigError, parse, to_dict
+from mpirl.agent.envs import inspect
+from mpirl.agent.train_step import TrainStep
+from mpirl.transport.wire import transition_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -104,7 +104,7 @@ def _cuda_tagged_save(monkeypatch):
 
 def test_checkpoint_written_on_a_gpu_resumes_on_cpu(tmp_path, monkeypatch):
     """The learner's part as a CUDA learner writes it (storages tagged cuda:0) loads through
-    mpirl.checkpoint (map_location=cpu, weights_only=True) into a CPU TrainStep, and the resumed
+    mpirl.run.checkpoint (map_location=cpu, weights_only=True) into a CPU TrainStep, and the resumed
     step trains exactly as the original."""
     data = _batches(4)
     a = _step()
@@ -148,8 +148,8 @@ def test_evaluation_runners_agree(kind):
     sys.path.insert(0, str(ROOT / "bench"))
     from evaluation import balancing_params
 
-    from mpirl.evaluation import make_runner
-    from mpirl.qnet import n_params
+    from mpirl.roles.evaluation import make_runner
+    from mpirl.agent.qnet import n_params
 
     cfg = Config(eval_episodes=3)
     spec = inspect(cfg.env)
@@ -176,8 +176,8 @@ def test_evaluation_runners_agree(kind):
     finally:
         r.close()
     assert (got[0] == 500).all()
-    from mpirl.envs import Evaluator
-    from mpirl.qnet import NumpyQ
+    from mpirl.agent.envs import Evaluator
+    from mpirl.agent.qnet import NumpyQ
 
     ev = Evaluator(cfg.env, 3, seed=cfg.seed)
     ev.round = 1

@@ -1,8 +1,8 @@
 """Environment families and the error a missing images extra gives (no extra needed)."""
 import pytest
 
-from mpirl import envs
-from mpirl.config import ConfigError
+from mpirl.agent import envs
+from mpirl.run.config import ConfigError
 
 
 def test_missing_extra_names_the_pip_command(monkeypatch):

@@ -33,10 +33,11 @@ TESTS = str(Path(__file__).parent)
 def config_error(n: int, *argv: str) -> str:
     """The error ``mpirun -n N python -m mpirl.main ARGV`` stops with, found in-process the way
     every rank finds it (mpirl.main): parse, validate for N ranks, each rank's host checks
-    (`mpirl.resources.local_row`, every rank on this host) and the verdict all of them reach
+    (`mpirl.run.resources.local_row`, every rank on this host) and the verdict all of them reach
     from the gathered rows.  "" when the configuration passes."""
-    from mpirl import resources, topology
-    from mpirl.config import ConfigError, parse
+    from mpirl.run import resources
+    from mpirl.transport import topology
+    from mpirl.run.config import ConfigError, parse
 
     try:
         cfg = parse(list(argv))
@@ -154,12 +155,12 @@ def test_sigterm_stops_cleanly(tmp_path):
 # ---- --resume: the same contract (one line from rank 0, non-zero exit, no hang) ---------------
 
 def _fake_run(path, world_size: int, garbage_part: str | None = None):
-    """A run folder with a checkpoint written by mpirl.checkpoint, without running anything."""
+    """A run folder with a checkpoint written by mpirl.run.checkpoint, without running anything."""
     import numpy as np
 
-    from mpirl import checkpoint as ck
-    from mpirl.config import parse, to_dict
-    from mpirl.topology import layout
+    from mpirl.run import checkpoint as ck
+    from mpirl.run.config import parse, to_dict
+    from mpirl.transport.topology import layout
 
     places = layout(world_size, 1)
     names = [ck.part_name(p.role, p.site, p.rank) for p in places]

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from mpirl.evaluation import ProcessRunner, child_environ
-from mpirl.qnet import n_params
+from mpirl.roles.evaluation import ProcessRunner, child_environ
+from mpirl.agent.qnet import n_params
 
 HIDDEN = (1024, 1024)  # 4.2 MB of float32 weights for CartPole's 4 inputs: 67 pipe buffers
 # a user's env module, as the README describes; importing it (in the child only) records the
@@ -122,8 +122,8 @@ gym.register("MpirlMpiPole-v0", max_episode_steps=20,
 DRIVER = '''
 import time, numpy as np
 from mpi4py import MPI
-from mpirl.evaluation import ProcessRunner
-from mpirl.qnet import n_params
+from mpirl.roles.evaluation import ProcessRunner
+from mpirl.agent.qnet import n_params
 r = ProcessRunner({"reference": None, "env": "mpi_user_env:MpirlMpiPole-v0", "episodes": 2,
                    "seed": 0, "max_steps": 0, "hidden": [16], "dueling": False, "kwargs": {},
                    "wrappers": []})

@@ -2,7 +2,7 @@
 one message naming the rank and its role; the survivors' HDF5 files stay readable.
 
 Faults are injected with the test-only hook ``MPIRL_FAULT=ROLE:RANK:SECONDS[:ACTION]``
-(mpirl.failure.Fault), SECONDS after that rank's role loop started.
+(mpirl.run.failure.Fault), SECONDS after that rank's role loop started.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_mismatched_message_is_rejected_naming_rank_and_message(tmp_path):
 @pytest.mark.mpi
 def test_a_host_check_failing_on_one_nonzero_rank_ends_the_job_with_one_message(
         tmp_path, forced, who):
-    """MPIRL_FAULT_CHECK=RANK:CHECK fails one check on one rank only (mpirl.resources): rank 0
+    """MPIRL_FAULT_CHECK=RANK:CHECK fails one check on one rank only (mpirl.run.resources): rank 0
     says so once, naming the rank, its host and the check, and every rank exits at once (no
     rank left waiting in a collective for one that gave up)."""
     import socket
@@ -99,7 +99,7 @@ def test_a_host_check_failing_on_one_nonzero_rank_ends_the_job_with_one_message(
 
 
 def test_bad_fault_spec_is_refused():
-    from mpirl.failure import Fault
+    from mpirl.run.failure import Fault
 
     with pytest.raises(ValueError, match="ROLE:RANK:SECONDS"):
         Fault("actor", 2, "actor:2:soon")
@@ -119,7 +119,7 @@ def test_stop_signals_ask_for_a_clean_stop(sig):
     import os
     import signal
 
-    from mpirl.failure import StopSignal
+    from mpirl.run.failure import StopSignal
 
     signum = getattr(signal, sig)
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}

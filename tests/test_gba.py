@@ -1,8 +1,8 @@
-"""The GBA aggregator (mpirl.gba): exactly the global batch, the staleness rule, never twice."""
+"""The GBA aggregator (mpirl.agent.gba): exactly the global batch, the staleness rule, never twice."""
 import numpy as np
 import pytest
 
-from mpirl.gba import Contribution, GlobalBatch, decay
+from mpirl.agent.gba import Contribution, GlobalBatch, decay
 
 
 def _c(i, learner=0, version=0, n=4, value=None):

@@ -8,21 +8,21 @@ import images_extra
 import numpy as np
 import pytest
 
-from mpirl import envs
+from mpirl.agent import envs
 
 images_extra.require()  # skips without the extra; fails under MPIRL_REQUIRE_IMAGES=1 (CI)
 
-from mpirl import qnet  # noqa: E402
-from mpirl.frames import FrameLog, compact, concat, record_dtype, stacks  # noqa: E402
-from mpirl.nstep import NStep  # noqa: E402
+from mpirl.agent import qnet  # noqa: E402
+from mpirl.agent.frames import FrameLog, compact, concat, record_dtype, stacks  # noqa: E402
+from mpirl.agent.nstep import NStep  # noqa: E402
 from mpirl.replay import FrameReplay  # noqa: E402
-from mpirl.wire import FLAG_ZSTD, HEADER, Tag, Wire, WireError  # noqa: E402
+from mpirl.transport.wire import FLAG_ZSTD, HEADER, Tag, Wire, WireError  # noqa: E402
 
 
 def test_a_frameskip_in_env_kwargs_is_a_config_error_naming_it():
     """ALE's own frameskip on top of the preprocessing's 4 would act every 16 frames (or make
     gymnasium's AtariPreprocessing raise a bare ValueError); it is one clear error instead."""
-    from mpirl.config import ConfigError
+    from mpirl.run.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"frameskip=4 .*remove frameskip from --env-kwargs"):
         envs.inspect("ALE/Pong-v5", {"frameskip": 4})
@@ -130,9 +130,9 @@ def test_frame_replay_samples_true_stacks_and_retires_before_overwriting():
 
 
 def test_frame_replay_memory_figure():
-    from mpirl.frames import frames_per_transition
+    from mpirl.agent.frames import frames_per_transition
     from mpirl.replay import frame_footprint_bytes, footprint_bytes
-    from mpirl.wire import transition_dtype
+    from mpirl.transport.wire import transition_dtype
 
     # By hand (docs/images.md): an actor message of 64 transitions from 4 env streams carries,
     # per stream, stack - 1 = 3 history and n = 3 look-ahead frames beyond one per transition,
@@ -257,7 +257,7 @@ def test_bad_compressed_messages_are_rejected(iwire):
 
 
 def test_vector_wire_can_compress_too():
-    from mpirl.wire import transition_dtype
+    from mpirl.transport.wire import transition_dtype
 
     w = Wire(transition_dtype((4,), np.float32), 10, compress=True)
     r = np.zeros(64, w.record)

@@ -13,7 +13,7 @@ import pytest
 import images_extra
 from mpirun import one_error, run_mpirl
 
-from mpirl import checkpoint as ck
+from mpirl.run import checkpoint as ck
 
 images_extra.require()  # skips without the extra; fails under MPIRL_REQUIRE_IMAGES=1 (CI)
 pytestmark = pytest.mark.mpi
@@ -54,7 +54,8 @@ def test_minatar_breakout_learns(tmp_path):
     # This replaces "the actors' last fifth beat their first": on a run that learned within
     # ~15 s the actors had played too few episodes with the learned weights for that (it
     # failed 1 in 3 runs), while a lucky stop fails here as it should.
-    from mpirl import envs, play
+    from mpirl.agent import envs
+    from mpirl import play
 
     cfg = play.run_config(run_dir)
     spec = envs.inspect(cfg.env)

@@ -6,9 +6,9 @@ import sys
 import pytest
 from mpirun import mpirun_cmd
 
-from mpirl.config import ConfigError, parse
-from mpirl.learner_group import GTag, body, header, pack, parse_straggle
-from mpirl.topology import LayoutError, check_layout, layout
+from mpirl.run.config import ConfigError, parse
+from mpirl.roles.learner_group import GTag, body, header, pack, parse_straggle
+from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
 @pytest.mark.mpi
@@ -70,7 +70,7 @@ def test_straggle_sleeps_in_every_update_of_its_rank_only():
 
     from mpi4py import MPI
 
-    from mpirl.learner_group import make_sync
+    from mpirl.roles.learner_group import make_sync
 
     class Trainer:
         steps = 0

@@ -3,11 +3,11 @@ loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffe
 import numpy as np
 from fakes import ScriptedLink, make_learner, wire_of
 
-from mpirl import learner_rows
-from mpirl.config import Config
-from mpirl.logs import RunLog
+from mpirl.roles import learner_rows
+from mpirl.run.config import Config
+from mpirl.logs.runlog import RunLog
 from mpirl.replay import Sample
-from mpirl.wire import Tag
+from mpirl.transport.wire import Tag
 
 
 def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
@@ -139,7 +139,7 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
     the one-at-a-time code wrote: the means, the linear median / p90, the arrival means over the
     subsample (NaN and n 0 without one), in order, across blocks, a change of batch width and
     the log's flushes; nothing may be left behind at close."""
-    from mpirl import schema
+    from mpirl.logs import schema
 
     rng = np.random.default_rng(1)
     alpha, eps = 0.6, 1e-3

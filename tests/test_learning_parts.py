@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.dqn import dqn_loss
-from mpirl.qnet import NumpyQ, make_torch_q, n_params
+from mpirl.agent.dqn import dqn_loss
+from mpirl.agent.qnet import NumpyQ, make_torch_q, n_params
 
 
 @pytest.mark.parametrize("dueling", [False, True])
@@ -61,10 +61,10 @@ def test_terminal_discount_zero_ignores_bootstrap():
 def test_train_step_runs_standalone():
     """The learner's train step without MPI (bench/overheads.py times it so): it learns from a
     batch of structured transition records, and sync_target copies the online network."""
-    from mpirl.config import Config
-    from mpirl.envs import inspect
-    from mpirl.train_step import TrainStep
-    from mpirl.wire import transition_dtype
+    from mpirl.run.config import Config
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.transport.wire import transition_dtype
 
     cfg = Config(hidden=(16,), lr=1e-2)
     spec = inspect(cfg.env)
@@ -88,10 +88,10 @@ def test_train_step_runs_standalone():
 
 
 def test_adam_matches_torch_and_checkpoints_either_way():
-    """mpirl.dqn.Adam is torch.optim.Adam's update (same kernel) with its state_dict format."""
+    """mpirl.agent.dqn.Adam is torch.optim.Adam's update (same kernel) with its state_dict format."""
     import copy
 
-    from mpirl.dqn import Adam
+    from mpirl.agent.dqn import Adam
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -125,8 +125,8 @@ def test_learner_train_step_does_not_import_dynamo():
         pytest.skip(f"torch {torch.__version__}: not checked before 2.4")
 
     code = ("import sys, numpy as np\n"
-            "from mpirl.config import Config\nfrom mpirl.envs import inspect\n"
-            "from mpirl.train_step import TrainStep\nfrom mpirl.wire import transition_dtype\n"
+            "from mpirl.run.config import Config\nfrom mpirl.agent.envs import inspect\n"
+            "from mpirl.agent.train_step import TrainStep\nfrom mpirl.transport.wire import transition_dtype\n"
             "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
             "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
             "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
@@ -145,7 +145,7 @@ else:
     def adam(params, grads, *, renamed_option):  # a torch whose kernel's signature changed
         raise AssertionError("mpirl called a kernel whose signature it does not know")
     A.adam = adam
-from mpirl.dqn import Adam
+from mpirl.agent.dqn import Adam
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 ref_net = copy.deepcopy(net)
@@ -186,7 +186,7 @@ print("ok")
 @pytest.mark.parametrize("how", ["missing", "signature"])
 def test_adam_falls_back_to_torch_optim_adam(how):
     """Without torch.optim.adam.adam (semi-private), or with a signature mpirl does not know,
-    mpirl.dqn.Adam is torch.optim.Adam: identical parameters, state_dict both ways."""
+    mpirl.agent.dqn.Adam is torch.optim.Adam: identical parameters, state_dict both ways."""
     import subprocess
     import sys
 
@@ -196,8 +196,8 @@ def test_adam_falls_back_to_torch_optim_adam(how):
 
 
 def _cartpole_batch(n: int = 32, reward: float = 1.0, seed: int = 0):
-    from mpirl.envs import inspect
-    from mpirl.wire import transition_dtype
+    from mpirl.agent.envs import inspect
+    from mpirl.transport.wire import transition_dtype
 
     spec = inspect("CartPole-v1")
     rng = np.random.default_rng(seed)
@@ -214,7 +214,7 @@ def _grads_by_hand(step, rec, weights):
     """The gradients of one update computed again on copies of the networks, unclipped."""
     import copy
 
-    from mpirl.train_step import _batch_tensors
+    from mpirl.agent.train_step import _batch_tensors
 
     online, target = copy.deepcopy(step.online), copy.deepcopy(step.target)
     obs, act, rew, nxt, disc = _batch_tensors(torch, rec)
@@ -229,8 +229,8 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
     """grad_clip 0.5: TD errors in the Huber loss's linear part with importance weights of 100
     give a gradient norm far above it, which the update scales (same direction) to norm 0.5
     before Adam sees it; a gradient below the clip is left as it is."""
-    from mpirl.config import Config
-    from mpirl.train_step import TrainStep
+    from mpirl.run.config import Config
+    from mpirl.agent.train_step import TrainStep
 
     spec, rec = _cartpole_batch(reward=reward)
     w = np.full(len(rec), weight, np.float32)
@@ -253,8 +253,8 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
 
 
 def test_grad_clip_zero_leaves_gradients_alone():
-    from mpirl.config import Config
-    from mpirl.train_step import TrainStep
+    from mpirl.run.config import Config
+    from mpirl.agent.train_step import TrainStep
 
     spec, rec = _cartpole_batch(reward=1000.0)
     w = np.full(len(rec), 100.0, np.float32)
@@ -269,8 +269,8 @@ def test_grad_clip_zero_leaves_gradients_alone():
 def test_target_network_copied_exactly_every_target_update():
     """target_update 3: the target holds the online network of update 3, 6, 9, ... and does not
     change in between; a resumed step counter keeps the cadence (next copy at 12 from 10)."""
-    from mpirl.config import Config
-    from mpirl.train_step import TrainStep
+    from mpirl.run.config import Config
+    from mpirl.agent.train_step import TrainStep
 
     spec, rec = _cartpole_batch()
     w = np.ones(len(rec), np.float32)

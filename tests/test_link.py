@@ -1,7 +1,7 @@
 import pytest
 
-from mpirl.config import Config, ConfigError
-from mpirl.link import PROFILES, LinkEnd, LinkModel, LinkProfile, resolve_profile
+from mpirl.run.config import Config, ConfigError
+from mpirl.transport.link import PROFILES, LinkEnd, LinkModel, LinkProfile, resolve_profile
 
 
 def test_bandwidth_serializes_back_to_back():
@@ -94,7 +94,7 @@ def test_profile_change_to_unemulated_keeps_fifo_order():
     not overtake them (a DONE or checkpoint ack ahead of data breaks the protocol)."""
     import numpy as np
 
-    from mpirl.wire import Tag
+    from mpirl.transport.wire import Tag
 
     comm = _FakeComm()
     end = LinkEnd(comm, 1, PROFILES["wan-100m-30ms"])

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mpirl.config import Config
-from mpirl.envs import inspect
+from mpirl.run.config import Config
+from mpirl.agent.envs import inspect
 from mpirl.replay.build import record_dtype
 
 ROOT = Path(__file__).resolve().parent.parent

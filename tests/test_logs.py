@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpirl.logs import Field, RunLog, open_for_reading, read_stream
+from mpirl.logs.runlog import Field, RunLog, open_for_reading, read_stream
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,7 +175,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from mpirl.logs import Field, RunLog
+    from mpirl.logs.runlog import Field, RunLog
 
     log = RunLog(sys.argv[1], {"role": "test"}, flush_seconds=0.05)
     a = log.stream("a", [Field("i", "i8", "1", ""), Field("v", "f4", "1", "", (3,))])
@@ -281,7 +281,7 @@ def test_memory_stays_flat_while_a_long_run_logs(tmp_path: Path) -> None:
     """A writer's memory does not grow with what it has written (h5py's default chunk cache kept
     ~8 MiB of every dataset in memory: ~45 MB here, with 14 fields and 400k rows)."""
     code = textwrap.dedent(f"""
-        from mpirl.logs import Field, RunLog
+        from mpirl.logs.runlog import Field, RunLog
         def rss():
             return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
         with RunLog({str(tmp_path / 'grow.h5')!r}, {{}}, flush_seconds=3600) as log:
@@ -344,10 +344,10 @@ KILLED_AFTER_CHECKPOINT = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np
-    from mpirl import schema
-    from mpirl.checkpoint import Checkpointer
-    from mpirl.learner_rows import HeldRows
-    from mpirl.logs import RunLog
+    from mpirl.logs import schema
+    from mpirl.run.checkpoint import Checkpointer
+    from mpirl.roles.learner_rows import HeldRows
+    from mpirl.logs.runlog import RunLog
 
     run = sys.argv[1]
     log = RunLog(run + "/learner.h5", {}, flush_seconds=3600)  # no flush on the cadence
@@ -371,7 +371,7 @@ def test_checkpoint_counts_held_rows_and_puts_them_on_disk(tmp_path: Path) -> No
     """A checkpoint's row counts cover every row appended before it, also the learner's held
     /updates and /transfers rows (`HeldRows`), and those rows are on disk when the part is: a
     kill just after a checkpoint, within --flush-seconds, loses no row from before it."""
-    from mpirl import checkpoint as ck
+    from mpirl.run import checkpoint as ck
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO),
                                                        os.environ.get("PYTHONPATH", "")]))

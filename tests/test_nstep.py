@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mpirl.nstep import NStep
+from mpirl.agent.nstep import NStep
 
 
 def test_hand_computed_episode_terminated():

@@ -13,9 +13,9 @@ import pytest
 
 from analysis import metrics as M
 from analysis.runs import load_run
-from mpirl.config import ConfigError, parse
-from mpirl.logs import read_stream
-from mpirl.pacing import TokenBucket
+from mpirl.run.config import ConfigError, parse
+from mpirl.logs.runlog import read_stream
+from mpirl.transport.pacing import TokenBucket
 from mpirun import run_mpirl
 
 

@@ -17,7 +17,7 @@ from mpirun import launcher
 
 from mpirl import placement as pl
 from mpirl.placement import PlacementError
-from mpirl.topology import layout
+from mpirl.transport.topology import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = sorted((ROOT / "jobs").glob("*.sbatch"))

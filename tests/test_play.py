@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from mpirun import run_mpirl
 
-from mpirl import best_model, envs
+from mpirl.roles import best_model
+from mpirl.agent import envs
 from mpirl import play as P
-from mpirl.config import parse, to_dict
+from mpirl.run.config import parse, to_dict
 
 TESTS = Path(__file__).parent
 HAVE_TB = importlib.util.find_spec("tensorboard") is not None
@@ -85,7 +86,7 @@ def test_every_rank_logs_its_derived_seeds(trained):
     for name in ("learner", "buffer-0", "actor-2"):
         with h5py.File(trained / f"{name}.h5", "r") as f:
             seeds[name] = json.loads(f.attrs["seeds_json"])
-    from mpirl import seeds as S
+    from mpirl.run import seeds as S
 
     assert seeds["learner"] == S.learner(5, 1, 3)
     assert seeds["buffer-0"] == S.buffer(5, 1)
@@ -197,7 +198,7 @@ def test_export_gives_the_actions_of_mpirls_forward(trained, tmp_path):
 
 def _image_run(tmp_path, env_id: str) -> Path:
     """A run folder as mpirl leaves one (learner.h5's config_json, best.pt), untrained."""
-    from mpirl.qnet import make_learner_q
+    from mpirl.agent.qnet import make_learner_q
 
     run = tmp_path / "run"
     run.mkdir()
@@ -266,7 +267,7 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]
         seeds = json.loads(f.attrs["seeds_json"])
     assert len(ret) > 0 and (length == 7).all() and (ret % 2 == 0).all()
-    from mpirl import seeds as S
+    from mpirl.run import seeds as S
 
     assert seeds["envs"] == S.actor(5, 2, 0, 1, 4, 1)["envs"]  # fresh episodes after checkpoint 1
 
@@ -275,7 +276,7 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
 
 def test_tensorboard_groups_are_the_same_live_and_offline():
     """The live mirror gets rows in flush-sized pieces, the converter all at once: same points."""
-    from mpirl.dashboard import Scalars
+    from mpirl.logs.dashboard import Scalars
 
     rng = np.random.default_rng(0)
     n = 1234
@@ -326,7 +327,7 @@ def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
 def test_buffer_tensorboard_scalars_are_the_same_live_and_offline():
     """The buffer's rows in flush-sized pieces or all at once: the same points; NaN left out,
     /site and /link stepped in milliseconds (rows come every half --flush-seconds)."""
-    from mpirl.dashboard import SITE, BufferScalars
+    from mpirl.logs.dashboard import SITE, BufferScalars
 
     rng = np.random.default_rng(1)
     n, k = 250, 40
@@ -397,8 +398,8 @@ def test_buffer_statistics_reach_tensorboard_live_and_offline(trained, tmp_path)
 
 
 def test_tensorboard_without_its_extra_is_a_config_error(monkeypatch):
-    from mpirl.config import ConfigError
-    from mpirl.dashboard import check_installed
+    from mpirl.run.config import ConfigError
+    from mpirl.logs.dashboard import check_installed
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(ConfigError, match=r'needs .* pip install -e "\.\[tensorboard\]"'):

@@ -120,7 +120,8 @@ def test_collection_is_deterministic_and_n_step_consistent(tmp_path):
 def test_reference_loss_of_the_learners_network(env_id, extra):
     if extra:
         pytest.importorskip(extra)
-    from mpirl import envs, qnet
+    from mpirl.agent import envs
+    from mpirl.agent import qnet
 
     spec = envs.inspect(env_id)
     rs = R.collect(env_id, seed=1, size=64, n_step=5, gamma=0.99)
@@ -143,8 +144,8 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
 # --- --reference-set: resolution and the evaluation runners -----------------------------------
 
 def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
-    from mpirl import seeds
-    from mpirl.config import Config
+    from mpirl.run import seeds
+    from mpirl.run.config import Config
 
     cfg = Config(seed=3, reference_size=40)
     path, sha = R.resolve("auto", cfg, tmp_path / "cell" / "seed3")
@@ -172,9 +173,10 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     online and target (the flat WEIGHTS vector's order included); NaN without a set."""
     import time
 
-    from mpirl import envs, qnet
-    from mpirl.config import Config
-    from mpirl.evaluation import make_runner
+    from mpirl.agent import envs
+    from mpirl.agent import qnet
+    from mpirl.run.config import Config
+    from mpirl.roles.evaluation import make_runner
 
     cfg = Config(eval_episodes=1, hidden=(16,), huber_delta=0.5, eval_max_steps=20)
     spec = envs.inspect(cfg.env)
@@ -231,8 +233,8 @@ TOY = "toy_env:MpirlSignal-v0"  # tests/toy_env.py: the observation is one-hot o
 def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(tmp_path):
     """The set is collected with the run's kwargs and wrappers, and they are part of its cache
     name: runs that differ only in them get sets of their own env."""
-    from mpirl import seeds
-    from mpirl.config import Config
+    from mpirl.run import seeds
+    from mpirl.run.config import Config
 
     run = tmp_path / "cell" / "seed0"
     made = {}
@@ -258,8 +260,8 @@ def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(
 
 
 def test_a_set_of_another_env_is_one_clear_error(tmp_path):
-    from mpirl import envs
-    from mpirl.config import Config
+    from mpirl.agent import envs
+    from mpirl.run.config import Config
 
     n3 = Config(env=TOY, env_kwargs={"n": 3}, n_step=1, reference_size=20)
     n4 = Config(env=TOY, env_kwargs={"n": 4}, n_step=1, reference_size=20)

@@ -1,13 +1,13 @@
-"""mpirl.resources: which rank checks what, memory summed per host, and the one message every
+"""mpirl.run.resources: which rank checks what, memory summed per host, and the one message every
 rank agrees on, in process (the MPI side is in test_failure.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mpirl import resources as R
-from mpirl.config import Config
-from mpirl.topology import layout
+from mpirl.run import resources as R
+from mpirl.run.config import Config
+from mpirl.transport.topology import layout
 
 GiB = 2**30
 
@@ -90,7 +90,7 @@ def test_one_rank_failing_is_named_a_failure_everywhere_is_said_as_is():
 
 
 def test_an_actor_whose_env_differs_from_the_learners_is_refused():
-    from mpirl import envs
+    from mpirl.agent import envs
 
     places, cfg = layout(3, 1), Config()
     spec = envs.inspect("CartPole-v1")
@@ -107,7 +107,7 @@ def test_image_specs_travel_whole():
     """Buffers take rank 0's spec from its row: frame shape, stack and scale included."""
     for module in ("minatar", "ale_py", "cv2"):
         pytest.importorskip(module)
-    from mpirl import envs
+    from mpirl.agent import envs
 
     for env_id in ("MinAtar/Breakout-v1", "ALE/Pong-v5"):
         spec = envs.inspect(env_id)
@@ -117,8 +117,8 @@ def test_image_specs_travel_whole():
 
 
 def test_local_checks_and_the_test_hook():
-    from mpirl.failure import forced_checks
-    from mpirl.resources import CHECKS
+    from mpirl.run.failure import forced_checks
+    from mpirl.run.resources import CHECKS
 
     cfg = Config(tensorboard=True, compress="on")
     row, spec = R.local_row(cfg, "actor", "h", frozenset({"memory", "tensorboard"}))
@@ -159,7 +159,7 @@ def test_host_checks_follow_the_learner_group_layout(monkeypatch):
     """With --learners 2 on 5 ranks, rank 1 is a learner and rank 2 the buffer: each runs its
     own role's checks and is named by it (the layout without K took rank 1 for the buffer and
     rank 2 for an actor, whose memory check was skipped)."""
-    from mpirl.config import ConfigError
+    from mpirl.run.config import ConfigError
 
     cfg = Config(learners=2)
     other, _ = R.local_row(cfg, "learner", "cloud", frozenset())  # rank 0, with the env spec

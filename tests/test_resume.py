@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from mpirun import mpirun_cmd, run_mpirl, stop_signal
 
-from mpirl import checkpoint as ck
-from mpirl.checkpoint_arrays import StoredArray
-from mpirl.config import ConfigError, parse, to_dict
+from mpirl.run import checkpoint as ck
+from mpirl.run.checkpoint_arrays import StoredArray
+from mpirl.run.config import ConfigError, parse, to_dict
 from mpirl.replay import PrioritizedReplay
-from mpirl.wire import transition_dtype
+from mpirl.transport.wire import transition_dtype
 
 REC = transition_dtype((4,), np.float32)
 
@@ -98,12 +98,12 @@ def test_memory_arrays_are_read_from_the_file_on_demand(tmp_path):
 
 
 def test_learner_tensors_round_trip_without_pickle(tmp_path):
-    """Networks, the learner's Adam state (mpirl.dqn.Adam, fused kernel) and the torch RNG load
+    """Networks, the learner's Adam state (mpirl.agent.dqn.Adam, fused kernel) and the torch RNG load
     with torch.load(weights_only=True)."""
     import torch
 
-    from mpirl.dqn import Adam
-    from mpirl.qnet import make_torch_q
+    from mpirl.agent.dqn import Adam
+    from mpirl.agent.qnet import make_torch_q
 
     torch.manual_seed(0)
     q, tq = make_torch_q(4, 2, (32, 32), False), make_torch_q(4, 2, (32, 32), False)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from fakes import make_buffer, wire_of
 
-from mpirl import buffer as buffer_mod
-from mpirl.config import Config
-from mpirl.cut import Cut, SiteCut
-from mpirl.logs import RunLog
-from mpirl.wire import Tag
+from mpirl.roles import buffer as buffer_mod
+from mpirl.run.config import Config
+from mpirl.transport.cut import Cut, SiteCut
+from mpirl.logs.runlog import RunLog
+from mpirl.transport.wire import Tag
 
 
 class _Checkpointer:

@@ -5,7 +5,7 @@ import sys
 import pytest
 from mpirun import mpirun_cmd
 
-from mpirl import checkpoint as ck
+from mpirl.run import checkpoint as ck
 
 # initializes MPI, then holds the odd ranks back past a second boundary before mpirl.main runs
 LATE_START = """

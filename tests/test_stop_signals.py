@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from mpirun import launcher, mpirun_cmd, signal_job, wait_for_training
 
-from mpirl import checkpoint as ck
-from mpirl.failure import STOP_SIGNALS
+from mpirl.run import checkpoint as ck
+from mpirl.run.failure import STOP_SIGNALS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--hidden", "16", "--target-return", "none", "--progress-seconds", "1",

@@ -146,7 +146,7 @@ def _summary(run_dir: Path, stop: str) -> None:
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_run_stopped_by_a_signal_is_not_complete(tmp_path, stop):
-    """SIGUSR1 too: it is the clean stop under Open MPI (mpirl.failure.STOP_SIGNALS)."""
+    """SIGUSR1 too: it is the clean stop under Open MPI (mpirl.run.failure.STOP_SIGNALS)."""
     _summary(tmp_path / "run", stop)
     assert S.run_status(tmp_path / "run") != "done"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from mpirl.topology import LayoutError, format_table, layout, placement_warnings, site_sizes
+from mpirl.transport.topology import LayoutError, format_table, layout, placement_warnings, site_sizes
 
 
 def test_default_nine_ranks():

@@ -1,13 +1,13 @@
-"""The weight encodings (mpirl.weight_codec) and the learner's broadcast policy
-(mpirl.weight_sync), without MPI: round trips, error bounds, keyframes, the wire."""
+"""The weight encodings (mpirl.transport.weight_codec) and the learner's broadcast policy
+(mpirl.transport.weight_sync), without MPI: round trips, error bounds, keyframes, the wire."""
 import math
 
 import numpy as np
 import pytest
 
-from mpirl import weight_codec as wc
-from mpirl.link import LinkEnd, LinkProfile
-from mpirl.wire import Tag, Wire
+from mpirl.transport import weight_codec as wc
+from mpirl.transport.link import LinkEnd, LinkProfile
+from mpirl.transport.wire import Tag, Wire
 
 
 def _walk(n=5000, steps=30, seed=0):
@@ -121,7 +121,7 @@ class _Cfg:
 def test_sync_delta_keyframes_and_receiver_follows():
     """The learner's encodings, decoded by a site's cache, give every version within one
     step's error; a keyframe every 3 broadcasts; a request makes the next one a keyframe."""
-    from mpirl.weight_sync import WeightSync
+    from mpirl.transport.weight_sync import WeightSync
 
     n, comm = 5000, _Comm()
     wire = Wire(np.dtype([("x", "<f4")]), n)
@@ -145,7 +145,7 @@ def test_sync_delta_keyframes_and_receiver_follows():
 
 def test_auto_interval_from_link_rate():
     """auto: a 18,480-byte broadcast on 1 Mb/s at share 0.25 waits 0.59 s and >= 100 updates."""
-    from mpirl.weight_sync import AUTO_MIN_UPDATES, WeightSync
+    from mpirl.transport.weight_sync import AUTO_MIN_UPDATES, WeightSync
 
     n = 4610
     wire = Wire(np.dtype([("x", "<f4")]), n)
@@ -164,7 +164,7 @@ def test_auto_interval_from_link_rate():
 def test_sync_two_sites_one_version_two_vectors():
     """Site 1 holds version 1 from a delta, site 2 from a keyframe (it asked for one): the same
     version, two vectors. Each gets a delta from its own, and both rebuild within one step."""
-    from mpirl.weight_sync import WeightSync
+    from mpirl.transport.weight_sync import WeightSync
 
     n = 5000
     wire = Wire(np.dtype([("x", "<f4")]), n)

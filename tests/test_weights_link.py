@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from mpirl.link import LinkEnd, LinkProfile
-from mpirl.wire import Tag
+from mpirl.transport.link import LinkEnd, LinkProfile
+from mpirl.transport.wire import Tag
 from mpirun import mpirun_cmd
 
 

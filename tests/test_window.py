@@ -1,6 +1,6 @@
 import pytest
 
-from mpirl.window import InflightWindow
+from mpirl.transport.window import InflightWindow
 
 
 def test_fixed():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mpirl.wire import HEADER, Tag, Wire, WireError, pack, transition_dtype
+from mpirl.transport.wire import HEADER, Tag, Wire, WireError, pack, transition_dtype
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_every_kind_has_a_view_that_names_its_header_slots(wire):
     """The named fields read the slots the packers write: a field that reads the wrong slot
     (PRIORITIES' learner updates are in b, WEIGHTS' in a) fails here."""
     from mpirl.replay import Sample
-    from mpirl.wire import VIEWS
+    from mpirl.transport.wire import VIEWS
 
     assert set(VIEWS) == set(Tag)
     s = Sample(indices=np.arange(3), generations=np.arange(3), weights=np.ones(3, np.float32),

@@ -5,22 +5,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mpirl.config import Config
+    from mpirl.run.config import Config
 
 
 def record_dtype(cfg: Config, spec):
     """The run's record dtype: whole transitions for vectors, frame indices for images."""
     if spec.image:
-        from mpirl.frames import record_dtype as frame_record
+        from mpirl.agent.frames import record_dtype as frame_record
 
         return frame_record(spec.stack)
-    from mpirl.wire import transition_dtype
+    from mpirl.transport.wire import transition_dtype
 
     return transition_dtype(spec.obs_shape, spec.obs_dtype)
 
 
 def frames_per_transition(cfg: Config, spec) -> float:
-    from mpirl.frames import frames_per_transition as fpt
+    from mpirl.agent.frames import frames_per_transition as fpt
 
     return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
 

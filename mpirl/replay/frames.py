@@ -1,12 +1,12 @@
 """Prioritized replay for image observations: every frame stored once (a frame ring).
 
 ``FrameReplay`` = a ring of frames ``uint8 [F, *frame_shape]`` + a `PrioritizedReplay` of small
-records (``mpirl.frames.record_dtype``: action, reward, discount and the serial numbers of the
+records (``mpirl.agent.frames.record_dtype``: action, reward, discount and the serial numbers of the
 ``2 * stack`` frames of ``obs`` and ``next_obs``).  A group (one message: records with indices into
 its own frame table) is added by appending its frames to the ring and shifting its indices to
 frame serial numbers; a sample gathers each distinct frame of the batch once and hands back a
 group again (records with indices into the batch's own frame table), which is what the wire
-carries and what `mpirl.frames.stacks` turns into ``obs`` / ``next_obs`` arrays.
+carries and what `mpirl.agent.frames.stacks` turns into ``obs`` / ``next_obs`` arrays.
 
 Frames and transitions are both inserted in arrival order, so they age together.  The frame ring
 holds ``F = ceil(capacity * frames_per_transition)`` frames.  When appending a group would
@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from mpirl.frames import record_dtype
+from mpirl.agent.frames import record_dtype
 from mpirl.replay.memory import (
     PrioritizedReplay,
     Sample,

@@ -51,7 +51,7 @@ COPY_BYTES = 1 << 22
 
 def copy_rows(dst: np.ndarray, src) -> None:
     """``dst[:] = src[:len(dst)]``, ``COPY_BYTES`` at a time.  ``src`` is an array or anything
-    whose contiguous slices are arrays (`mpirl.checkpoint_arrays.StoredArray` reads each slice
+    whose contiguous slices are arrays (`mpirl.run.checkpoint_arrays.StoredArray` reads each slice
     from its file), so filling a ring from a checkpoint needs one chunk, not a second ring."""
     rows, n = max(1, COPY_BYTES // max(1, dst[:1].nbytes)), len(dst)
     for i in range(0, n, rows):

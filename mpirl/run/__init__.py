@@ -1,0 +1,1 @@
+"""Run plumbing: configuration, errors, seeds, checkpoints, failure handling, host checks."""

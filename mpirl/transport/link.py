@@ -1,0 +1,310 @@
+"""The long-haul link between an edge buffer and the cloud learner: model, pacing, accounting.
+
+The model is a store-and-forward pipe per direction: a message of ``n`` bytes handed to the link at
+time ``t`` starts serializing at ``max(t, busy_until)``, leaves after ``n * 8 / rate`` seconds and
+is delivered ``latency (+- jitter)`` later, in order.  Bandwidth is applied at the sender (the real
+MPI send happens when the last bit would have left), latency at the receiver (a received message
+is held until ``arrival + latency``), so no clock has to be shared between hosts.  The real MPI
+messages are delayed and paced; nothing is simulated away, and the real network's own time adds
+on top (with profile ``none`` it is all there is).
+
+**Latest-wins messages** (``LinkEnd.post_latest``; the learner's weights): at most one is on
+the wire (serializing, or in MPI until its send completes) and at most one waits in a slot that
+a newer one replaces.  The slot enters the wire only when the wire has drained, so a control
+message posted at any time waits behind at most the one latest-wins message in transit, and the
+bytes held for the kind never exceed two messages.  docs/design.md, "Weights on slow links",
+maps this onto MPI's eager and rendezvous paths.
+
+``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
+communicator with uppercase mpi4py calls.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpirl.run.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    latency_s: float = 0.0  # one way
+    rate_bps: float = float("inf")  # bits per second
+    jitter_s: float = 0.0  # uniform +- on the latency
+
+    def describe(self) -> str:
+        if self.latency_s == 0 and self.rate_bps == float("inf"):
+            return "real network, no emulation"
+        rate = "unlimited" if self.rate_bps == float("inf") else f"{self.rate_bps / 1e6:g} Mb/s"
+        s = f"{self.latency_s * 1e3:g} ms one way, {rate}"
+        return s + (f", jitter {self.jitter_s * 1e3:g} ms" if self.jitter_s else "")
+
+    @property
+    def emulated(self) -> bool:
+        return self.latency_s > 0 or self.rate_bps != float("inf") or self.jitter_s > 0
+
+
+PROFILES: dict[str, LinkProfile] = {
+    "none": LinkProfile(),
+    # The source paper's prototype: 10 km of fibre (~49 us one way) behind a 25GbE switch.
+    "fiber-10km-25g": LinkProfile(latency_s=50e-6, rate_bps=25e9),
+    "wan-1g-10ms": LinkProfile(latency_s=10e-3, rate_bps=1e9),
+    "wan-100m-30ms": LinkProfile(latency_s=30e-3, rate_bps=100e6),
+}
+
+
+def resolve_profile(cfg) -> LinkProfile:
+    """The profile named by ``cfg.link`` with the CLI overrides applied; ConfigError if bad."""
+    if cfg.link not in PROFILES:
+        raise ConfigError(f"link={cfg.link!r} is not a known profile; choose one of "
+                          f"{', '.join(PROFILES)} (and override with --latency-ms, "
+                          "--bandwidth-mbps, --jitter-ms)")
+    p = PROFILES[cfg.link]
+    lat = p.latency_s if cfg.latency_ms is None else cfg.latency_ms / 1e3
+    rate = p.rate_bps if cfg.bandwidth_mbps is None else cfg.bandwidth_mbps * 1e6
+    jit = p.jitter_s if cfg.jitter_ms is None else cfg.jitter_ms / 1e3
+    if lat < 0:
+        raise ConfigError(f"latency_ms={cfg.latency_ms!r} must be >= 0")
+    if not rate > 0:
+        raise ConfigError(f"bandwidth_mbps={cfg.bandwidth_mbps!r} must be > 0")
+    if jit < 0 or jit > lat:
+        raise ConfigError(f"jitter_ms={jit * 1e3:g} must be in [0, latency_ms={lat * 1e3:g}]")
+    return LinkProfile(latency_s=lat, rate_bps=rate, jitter_s=jit)
+
+
+class LinkModel:
+    """One direction of the link: when does a message leave, when does it arrive."""
+
+    def __init__(self, profile: LinkProfile, seed: int = 0):
+        self.profile = profile
+        self.busy_until = 0.0
+        self.busy_time = 0.0  # seconds spent serializing
+        self._last_delivery = 0.0
+        self._rng = random.Random(seed)
+
+    def departure(self, t: float, nbytes: int) -> float:
+        """Time the last bit of a message handed over at ``t`` leaves the sender."""
+        start = max(t, self.busy_until)
+        tx = nbytes * 8.0 / self.profile.rate_bps
+        self.busy_until = start + tx
+        self.busy_time += tx
+        return self.busy_until
+
+    def delivery(self, t_arrival: float) -> float:
+        """Time a message that arrived at ``t_arrival`` is handed to the application (FIFO)."""
+        lat = self.profile.latency_s
+        if self.profile.jitter_s:
+            lat += self._rng.uniform(-self.profile.jitter_s, self.profile.jitter_s)
+        self._last_delivery = max(self._last_delivery, t_arrival + lat)
+        return self._last_delivery
+
+
+class LinkStats:
+    """Counters for one direction; reset per logging interval with ``take()``."""
+
+    __slots__ = ("bytes", "msgs", "queue_s", "total_bytes", "total_msgs")
+
+    def __init__(self):
+        self.bytes = self.msgs = 0
+        self.queue_s = 0.0
+        self.total_bytes = self.total_msgs = 0
+
+    def count(self, nbytes: int, queue_s: float = 0.0) -> None:
+        self.bytes += nbytes
+        self.msgs += 1
+        self.queue_s += queue_s
+        self.total_bytes += nbytes
+        self.total_msgs += 1
+
+    def take(self) -> tuple[int, int, float]:
+        out = (self.bytes, self.msgs, self.queue_s)
+        self.bytes = self.msgs = 0
+        self.queue_s = 0.0
+        return out
+
+
+class LinkEnd:
+    """One end of a long-haul link to ``peer`` on ``comm``: paced sends, delayed receives.
+
+    ``post(buf, tag)`` hands a uint8 buffer to the link (it must not be reused by the caller);
+    ``poll()`` starts the sends whose departure time has come and completes finished ones;
+    ``receive()`` returns the ``(tag, buf)`` messages whose delivery time has come.
+    """
+
+    def __init__(self, comm, peer: int, profile: LinkProfile, seed: int = 0):
+        from mpi4py import MPI
+
+        from mpirl.transport.inbox import take  # (mpi4py on first use: the pure parts import none)
+
+        self._MPI, self._take = MPI, take
+        self.comm, self.peer, self.profile = comm, peer, profile
+        self.out_model = LinkModel(profile, seed)
+        self.in_model = LinkModel(profile, seed + 1)
+        self.sent, self.received = LinkStats(), LinkStats()
+        self._queue: deque = deque()  # (departure, t_handed, tag, buf) waiting to leave
+        self._pending: list = []  # (request, buf) in MPI
+        self._held: deque = deque()  # (delivery, tag, buf) arrived, waiting out the latency
+        self._status = MPI.Status()
+        self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
+        self._latest_buf = None  # the latest-wins message on the wire (until its send completes)
+        self._latest_t0 = 0.0  # when it entered the wire
+        self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
+        self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
+
+    # ---- sending -----------------------------------------------------------------------------
+    def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
+        """Hand ``buf`` to the link; returns the time it waits behind earlier messages."""
+        now = time.monotonic() if now is None else now
+        if self.profile.emulated:
+            start = max(now, self.out_model.busy_until)
+            dep = self.out_model.departure(now, buf.nbytes)
+            self._queue.append((dep, now, tag, buf))
+            self.poll(now)
+            return start - now
+        if self._queue:  # queued under an emulated profile (--link-change): leave after them
+            dep = max(now, self._queue[-1][0])
+            self._queue.append((dep, now, tag, buf))
+            self.poll(now)
+            return dep - now
+        self._isend(buf, tag, 0.0)
+        return 0.0
+
+    def post_latest(self, tag: int, make: Callable[[], tuple[np.ndarray, Callable | None]],
+                    now: float | None = None) -> bool:
+        """Hand a latest-wins message to the link: ``make()`` returns ``(buf, on_commit)``.
+
+        ``make`` is called after the link has settled at ``now``, so it may encode against what
+        the peer will hold (``on_commit`` is called when ``buf`` enters the wire: from then on the
+        peer receives it).  If no latest-wins message is on the wire and nothing is queued ahead,
+        it goes now; else it takes the slot, replacing the one waiting there.  True: it went now.
+        """
+        now = time.monotonic() if now is None else now
+        self.poll(now)
+        buf, on_commit = make()
+        if self._slot is not None:
+            self.latest_replaced += 1
+        self._slot = (tag, buf, on_commit, now)
+        self.poll(now)
+        return self._slot is None
+
+    def drop_latest(self) -> None:
+        """Forget the latest-wins message waiting in the slot (the peer has left: its DONE)."""
+        self._slot = None
+
+    @property
+    def latest_waiting_bytes(self) -> int:
+        """Bytes of the latest-wins message waiting in the slot (0 or one message)."""
+        return 0 if self._slot is None else self._slot[1].nbytes
+
+    def _commit_latest(self, now: float) -> None:
+        """The slot enters the wire once the last latest-wins message has left it (its send
+        completed) and every message queued before has departed."""
+        if self._slot is None or self._latest_buf is not None or self._queue:
+            return
+        tag, buf, on_commit, handed = self._slot
+        self._slot = None
+        if on_commit is not None:
+            on_commit()
+        self._latest_buf, self._latest_t0 = buf, now
+        if self.profile.emulated:
+            dep = self.out_model.departure(now, buf.nbytes)
+            self._queue.append((dep, handed, tag, buf))
+            if dep <= now:
+                self._queue.popleft()
+                self._isend(buf, tag, max(0.0, dep - handed))
+        else:
+            self._isend(buf, tag, now - handed)
+
+    def _latest_left(self, now: float) -> None:
+        buf = self._latest_buf
+        self._latest_buf = None
+        dt = now - self._latest_t0
+        if self.profile.emulated:  # the model's time on the wire, not the loop's poll delay
+            dt = buf.nbytes * 8.0 / self.profile.rate_bps
+        if dt > 0:
+            self.latest_rate_bps = buf.nbytes * 8.0 / dt
+
+    def set_profile(self, profile: LinkProfile) -> None:
+        """Change the emulated link from now on (messages already queued keep their times, and
+        later ones leave after them: FIFO across the change)."""
+        self.profile = profile
+        self.out_model.profile = profile
+        self.in_model.profile = profile
+
+    def _isend(self, buf, tag, queue_s):
+        req = self.comm.Isend([buf, self._MPI.BYTE], dest=self.peer, tag=tag)
+        self._pending.append((req, buf))
+        self.sent.count(buf.nbytes, queue_s)
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        while self._queue and self._queue[0][0] <= now:
+            dep, handed, tag, buf = self._queue.popleft()
+            self._isend(buf, tag, max(0.0, dep - handed))
+        if self._pending:
+            still = []
+            for r, b in self._pending:
+                if not r.Test():
+                    still.append((r, b))
+                elif b is self._latest_buf:
+                    self._latest_left(now)
+            self._pending = still
+        if self._slot is not None:
+            self._commit_latest(now)
+
+    @property
+    def backlog(self) -> int:
+        """Messages handed to the link that have not completed yet (the slot's included)."""
+        return len(self._queue) + len(self._pending) + (self._slot is not None)
+
+    def next_departure(self) -> float | None:
+        """When the next queued message leaves (the loop sleeps until then at most)."""
+        if self._queue:
+            return self._queue[0][0]
+        if self._slot is not None and self._latest_buf is None:
+            return time.monotonic()
+        return None
+
+    # ---- receiving ---------------------------------------------------------------------------
+    def receive(self, now: float | None = None, limit: int = 64) -> list[tuple[int, np.ndarray]]:
+        """The ``(tag, buf)`` messages whose delivery time has come, in order; takes at most
+        ``limit`` off MPI (`mpirl.transport.inbox.take`) and holds each for the latency."""
+        for _ in range(limit):
+            got = self._take(self.comm, self.peer, self._status)
+            if got is None:
+                break
+            _, tag, buf = got
+            t = time.monotonic()
+            self.received.count(buf.nbytes)
+            if self.profile.emulated:
+                self._held.append((self.in_model.delivery(t), tag, buf))
+            else:
+                self._held.append((t, tag, buf))
+        # the caller's `now` predates what this call received: a message that arrived just now
+        # over a real link is due now, not one loop turn later
+        now = time.monotonic() if now is None or self._held else now
+        out = []
+        while self._held and self._held[0][0] <= now:
+            _, tag, buf = self._held.popleft()
+            out.append((tag, buf))
+        return out
+
+    def flush_blocking(self, timeout: float = 10.0) -> bool:
+        """Push out everything queued (used at shutdown); False if it did not finish in time."""
+        end = time.monotonic() + timeout
+        while self.backlog and time.monotonic() < end:
+            self.poll()
+            time.sleep(1e-4)
+        return not self.backlog
+
+    def utilization(self, wall_s: float) -> float:
+        """Fraction of ``wall_s`` the outgoing direction spent serializing (modelled bandwidth)."""
+        if self.profile.rate_bps == float("inf") or wall_s <= 0:
+            return 0.0
+        return self.out_model.busy_time / wall_s

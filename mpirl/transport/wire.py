@@ -1,0 +1,512 @@
+"""Message tags and layouts: every message is one flat uint8 numpy buffer, never a pickle.
+
+Layout of every message: a 40-byte header, then the kind's arrays back to back (8-byte arrays
+first, so they stay aligned)::
+
+    header  magic u4 | kind u2 | version u2 | count i8 | seq i8 | a f8 | b f8
+
+==========  ====================  ============================================================
+tag/kind    direction             header fields, then arrays
+==========  ====================  ============================================================
+EXPERIENCE  actor -> buffer       count=n, seq=msg no, a=env steps since last, b=k returns;
+                                  [nframes i8[1]], returns f8[k], td_abs f4[n], records[n],
+                                  [frames u8[nframes, *frame]]  ([...]: image runs only)
+CREDIT      buffer -> actor,      count=tokens granted, a=samples drawn by the learner so far
+            learner -> buffer
+WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
+            -> actors             (mpirl.transport.weight_codec): 0 full: params f4[P]; 1 bf16: params
+                                  u2[P]; 2 delta: meta i8[2] (base version, crc32 of the rebuilt
+                                  f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
+                                  (FLAG_ZSTD).  Buffer -> actors: always full
+KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
+FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
+                                  td_abs f4[n], records[n], [frames]  (td_abs: the actors'
+                                  initial priorities); may be compressed (FLAG_ZSTD)
+BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
+                                  clock), b=the memory's max weight (weights' normaliser, see
+                                  PrioritizedReplay.max_weight; at most 1e9);
+                                  [nframes i8[1]], window i8[1]
+                                  (the buffer's in-flight window), indices i8[B], generations i8[B],
+                                  weights f4[B], priorities f4[B], records[B], [frames];
+                                  may be compressed (FLAG_ZSTD)
+PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=learner
+                                  updates so far (the buffers' beta follows it); timing f8[2]
+                                  (hold: arrival -> update sent, step: mean update time, s),
+                                  indices i8[B], generations i8[B], td_abs f4[B]
+STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes,
+                                  seq=learner updates of the weights the site acts with;
+                                  returns f8[k]
+STOP        learner -> buffer     seq=id of the final checkpoint each rank writes before its
+            -> actors             DONE (-1: none)
+DONE        actor -> buffer,      a=env steps (total), b=episodes (total)
+            buffer -> learner
+CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forwards it to its
+            -> actors             actors
+            actor -> buffer,      ack: seq=checkpoint id, a=env steps (total) at the snapshot;
+            buffer -> learner     the sender's part is on disk.  After an ack the receiver
+                                  holds that sender's later messages until its own snapshot
+                                  (a consistent cut: see mpirl.run.checkpoint, docs/reliability.md)
+==========  ====================  ============================================================
+
+``records`` use the run's transition dtype (``transition_dtype``): obs, action, reward (the
+n-step return), next_obs (n steps later), discount (gamma^k, 0 if the episode terminated).
+
+**Image runs** (``Wire(..., frame_shape=...)``, see mpirl.agent.frames): records are
+``mpirl.agent.frames.record_dtype(stack)`` (action, reward, discount, frames i8[2S]: indices into the
+message's frame table), and EXPERIENCE, FORWARD and BATCH carry two more arrays: ``nframes i8[1]``
+first (before every other array) and ``frames u8[nframes, *frame_shape]`` last.
+
+**Flags** live in the high byte of ``kind`` (the tag is the low byte, so the header layout is
+unchanged): ``FLAG_ZSTD`` (0x100) = the body after the header is zstd-compressed::
+
+    header (kind = tag | 0x100; count, seq, a, b as uncompressed) | raw_nbytes i8 | zstd frame
+
+``raw_nbytes`` is the size of the uncompressed body; ``unpack`` decompresses and checks it, then
+reads the message as usual (``Message.raw_nbytes`` is the uncompressed message size, header
+included).  Only FORWARD and BATCH (the experience-carrying kinds that cross the long-haul link)
+are compressed, and only when the run compresses (``--compress``: auto = image runs); and every
+delta WEIGHTS message (``--weights-encoding delta``).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = 0x4D50524C  # "MPRL"
+VERSION = 6  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
+# 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1];
+# 6: WEIGHTS encodings, KEYFRAME, STATS.seq
+
+HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
+                   ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
+assert HEADER.itemsize == 40
+
+
+MAX_WEIGHT = 1e9  # BATCH.b is clipped here (header b must stay within what unpack accepts)
+
+
+class Tag(IntEnum):
+    EXPERIENCE = 1
+    CREDIT = 2
+    WEIGHTS = 3
+    FORWARD = 4
+    BATCH = 5
+    PRIORITIES = 6
+    STATS = 7
+    STOP = 8
+    DONE = 9
+    CHECKPOINT = 10
+    KEYFRAME = 11
+
+
+RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
+_TAGS = {int(t): t for t in Tag}
+COMPRESSED_KINDS = (Tag.FORWARD, Tag.BATCH)
+
+
+class WireError(RuntimeError):
+    """A message that does not match its expected layout."""
+
+
+def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
+    return np.dtype([("obs", obs_dtype, obs_shape), ("action", "<i8"), ("reward", "<f4"),
+                     ("next_obs", obs_dtype, obs_shape), ("discount", "<f4")])
+
+
+FLAG_ZSTD = 0x100
+KIND_MASK = 0xFF
+#: zstd level 1: on Atari frames 2-2.5x fewer bytes than lz4 at comparable speed (hundreds of
+#: MB/s, far above any WAN rate); higher levels gained ~15% more for 2x the CPU.  See docs/images.md.
+ZSTD_LEVEL = 1
+
+
+class Message(NamedTuple):
+    """A received message: the header's slots, its arrays (views of ``buf``), and where it came
+    from (``rank``: the sender's rank in the communicator; ``t``: when the inbox handed it over).
+    `Wire.unpack` returns the view of its kind (`VIEWS`), whose properties name the slots."""
+
+    kind: Tag
+    count: int
+    seq: int
+    a: float
+    b: float
+    arrays: dict
+    raw_nbytes: int = 0  # uncompressed size (header included) of a compressed message; else 0
+    buf: np.ndarray | None = None  # the message as received (relayed as is by some roles)
+    rank: int = -1
+    t: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes received (compressed size, header included)."""
+        return 0 if self.buf is None else self.buf.nbytes
+
+
+def _slot(name: str, cast=None, doc: str = "") -> property:
+    i = Message._fields.index(name)
+    if cast is None:
+        return property(lambda m: m[i], doc=doc)
+    return property(lambda m: cast(m[i]), doc=doc)
+
+
+class Experience(Message):
+    __slots__ = ()
+    n = _slot("count", doc="transitions")
+    msg_no = _slot("seq")
+    env_steps = _slot("a", int, "env steps since the actor's last EXPERIENCE")
+    n_returns = _slot("b", int, "episode returns carried")
+
+
+class Credit(Message):
+    __slots__ = ()
+    tokens = _slot("count", doc="tokens granted")
+    samples = _slot("a", doc="samples the learner has drawn so far")
+
+
+class Weights(Message):
+    __slots__ = ()
+    encoding = _slot("count", doc="mpirl.transport.weight_codec: FULL, BF16, DELTA")
+    version = _slot("seq")
+    updates = _slot("a", int, "learner updates when the weights were made")
+
+
+class Keyframe(Message):
+    __slots__ = ()
+    version = _slot("seq", doc="the version the site holds")
+
+
+class Forward(Message):
+    __slots__ = ()
+    n = _slot("count", doc="transitions")
+    msg_no = _slot("seq")
+
+
+class Batch(Message):
+    __slots__ = ()
+    n = _slot("count", doc="batch size")
+    batch_id = _slot("seq")
+    t_send = _slot("a", doc="send time on the buffer's clock (echoed by PRIORITIES)")
+    max_weight = _slot("b", doc="the memory's max importance weight (the weights' normaliser)")
+
+
+class Priorities(Message):
+    __slots__ = ()
+    n = _slot("count", doc="batch size")
+    batch_id = _slot("seq")
+    t_echo = _slot("a", doc="BATCH.t_send echoed")
+    updates = _slot("b", int, "learner updates so far (the buffers' beta follows it)")
+
+
+class Stats(Message):
+    __slots__ = ()
+    n_returns = _slot("count")
+    weights_updates = _slot("seq", doc="learner updates of the weights the site acts with")
+    env_steps = _slot("a", int, "the site's env steps (total)")
+    episodes = _slot("b", int, "the site's episodes (total)")
+
+
+class Stop(Message):
+    __slots__ = ()
+    checkpoint = _slot("seq", doc="id of the final checkpoint (-1: none)")
+
+
+class Done(Message):
+    __slots__ = ()
+    env_steps = _slot("a", int, "env steps (total)")
+    episodes = _slot("b", int, "episodes (total)")
+
+
+class Checkpoint(Message):
+    __slots__ = ()
+    id = _slot("seq", doc="checkpoint id")
+    env_steps = _slot("a", int, "ack: env steps (total) at the snapshot")
+
+
+#: the view `Wire.unpack` returns for each kind
+VIEWS: dict[Tag, type[Message]] = {
+    Tag.EXPERIENCE: Experience, Tag.CREDIT: Credit, Tag.WEIGHTS: Weights,
+    Tag.KEYFRAME: Keyframe, Tag.FORWARD: Forward, Tag.BATCH: Batch, Tag.PRIORITIES: Priorities,
+    Tag.STATS: Stats, Tag.STOP: Stop, Tag.DONE: Done, Tag.CHECKPOINT: Checkpoint}
+
+
+def _header(kind: Tag, count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
+    h = np.zeros(1, HEADER)
+    h[0] = (MAGIC, int(kind), VERSION, count, seq, a, b)
+    return h
+
+
+def pack(kind: Tag, arrays=(), count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
+    """Header + arrays -> one uint8 buffer (one copy)."""
+    parts = [_header(kind, count, seq, a, b).view(np.uint8)]
+    parts += [np.ascontiguousarray(x).view(np.uint8).reshape(-1) for x in arrays]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+class Wire:
+    """Packs and unpacks every kind for one run (the transition dtype and parameter count; for
+    image runs the frame shape; whether FORWARD and BATCH are compressed)."""
+
+    def __init__(self, record_dtype: np.dtype, n_params: int, frame_shape=None,
+                 compress: bool = False):
+        self.record = np.dtype(record_dtype)
+        self.n_params = int(n_params)
+        self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
+        self.frame = np.dtype((np.uint8, self.frame_shape)) if frame_shape is not None else None
+        self.compress = bool(compress)
+        self.last_raw_nbytes = 0  # uncompressed size of the last FORWARD / BATCH packed
+        self._zc = self._zd = None
+        self._layouts: dict = {}  # (kind, count, b, nframes) -> (need, [(name, view, lo, hi)])
+        if compress:
+            self._codecs()
+
+    def _codecs(self):
+        if self._zc is None:
+            try:
+                import zstandard
+            except ImportError:
+                raise RuntimeError("compressed messages need zstandard: "
+                                   'pip install -e ".[images]"') from None
+            self._zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+            self._zd = zstandard.ZstdDecompressor()
+        return self._zc, self._zd
+
+    def _spec(self, kind: Tag, count: int, b: float, nframes: int = 0):
+        spec = self._spec_records(kind, count, b)
+        if self.frame is not None and kind in RECORD_KINDS:
+            spec = [("nframes", np.dtype("<i8"), 1)] + spec + [("frames", self.frame, nframes)]
+        return spec
+
+    def _spec_records(self, kind: Tag, count: int, b: float) -> list[tuple[str, np.dtype, int]]:
+        f8, f4, i8, rec = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<i8"), self.record
+        if kind == Tag.EXPERIENCE:
+            return [("returns", f8, int(b)), ("td_abs", f4, count), ("records", rec, count)]
+        if kind == Tag.FORWARD:
+            return [("td_abs", f4, count), ("records", rec, count)]
+        if kind == Tag.BATCH:
+            return [("window", i8, 1), ("indices", i8, count), ("generations", i8, count),
+                    ("weights", f4, count), ("priorities", f4, count), ("records", rec, count)]
+        if kind == Tag.PRIORITIES:
+            return [("timing", f8, 2), ("indices", i8, count), ("generations", i8, count),
+                    ("td_abs", f4, count)]
+        if kind == Tag.WEIGHTS:
+            return self._spec_weights(count)
+        if kind == Tag.STATS:
+            return [("returns", f8, count)]
+        return []
+
+    def _spec_weights(self, encoding: int) -> list[tuple[str, np.dtype, int]]:
+        from mpirl.transport.weight_codec import BF16, DELTA, FULL, n_blocks
+
+        p = self.n_params
+        if encoding == FULL:
+            return [("params", np.dtype("<f4"), p)]
+        if encoding == BF16:
+            return [("params", np.dtype("<u2"), p)]
+        if encoding == DELTA:
+            return [("meta", np.dtype("<i8"), 2), ("scales", np.dtype("<f4"), n_blocks(p)),
+                    ("q", np.dtype("i1"), p)]
+        return [("unknown_encoding", np.dtype("u1"), -1)]  # never matches: a WireError
+
+    def _layout(self, kind: Tag, count: int, b: float, nframes: int):
+        """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
+        building them per message was a third of `unpack`."""
+        key = (kind, count, b if kind == Tag.EXPERIENCE else 0.0, nframes)  # b sizes only
+        # EXPERIENCE; in other kinds it is a value that changes per message
+        lay = self._layouts.get(key)
+        if lay is None:
+            parts, off = [], HEADER.itemsize
+            for name, dt, n in self._spec(kind, count, b, nframes):
+                size = dt.itemsize * n
+                view = (dt.base, (n,) + dt.shape) if dt.subdtype is not None else (dt, None)
+                parts.append((name, view, off, off + size))
+                off += size
+            lay = (off, parts)
+            if len(self._layouts) < 4096:
+                self._layouts[key] = lay
+        return lay
+
+    def unpack(self, buf: np.ndarray, tag: int, source: str = "?", rank: int = -1,
+               t: float = 0.0) -> Message:
+        """Check and view a received buffer (no copy) as its kind's view (`VIEWS`); ``rank``
+        and ``t`` are stored with it (`Message`).  WireError names the sender and the kind."""
+        if buf.nbytes < HEADER.itemsize:
+            raise WireError(f"message with tag {tag} from {source}: {buf.nbytes} bytes is "
+                            "shorter than the 40-byte header")
+        magic, raw_kind, version, count, seq, a, b = buf[: HEADER.itemsize].view(HEADER)[0].item()
+        kind = _TAGS.get(raw_kind & KIND_MASK)
+        if (magic != MAGIC or version != VERSION or kind is None or kind != tag
+                or raw_kind & ~(KIND_MASK | FLAG_ZSTD)):
+            where = f"message with tag {tag} from {source}"
+            if magic != MAGIC:
+                raise WireError(f"{where}: bad magic {magic:#x} (not an mpirl message)")
+            if version != VERSION:
+                raise WireError(f"{where}: wire version {version}, this rank speaks "
+                                f"{VERSION}; run the same mpirl version on every rank")
+            if kind is None:
+                raise WireError(f"{where}: unknown kind {raw_kind}")
+            if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
+                raise WireError(f"{where}: unknown flags {raw_kind & ~KIND_MASK:#x}")
+            raise WireError(f"{where}: header says {kind.name}, tag says {tag}")
+        raw_nbytes, received = 0, buf
+        if raw_kind & FLAG_ZSTD:
+            buf = self._decompress(buf, f"message with tag {tag} from {source}")
+            raw_nbytes = buf.nbytes
+        if count < 0 or b < 0 or b > 1e9:
+            raise WireError(f"message with tag {tag} from {source}: bad counts (count={count}, "
+                            f"b={b})")
+        nframes = 0
+        if self.frame is not None and kind in RECORD_KINDS:
+            if buf.nbytes < HEADER.itemsize + 8:
+                raise WireError(f"message with tag {tag} from {source}: {kind.name} of an image "
+                                "run has no nframes field")
+            nframes = int(buf[HEADER.itemsize: HEADER.itemsize + 8].view("<i8")[0])
+            if nframes < 0 or nframes > 1e9:
+                raise WireError(f"message with tag {tag} from {source}: bad nframes={nframes}")
+        need, parts = self._layout(kind, count, b, nframes)
+        if need != buf.nbytes:
+            raise WireError(f"message with tag {tag} from {source}: {kind.name} with "
+                            f"count={count} must be {need} bytes, got {buf.nbytes} (mismatched "
+                            "observation shape or version?)")
+        arrays = {}
+        for name, (dt, shape), lo, hi in parts:
+            part = buf[lo:hi].view(dt)
+            arrays[name] = part if shape is None else part.reshape(shape)
+        return VIEWS[kind](kind, count, seq, a, b, arrays, raw_nbytes, received, rank, t)
+
+    # ---- compression (FLAG_ZSTD) ---------------------------------------------------------------
+    def _maybe_compress(self, buf: np.ndarray) -> np.ndarray:
+        """Compress a packed FORWARD / BATCH when this run compresses (else ``buf`` as is)."""
+        self.last_raw_nbytes = buf.nbytes
+        if not self.compress:
+            return buf
+        return compress(buf, self._codecs()[0])
+
+    def _decompress(self, buf: np.ndarray, where: str) -> np.ndarray:
+        hsz = HEADER.itemsize
+        if buf.nbytes < hsz + 8:
+            raise WireError(f"{where}: compressed message of {buf.nbytes} bytes has no "
+                            "raw_nbytes field")
+        raw = int(buf[hsz: hsz + 8].view("<i8")[0])
+        if raw < 0 or raw > 1 << 40:
+            raise WireError(f"{where}: bad raw_nbytes={raw}")
+        try:
+            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8:]), max_output_size=raw)
+        except Exception as e:  # zstandard.ZstdError
+            raise WireError(f"{where}: compressed body does not decompress ({e})") from None
+        if len(body) != raw:
+            raise WireError(f"{where}: decompressed to {len(body)} bytes, header says {raw}")
+        out = np.empty(hsz + raw, np.uint8)
+        out[:hsz] = buf[:hsz]
+        out[:hsz].view(HEADER)["kind"] &= KIND_MASK
+        out[hsz:] = np.frombuffer(body, np.uint8)
+        return out
+
+    def _frames_arrays(self, frames, n_records: int):
+        if self.frame is None:
+            if frames is not None:
+                raise ValueError("frames given to a Wire without frame_shape")
+            return [], []
+        if frames is None:
+            frames = np.zeros((0,) + self.frame_shape, np.uint8)
+        frames = np.ascontiguousarray(frames, np.uint8)
+        if frames.shape[1:] != self.frame_shape:
+            raise ValueError(f"frames of shape {frames.shape[1:]}, this run's frames are "
+                             f"{self.frame_shape}")
+        return [np.array([len(frames)], "<i8")], [frames]
+
+    # ---- packers, one per kind (documented in the module docstring) --------------------------
+    def experience(self, records, td_abs, returns, env_steps: int, seq: int,
+                   frames=None) -> np.ndarray:
+        returns = np.asarray(returns, "<f8")
+        pre, post = self._frames_arrays(frames, len(records))
+        return pack(Tag.EXPERIENCE, pre + [returns, np.asarray(td_abs, "<f4"), records] + post,
+                    count=len(records), seq=seq, a=env_steps, b=len(returns))
+
+    def forward(self, records, td_abs, seq: int, frames=None) -> np.ndarray:
+        pre, post = self._frames_arrays(frames, len(records))
+        return self._maybe_compress(
+            pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
+                 count=len(records), seq=seq))
+
+    def batch(self, sample, batch_id: int, t_send: float, max_weight: float = 1.0,
+              window: int = 0) -> np.ndarray:
+        """A sampled batch (`mpirl.replay.Sample`, with its frame table for image runs)."""
+        pre, post = self._frames_arrays(sample.frames, len(sample.indices))
+        return self._maybe_compress(
+            pack(Tag.BATCH, pre + [np.array([window], "<i8"),
+                                   np.asarray(sample.indices, "<i8"),
+                                   np.asarray(sample.generations, "<i8"),
+                                   np.asarray(sample.weights, "<f4"),
+                                   np.asarray(sample.priorities, "<f4"), sample.records] + post,
+                 count=len(sample.indices), seq=batch_id, a=t_send,
+                 b=min(float(max_weight), MAX_WEIGHT)))
+
+    def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
+                   hold: float = 0.0, step: float = 0.0, updates: int = 0):
+        """One per trained batch: written straight into its cached layout (the generic `pack`
+        builds and concatenates five arrays; this is the learner's one packer per update)."""
+        n = len(indices)
+        need, parts = self._layout(Tag.PRIORITIES, n, 0.0, 0)
+        out = np.empty(need, np.uint8)
+        out[:HEADER.itemsize].view(HEADER)[0] = (MAGIC, int(Tag.PRIORITIES), VERSION, n, batch_id,
+                                                 t_echo, updates)
+        for (_, (dt, _), lo, hi), x in zip(parts, ((hold, step), indices, generations, td_abs)):
+            out[lo:hi].view(dt)[:] = x
+        return out
+
+    def weights(self, params: np.ndarray, version: int, updates: int) -> np.ndarray:
+        """Full float32 weights (encoding 0)."""
+        return pack(Tag.WEIGHTS, [np.asarray(params, "<f4")], seq=version, a=updates)
+
+    def weights_bf16(self, bits: np.ndarray, version: int, updates: int) -> np.ndarray:
+        """bfloat16 weights (encoding 1), ``bits`` from `mpirl.transport.weight_codec.to_bf16`."""
+        return pack(Tag.WEIGHTS, [np.asarray(bits, "<u2")], count=1, seq=version, a=updates)
+
+    def weights_delta(self, scales, q, base_version: int, crc: int, version: int,
+                      updates: int) -> np.ndarray:
+        """A quantized change from version ``base_version`` (encoding 2), zstd-compressed."""
+        raw = pack(Tag.WEIGHTS, [np.array([base_version, crc], "<i8"),
+                                 np.asarray(scales, "<f4"), np.asarray(q, "i1")],
+                   count=2, seq=version, a=updates)
+        return compress(raw, self._codecs()[0])
+
+    @staticmethod
+    def keyframe(version: int) -> np.ndarray:
+        return pack(Tag.KEYFRAME, seq=version)
+
+    @staticmethod
+    def credit(tokens: int, samples: float = 0.0) -> np.ndarray:
+        return pack(Tag.CREDIT, count=tokens, a=samples)
+
+    @staticmethod
+    def stats(returns, env_steps: int, episodes: int, weights_updates: int = 0) -> np.ndarray:
+        returns = np.asarray(returns, "<f8")
+        return pack(Tag.STATS, [returns], count=len(returns), seq=weights_updates, a=env_steps,
+                    b=episodes)
+
+    @staticmethod
+    def stop(checkpoint: int = -1) -> np.ndarray:
+        return pack(Tag.STOP, seq=checkpoint)
+
+    @staticmethod
+    def checkpoint(ckpt_id: int, env_steps: int = 0) -> np.ndarray:
+        return pack(Tag.CHECKPOINT, seq=ckpt_id, a=env_steps)
+
+    @staticmethod
+    def done(env_steps: int, episodes: int) -> np.ndarray:
+        return pack(Tag.DONE, a=env_steps, b=episodes)
+
+
+def compress(buf: np.ndarray, compressor) -> np.ndarray:
+    """A packed message -> the same message with its body zstd-compressed (FLAG_ZSTD)."""
+    hsz = HEADER.itemsize
+    body = compressor.compress(memoryview(buf[hsz:]))
+    out = np.empty(hsz + 8 + len(body), np.uint8)
+    out[:hsz] = buf[:hsz]
+    out[:hsz].view(HEADER)["kind"] |= FLAG_ZSTD
+    out[hsz: hsz + 8].view("<i8")[0] = buf.nbytes - hsz
+    out[hsz + 8:] = np.frombuffer(body, np.uint8)
+    return out
