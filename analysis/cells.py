@@ -30,18 +30,43 @@ import numpy as np
 from analysis.runs import Run
 from analysis.tables import PAPER_TERM, sort_key
 
-__all__ = ["LINK_KEYS", "PAPER_TERM", "Cell", "Group", "cell_label", "cell_of", "group",
-           "link_label", "slugify"]
+__all__ = [
+    "LINK_KEYS",
+    "PAPER_TERM",
+    "Cell",
+    "Group",
+    "cell_label",
+    "cell_of",
+    "group",
+    "link_label",
+    "slugify",
+]
 
 Key = tuple[tuple[str, str], ...]
 LINK_KEYS = ("env", "link", "latency_ms", "bandwidth_mbps", "jitter_ms", "link_change")
 # Keys that never split runs into groups: seeds, budgets, output and logging settings.
-NOT_A_VARIANT = {"seed", "run_dir", "config", "max_env_steps", "max_seconds", "max_updates",
-                 "target_return", "progress_seconds", "flush_seconds", "torch_threads",
-                 "replay_at", *LINK_KEYS}
+NOT_A_VARIANT = {
+    "seed",
+    "run_dir",
+    "config",
+    "max_env_steps",
+    "max_seconds",
+    "max_updates",
+    "target_return",
+    "progress_seconds",
+    "flush_seconds",
+    "torch_threads",
+    "replay_at",
+    *LINK_KEYS,
+}
 # Settings that only one placement has: they neither split cells nor tell placements apart.
-PLACEMENT_ONLY = {"inflight", "max_staleness", "forward_chunk", "forward_credits",
-                  "forward_overflow"}
+PLACEMENT_ONLY = {
+    "inflight",
+    "max_staleness",
+    "forward_chunk",
+    "forward_credits",
+    "forward_overflow",
+}
 ORDER = {"learner": 0, "buffer": 1}
 
 
@@ -55,8 +80,9 @@ class Group:
     metrics: list[dict[str, Any]] = field(default_factory=list)  # per run, `run_metrics`
 
     def values(self, key: str) -> np.ndarray:
-        return np.array([float(m[key]) if m.get(key) is not None else np.nan
-                         for m in self.metrics], "f8")
+        return np.array(
+            [float(m[key]) if m.get(key) is not None else np.nan for m in self.metrics], "f8"
+        )
 
     def mean(self, key: str) -> float:
         v = self.values(key)
@@ -104,7 +130,7 @@ def slugify(s: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", s).strip("-").lower() or "profile"
     if len(slug) <= SLUG_MAX:
         return slug
-    return f"{slug[:SLUG_MAX - 9].rstrip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:8]}"
+    return f"{slug[: SLUG_MAX - 9].rstrip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:8]}"
 
 
 def link_label(key: Key) -> str:
@@ -138,8 +164,9 @@ def _sweep_keys(runs: list[Run], root: Path) -> dict[int, Key]:
     keys = {id(r): cell_of(r, root) for r in runs}
     if all(v is not None for v in keys.values()):
         return keys
-    names = sorted({k for r in runs for k in r.config} - NOT_A_VARIANT - PLACEMENT_ONLY
-                   - {"reference_set"})
+    names = sorted(
+        {k for r in runs for k in r.config} - NOT_A_VARIANT - PLACEMENT_ONLY - {"reference_set"}
+    )
     varying = [k for k in names if len({_fmt_key(r.config.get(k)) for r in runs}) > 1]
     return {id(r): tuple((k, _fmt_key(r.config.get(k))) for k in varying) for r in runs}
 
@@ -157,8 +184,7 @@ def _placement_groups(runs: list[Run], variants: bool) -> tuple[list[Group], dic
         fixed[place] = {k: _fmt_key(rs[0].config.get(k)) for k in keys if k not in varying}
         by_variant: dict[tuple, list[Run]] = {}
         for r in rs:
-            by_variant.setdefault(tuple(_fmt_key(r.config.get(k)) for k in varying),
-                                  []).append(r)
+            by_variant.setdefault(tuple(_fmt_key(r.config.get(k)) for k in varying), []).append(r)
         for vkey in sorted(by_variant):
             name = f"{PAPER_TERM.get(place, place)} (replay_at={place}"
             name += "".join(f", {k}={v}" for k, v in zip(varying, vkey, strict=True)) + ")"
@@ -174,16 +200,20 @@ def _warnings(groups: list[Group], fixed: dict[str, dict[str, str]]) -> list[str
         (pa, a), (pb, b) = list(fixed.items())[:2]
         diff = [k for k in sorted(a.keys() & b.keys()) if a[k] != b[k] and k not in PLACEMENT_ONLY]
         if diff:
-            out.append("the placements also differ in " + ", ".join(
-                f"{k} ({pa}: {a[k]}, {pb}: {b[k]})" for k in diff))
+            out.append(
+                "the placements also differ in "
+                + ", ".join(f"{k} ({pa}: {a[k]}, {pb}: {b[k]})" for k in diff)
+            )
     for g in groups:
         seeds = [r.seed for r in g.runs]
         if len(set(map(str, seeds))) < len(seeds):
             out.append(f"{g.label}: repeated seeds {seeds}")
         unfinished = [r.path.name for r in g.runs if not r.finished]
         if unfinished:
-            out.append(f"{g.label}: unfinished (live or killed) runs, summary derived "
-                       f"from the streams: {', '.join(unfinished)}")
+            out.append(
+                f"{g.label}: unfinished (live or killed) runs, summary derived "
+                f"from the streams: {', '.join(unfinished)}"
+            )
     return out
 
 

@@ -30,25 +30,44 @@ from analysis.profile import profile_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("experiment_dir", help="folder holding run folders (any depth)")
     ap.add_argument("--out", help="output folder (default EXPERIMENT_DIR/analysis)")
-    ap.add_argument("--target", type=float, help="return target R for 'to target' (default: "
-                    "the run's target_return, else the env's reward threshold)")
-    ap.add_argument("--window", type=int, help="W: updates in the loss moving average "
-                    f"(default clip(updates // 10, 10, {M.MAX_WINDOW}))")
-    ap.add_argument("--tol", type=float, default=M.TOL, help="settling band around the final "
-                    "loss level, relative (default %(default)s)")
+    ap.add_argument(
+        "--target",
+        type=float,
+        help="return target R for 'to target' (default: "
+        "the run's target_return, else the env's reward threshold)",
+    )
+    ap.add_argument(
+        "--window",
+        type=int,
+        help="W: updates in the loss moving average "
+        f"(default clip(updates // 10, 10, {M.MAX_WINDOW}))",
+    )
+    ap.add_argument(
+        "--tol",
+        type=float,
+        default=M.TOL,
+        help="settling band around the final loss level, relative (default %(default)s)",
+    )
     ap.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
-    ap.add_argument("--report", help="also write the paper experiment's report (per-cell "
-                    "tables with per-seed values and ratio CIs, decisions, crossover map, forest "
-                    "plot, return vs link MB) into this folder: paper.md and its files")
+    ap.add_argument(
+        "--report",
+        help="also write the paper experiment's report (per-cell "
+        "tables with per-seed values and ratio CIs, decisions, crossover map, forest "
+        "plot, return vs link MB) into this folder: paper.md and its files",
+    )
     a = ap.parse_args(argv)
     if not Path(a.experiment_dir).is_dir():
         ap.error(f"experiment_dir={a.experiment_dir!r} is not a folder")
-    profiles = profile_report(a.experiment_dir, a.out, target=a.target, window=a.window,
-                              tol=a.tol, plots=not a.no_plots)
+    profiles = profile_report(
+        a.experiment_dir, a.out, target=a.target, window=a.window, tol=a.tol, plots=not a.no_plots
+    )
     out = Path(a.out) if a.out else Path(a.experiment_dir) / "analysis"
     if not profiles:
         print(f"no run folders (with learner.h5) under {a.experiment_dir}", file=sys.stderr)

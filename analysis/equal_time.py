@@ -22,15 +22,17 @@ PAPER = {"train_loss": 0.26, "prio_td_held": 3.92}
 FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
 DECIDING = ("cell=A", "cell=B", "cell=M")
 CONTROL, THINNING = "cell=C", "cell=B"
-METRICS = (("train_loss", "training loss (IS-weighted)"),
-           ("train_loss_unweighted", "training loss, unweighted"),
-           ("prio_td_held", "priority held, \\|td\\|+eps"),
-           ("prio_held", "priority held, p^alpha"),
-           ("arrival_td", "\\|td\\| on arrival"),
-           ("auc_return", "return AUC over [0, T]"),
-           ("final_return", "final-window return"),
-           ("return_per_mb", "return AUC per link MB"),
-           ("ref_loss_norm", "reference loss / mean Q^2 (secondary)"))
+METRICS = (
+    ("train_loss", "training loss (IS-weighted)"),
+    ("train_loss_unweighted", "training loss, unweighted"),
+    ("prio_td_held", "priority held, \\|td\\|+eps"),
+    ("prio_held", "priority held, p^alpha"),
+    ("arrival_td", "\\|td\\| on arrival"),
+    ("auc_return", "return AUC over [0, T]"),
+    ("final_return", "final-window return"),
+    ("return_per_mb", "return AUC per link MB"),
+    ("ref_loss_norm", "reference loss / mean Q^2 (secondary)"),
+)
 OUTCOMES = (("auc_return", "return AUC"), ("return_per_mb", "return per MB"))
 REQUESTED_TOLERANCE = 0.10
 
@@ -75,15 +77,16 @@ def by_cell(runs: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
 
 
 def ratio(cell: dict, key: str) -> LogRatio:
-    return log_ratio_t({s: r[key] for s, r in cell["buffer"].items()},
-                       {s: r[key] for s, r in cell["learner"].items()})
+    return log_ratio_t(
+        {s: r[key] for s, r in cell["buffer"].items()},
+        {s: r[key] for s, r in cell["learner"].items()},
+    )
 
 
 def achieved(cell: dict, arm: str) -> dict[str, float]:
     rows = list(cell[arm].values())
     out = {}
-    for k in ("P", "U", "rho", "delivered_fraction", "T", "load_max", "P_requested",
-              "U_requested"):
+    for k in ("P", "U", "rho", "delivered_fraction", "T", "load_max", "P_requested", "U_requested"):
         x = np.array([r[k] for r in rows], float)
         out[k] = float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else math.nan
     return out
@@ -97,8 +100,11 @@ def marks(cell: dict) -> list[str]:
         a = achieved(cell, arm)
         for k in ("P", "U"):
             want = a[f"{k}_requested"]
-            if math.isfinite(want) and math.isfinite(a[k]) and \
-                    abs(a[k] / want - 1) > REQUESTED_TOLERANCE:
+            if (
+                math.isfinite(want)
+                and math.isfinite(a[k])
+                and abs(a[k] / want - 1) > REQUESTED_TOLERANCE
+            ):
                 out.append(f"{PAPER_TERM[arm]} {k} {a[k]:.4g} against {want:.4g}")
     return out
 
@@ -108,8 +114,10 @@ def family_tests(cells: dict) -> list[tuple[str, str, LogRatio, float, str]]:
     tests = [(c, k, ratio(cells[c], k)) for c in DECIDING if c in cells for k in PAPER]
     adj = holm([r.p for _, _, r in tests])
     m = len(tests)
-    return [(c, k, r, p, figure_outcome(r, p, PAPER[k], m))
-            for (c, k, r), p in zip(tests, adj, strict=True)]
+    return [
+        (c, k, r, p, figure_outcome(r, p, PAPER[k], m))
+        for (c, k, r), p in zip(tests, adj, strict=True)
+    ]
 
 
 def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio, float]]:
@@ -136,10 +144,11 @@ def iqm_and_improvement(cell: dict, key: str) -> tuple[float, float, float]:
 def _f(x: float, digits: int = 3) -> str:
     if not (isinstance(x, float) and math.isfinite(x)):
         return "-"
-    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+    return f"{x:,.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
 
 
 # --- the markdown --------------------------------------------------------------------------------
+
 
 def section(data: Path) -> str:
     """docs/results.md's equal-wall-time results (module docstring)."""
@@ -148,8 +157,10 @@ def section(data: Path) -> str:
             shown = data.resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
         except ValueError:
             shown = data.name
-        return (f"No run of the equal-wall-time design has been committed yet "
-                f"(`{shown}/runs.csv` does not exist).")
+        return (
+            f"No run of the equal-wall-time design has been committed yet "
+            f"(`{shown}/runs.csv` does not exist)."
+        )
     runs, _ = read(data)
     cells = by_cell(runs)
     fam = family_tests(cells)
@@ -169,29 +180,46 @@ def _verdict(cells: dict, fam: list) -> str:
     for key, name in FIGURE_NAMES.items():
         said = [f"{o} in {c} ({r.text()}, n = {r.n})" for c, k, r, _, o in fam if k == key]
         a = next((o for c, k, _, _, o in fam if k == key and c == "cell=A"), None)
-        head = ("reproduced" if a == "matches the paper" else
-                f"not reproduced ({a})" if a else "not yet tested in cell A")
-        parts.append(f"**{name} (paper {PAPER[key]:g}x): {head}.** Per deciding cell: "
-                     + ("; ".join(said) or "none run") + ".")
+        head = (
+            "reproduced"
+            if a == "matches the paper"
+            else f"not reproduced ({a})"
+            if a
+            else "not yet tested in cell A"
+        )
+        parts.append(
+            f"**{name} (paper {PAPER[key]:g}x): {head}.** Per deciding cell: "
+            + ("; ".join(said) or "none run")
+            + "."
+        )
     text = " ".join(parts)
     if missing:
-        text += (" Deciding cells without data yet: " + ", ".join(missing)
-                 + "; until they are run the family is smaller and the verdict is partial.")
+        text += (
+            " Deciding cells without data yet: "
+            + ", ".join(missing)
+            + "; until they are run the family is smaller and the verdict is partial."
+        )
     text += " Pairs per cell: " + ", ".join(f"{c} {k}" for c, k in n.items()) + "."
     return text
 
 
 def _family_table(fam: list) -> list[str]:
     m = len(fam)
-    out = [f"Confirmatory family F: {m} tests, Holm at family-wise alpha 0.05; simultaneous "
-           f"intervals at level 1 - 0.05/{m}.", "",
-           "| cell | figure (paper) | ratio [95% t-interval] | n | p | Holm p | simultaneous "
-           "interval | outcome |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"Confirmatory family F: {m} tests, Holm at family-wise alpha 0.05; simultaneous "
+        f"intervals at level 1 - 0.05/{m}.",
+        "",
+        "| cell | figure (paper) | ratio [95% t-interval] | n | p | Holm p | simultaneous "
+        "interval | outcome |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c, k, r, p, o in fam:
         lo, hi = r.interval(1 - 0.05 / max(m, 1))
-        out.append(f"| {c} | {FIGURE_NAMES[k].replace('|', chr(92) + '|')} ({PAPER[k]:g}) | "
-                   f"{r.text()} | {r.n} | {_f(r.p, 2)} | {_f(p, 2)} | [{_f(lo)}, {_f(hi)}] | "
-                   f"{o} |")
+        out.append(
+            f"| {c} | {FIGURE_NAMES[k].replace('|', chr(92) + '|')} ({PAPER[k]:g}) | "
+            f"{r.text()} | {r.n} | {_f(r.p, 2)} | {_f(p, 2)} | [{_f(lo)}, {_f(hi)}] | "
+            f"{o} |"
+        )
     return out + [""]
 
 
@@ -200,39 +228,56 @@ def _control(cells: dict) -> list[str]:
         return ["The replay-ratio matched control (cell C) has no data yet.", ""]
     b, c = ratio(cells[THINNING], "train_loss"), ratio(cells[CONTROL], "train_loss")
     consistent = b.high < 1 and c.low <= 1 <= c.high
-    return [f"**Matched control.** Training loss, proposed / existing: {b.text()} in cell B "
-            f"(unequal replay per delivered transition), {c.text()} in cell C (equal). "
-            + ("The data are consistent with a replay-ratio effect." if consistent else
-               "The data do not show that the loss difference is a replay-ratio effect."), ""]
+    return [
+        f"**Matched control.** Training loss, proposed / existing: {b.text()} in cell B "
+        f"(unequal replay per delivered transition), {c.text()} in cell C (equal). "
+        + (
+            "The data are consistent with a replay-ratio effect."
+            if consistent
+            else "The data do not show that the loss difference is a replay-ratio effect."
+        ),
+        "",
+    ]
 
 
 def _cell_block(c: str, cell: dict) -> list[str]:
     a_e, a_p = achieved(cell, "learner"), achieved(cell, "buffer")
-    out = [f"#### {c}", "",
-           f"T {a_e['T']:.0f} s. Achieved (median run), existing / proposed: P "
-           f"{_f(a_e['P'])} / {_f(a_p['P'])} env steps/s, U {_f(a_e['U'])} / {_f(a_p['U'])} "
-           f"updates/s, rho {_f(a_e['rho'])} / {_f(a_p['rho'])}; existing delivered "
-           f"{_f(a_e['delivered_fraction'])} of production; load average at most "
-           f"{_f(max(a_e['load_max'], a_p['load_max']), 2)}."]
+    out = [
+        f"#### {c}",
+        "",
+        f"T {a_e['T']:.0f} s. Achieved (median run), existing / proposed: P "
+        f"{_f(a_e['P'])} / {_f(a_p['P'])} env steps/s, U {_f(a_e['U'])} / {_f(a_p['U'])} "
+        f"updates/s, rho {_f(a_e['rho'])} / {_f(a_p['rho'])}; existing delivered "
+        f"{_f(a_e['delivered_fraction'])} of production; load average at most "
+        f"{_f(max(a_e['load_max'], a_p['load_max']), 2)}.",
+    ]
     flagged = marks(cell)
     if flagged:
-        out.append("**Marked: achieved rates miss the requested ones by more than 10%:** "
-                   + "; ".join(flagged) + ".")
+        out.append(
+            "**Marked: achieved rates miss the requested ones by more than 10%:** "
+            + "; ".join(flagged)
+            + "."
+        )
     out += ["", "| metric | proposed / existing [95% t-interval] | n | p |", "|---|---|---|---|"]
     for key, name in METRICS:
         r = ratio(cell, key)
         out.append(f"| {name} | {r.text()} | {r.n} | {_f(r.p, 2)} |")
     e_iqm, p_iqm, prob = iqm_and_improvement(cell, "final_return")
-    out += ["", f"Final-window return, IQM: existing {_f(e_iqm)}, proposed {_f(p_iqm)}; "
-            f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}."]
+    out += [
+        "",
+        f"Final-window return, IQM: existing {_f(e_iqm)}, proposed {_f(p_iqm)}; "
+        f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}.",
+    ]
     km = _km(cell)
     if km:
-        out.append(f"Time to target (censored at T): reached {km['reached_learner']}/"
-                   f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
-                   f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
-                   f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} "
-                   f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p "
-                   f"{_f(km['logrank_p'], 2)}.")
+        out.append(
+            f"Time to target (censored at T): reached {km['reached_learner']}/"
+            f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
+            f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
+            f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} "
+            f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p "
+            f"{_f(km['logrank_p'], 2)}."
+        )
     return out + [""]
 
 
@@ -240,8 +285,9 @@ def _km(cell: dict) -> dict | None:
     from analysis.paired import km_compare
 
     rows = {k: list(v.values()) for k, v in cell.items()}
-    if not all(rows.values()) or not all(math.isfinite(r["target"]) for v in rows.values()
-                                         for r in v):
+    if not all(rows.values()) or not all(
+        math.isfinite(r["target"]) for v in rows.values() for r in v
+    ):
         return None
     tau = min(r["T"] for v in rows.values() for r in v)
     times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
@@ -253,22 +299,29 @@ def _map(cells: dict) -> list[str]:
     tests = outcome_tests(cells)
     if not tests:
         return []
-    out = ["**Where should the replay memory live?** Family U: every cell x (return AUC, "
-           "return per link MB), Holm at 0.05; a placement wins when its Holm-adjusted p < 0.05.",
-           "", "| cell | " + " | ".join(n for _, n in OUTCOMES) + " |",
-           "|---|" + "---|" * len(OUTCOMES)]
+    out = [
+        "**Where should the replay memory live?** Family U: every cell x (return AUC, "
+        "return per link MB), Holm at 0.05; a placement wins when its Holm-adjusted p < 0.05.",
+        "",
+        "| cell | " + " | ".join(n for _, n in OUTCOMES) + " |",
+        "|---|" + "---|" * len(OUTCOMES),
+    ]
     for c in dict.fromkeys(c for c, _ in tests):
         row = []
         for key, _ in OUTCOMES:
             r, p = tests[(c, key)]
-            who = ("**proposed**" if r.estimate > 1 else "**existing**") if p < 0.05 else \
-                f"no difference shown at n = {r.n}"
+            who = (
+                ("**proposed**" if r.estimate > 1 else "**existing**")
+                if p < 0.05
+                else f"no difference shown at n = {r.n}"
+            )
             row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
     return out + [""]
 
 
 # --- the figures ---------------------------------------------------------------------------------
+
 
 def slug(cell: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in cell).strip("-")
@@ -299,11 +352,11 @@ def figures(data: Path, out: Path) -> list[Path]:
             mb = np.array([x["link_mb"] for x in cs])
             for ax, x in ((axes[0], t), (axes[1], np.nanmedian(mb, axis=0))):
                 ax.plot(x, np.nanmedian(ret, axis=0), color=color, label=PAPER_TERM[arm])
-                ax.fill_between(x, *np.nanpercentile(ret, [25, 75], axis=0), color=color,
-                                alpha=0.2)
+                ax.fill_between(x, *np.nanpercentile(ret, [25, 75], axis=0), color=color, alpha=0.2)
             _km_plot(axes[2], list(cell[arm].values()), color, PAPER_TERM[arm])
-        for ax, xl in zip(axes, ("wall time (s)", "link MB (median)", "wall time (s)"),
-                          strict=True):
+        for ax, xl in zip(
+            axes, ("wall time (s)", "link MB (median)", "wall time (s)"), strict=True
+        ):
             ax.set_xlabel(xl)
         axes[0].set_ylabel("greedy return")
         axes[2].set_ylabel("not at target yet")
@@ -329,6 +382,7 @@ def _km_plot(ax, rows: list[dict], color: str, label: str) -> None:
 
 # --- cell B's pilot ------------------------------------------------------------------------------
 
+
 def pilot_section(data: Path) -> str:
     """The pilot of cell B (calibration, not evidence): per bandwidth, what each placement
     achieved, and the bandwidth b* the Plan's rule picks: the existing placement delivers 40-60%
@@ -340,26 +394,35 @@ def pilot_section(data: Path) -> str:
     for r in runs:
         bw = float(r["cell"].split("bandwidth_mbps=")[1].split(",")[0])
         rows.setdefault(bw, {})["learner" if r["replay_at"] == "learner" else "buffer"] = r
-    out = ["| bandwidth | existing: P, U, delivered | proposed: P, U (requested) | link MB "
-           "(existing / proposed) | load max |", "|---|---|---|---|---|"]
+    out = [
+        "| bandwidth | existing: P, U, delivered | proposed: P, U (requested) | link MB "
+        "(existing / proposed) | load max |",
+        "|---|---|---|---|---|",
+    ]
     fits = []
     for bw in sorted(rows):
         e, p = rows[bw].get("learner"), rows[bw].get("buffer")
         if e is None or p is None:
             continue
-        out.append(f"| {bw:g} Mb/s | {_f(e['P'])}, {_f(e['U'])}, {_f(e['delivered_fraction'])} "
-                   f"| {_f(p['P'])}, {_f(p['U'])} ({_f(p['U_requested'])}) | "
-                   f"{_f(e['link_mb'])} / {_f(p['link_mb'])} | "
-                   f"{_f(max(e['load_max'], p['load_max']), 2)} |")
+        out.append(
+            f"| {bw:g} Mb/s | {_f(e['P'])}, {_f(e['U'])}, {_f(e['delivered_fraction'])} "
+            f"| {_f(p['P'])}, {_f(p['U'])} ({_f(p['U_requested'])}) | "
+            f"{_f(e['link_mb'])} / {_f(p['link_mb'])} | "
+            f"{_f(max(e['load_max'], p['load_max']), 2)} |"
+        )
         holds = abs(p["U"] / p["U_requested"] - 1) <= REQUESTED_TOLERANCE
         if 0.4 <= e["delivered_fraction"] <= 0.6 and holds:
             fits.append((abs(e["delivered_fraction"] - 0.5), bw, e["delivered_fraction"]))
     if fits:
         _, bw, f = min(fits)
-        rule = (f"**b\\* = {bw:g} Mb/s**: the existing placement delivered {f:.0%} of "
-                f"production there and the proposed one held its U. Cell C's existing placement "
-                f"then runs at U = {f:.3f} x 46.875 = {f * 46.875:.2f} updates/s.")
+        rule = (
+            f"**b\\* = {bw:g} Mb/s**: the existing placement delivered {f:.0%} of "
+            f"production there and the proposed one held its U. Cell C's existing placement "
+            f"then runs at U = {f:.3f} x 46.875 = {f * 46.875:.2f} updates/s."
+        )
     else:
-        rule = ("**No pilot bandwidth met both conditions**; the pilot must be extended before "
-                "cell B runs.")
+        rule = (
+            "**No pilot bandwidth met both conditions**; the pilot must be extended before "
+            "cell B runs."
+        )
     return "\n".join(out) + "\n\n" + rule

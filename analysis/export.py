@@ -50,11 +50,39 @@ from analysis.metrics import link_mb_at, resolve_target
 from analysis.runs import Run, find_runs, load_run
 
 GRID = 48
-RUN_FIELDS = ("run", "cell", "replay_at", "seed", "T", "wall_s", "env_steps", "updates", "evals",
-              "P_requested", "U_requested", "P", "U", "rho", "delivered_fraction", "train_loss",
-              "train_loss_unweighted", "prio_td_held", "prio_held", "arrival_td", "ref_loss",
-              "ref_loss_norm", "auc_return", "final_return", "target", "reached",
-              "time_to_target_s", "link_mb", "return_per_mb", "load_mean", "load_max")
+RUN_FIELDS = (
+    "run",
+    "cell",
+    "replay_at",
+    "seed",
+    "T",
+    "wall_s",
+    "env_steps",
+    "updates",
+    "evals",
+    "P_requested",
+    "U_requested",
+    "P",
+    "U",
+    "rho",
+    "delivered_fraction",
+    "train_loss",
+    "train_loss_unweighted",
+    "prio_td_held",
+    "prio_held",
+    "arrival_td",
+    "ref_loss",
+    "ref_loss_norm",
+    "auc_return",
+    "final_return",
+    "target",
+    "reached",
+    "time_to_target_s",
+    "link_mb",
+    "return_per_mb",
+    "load_mean",
+    "load_max",
+)
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
 
@@ -98,8 +126,12 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
     prog = run.learner.stream("progress")
     tp = _col(prog, "t")
     ok = (tp >= 0.1 * big_t) & (tp <= big_t + 1e-9)
-    keys = {"P": "env_steps_per_s", "U": "updates_per_s", "rho": "rho",
-            "delivered_fraction": "delivered_fraction"}
+    keys = {
+        "P": "env_steps_per_s",
+        "U": "updates_per_s",
+        "rho": "rho",
+        "delivered_fraction": "delivered_fraction",
+    }
     out = {}
     for name, key in keys.items():
         x = _col(prog, key)[ok]
@@ -132,13 +164,18 @@ def _eval_metrics(run: Run, big_t: float) -> dict[str, Any]:
     tgt, _ = resolve_target(run, None)
     hit = np.flatnonzero(by_t & (ret >= tgt)) if tgt is not None else np.zeros(0, int)
     in_w = by_t & (te >= big_t / 2)
-    return {"evals": int(by_t.sum()), "auc_return": auc(te[by_t], ret[by_t], big_t),
-            "final_return": _mean(ret[by_t & (te >= 0.75 * big_t)]),
-            "ref_loss": _mean(_col(ev, "reference_loss")[order][in_w]),
-            "ref_loss_norm": _mean((_col(ev, "reference_loss")
-                                    / _col(ev, "reference_q_sq_mean"))[order][in_w]),
-            "target": tgt if tgt is not None else math.nan, "reached": bool(len(hit)),
-            "time_to_target_s": float(te[hit[0]]) if len(hit) else big_t}
+    return {
+        "evals": int(by_t.sum()),
+        "auc_return": auc(te[by_t], ret[by_t], big_t),
+        "final_return": _mean(ret[by_t & (te >= 0.75 * big_t)]),
+        "ref_loss": _mean(_col(ev, "reference_loss")[order][in_w]),
+        "ref_loss_norm": _mean(
+            (_col(ev, "reference_loss") / _col(ev, "reference_q_sq_mean"))[order][in_w]
+        ),
+        "target": tgt if tgt is not None else math.nan,
+        "reached": bool(len(hit)),
+        "time_to_target_s": float(te[hit[0]]) if len(hit) else big_t,
+    }
 
 
 def run_id(run: Run) -> str:
@@ -160,19 +197,31 @@ def run_row(run: Run, root: Path) -> dict[str, Any]:
     n = _col(xf, "n")
     an = _col(xf, "arrival_n") if "arrival_n" in xf else n
     cell = cell_of(run, root)
-    row = {"run": run_id(run), "cell": cell_label(cell) if cell else "all runs",
-           "replay_at": run.replay_at, "seed": run.seed, "T": big_t,
-           "wall_s": run.summary.get("wall_s"), "env_steps": run.summary.get("env_steps"),
-           "updates": run.summary.get("updates"), **requested(run), **_achieved(run, big_t),
-           "train_loss": _mean(_col(upd, "loss")[wu]),
-           "train_loss_unweighted": _mean(_col(upd, "loss_unweighted")[wu]),
-           "prio_td_held": _mean(_col(xf, "priority_td_mean")[wx], n[wx]),
-           "prio_held": _mean(_col(xf, "priority_mean")[wx], n[wx]),
-           "arrival_td": _mean(_col(xf, "arrival_td_mean")[wx], an[wx]),
-           **_eval_metrics(run, big_t),
-           "link_mb": float(link_mb_at(run, np.array([big_t]))[0]), **_load(run)}
-    row["return_per_mb"] = (row["auc_return"] / row["link_mb"]
-                            if row["link_mb"] and math.isfinite(row["link_mb"]) else math.nan)
+    row = {
+        "run": run_id(run),
+        "cell": cell_label(cell) if cell else "all runs",
+        "replay_at": run.replay_at,
+        "seed": run.seed,
+        "T": big_t,
+        "wall_s": run.summary.get("wall_s"),
+        "env_steps": run.summary.get("env_steps"),
+        "updates": run.summary.get("updates"),
+        **requested(run),
+        **_achieved(run, big_t),
+        "train_loss": _mean(_col(upd, "loss")[wu]),
+        "train_loss_unweighted": _mean(_col(upd, "loss_unweighted")[wu]),
+        "prio_td_held": _mean(_col(xf, "priority_td_mean")[wx], n[wx]),
+        "prio_held": _mean(_col(xf, "priority_mean")[wx], n[wx]),
+        "arrival_td": _mean(_col(xf, "arrival_td_mean")[wx], an[wx]),
+        **_eval_metrics(run, big_t),
+        "link_mb": float(link_mb_at(run, np.array([big_t]))[0]),
+        **_load(run),
+    }
+    row["return_per_mb"] = (
+        row["auc_return"] / row["link_mb"]
+        if row["link_mb"] and math.isfinite(row["link_mb"])
+        else math.nan
+    )
     if run.replay_at != "learner":
         row["delivered_fraction"] = math.nan
     return row
@@ -194,14 +243,16 @@ def run_curves(run: Run) -> list[dict[str, Any]]:
     ev, upd, xf = (run.learner.stream(s) for s in ("evals", "updates", "transfers"))
     te, ret = _col(ev, "t"), _col(ev, "ret_mean")
     order = np.argsort(te, kind="stable")
-    cols = {"return": held_return(te[order], ret[order], grid),
-            "link_mb": link_mb_at(run, grid),
-            "train_loss": _binned(_col(upd, "t"), _col(upd, "loss"), grid),
-            "prio_td_held": _binned(_col(xf, "t"), _col(xf, "priority_td_mean"), grid,
-                                    _col(xf, "n"))}
-    return [{"run": run_id(run), "t": float(grid[k]), **{c: float(v[k]) for c, v in
-                                                            cols.items()}}
-            for k in range(len(grid))]
+    cols = {
+        "return": held_return(te[order], ret[order], grid),
+        "link_mb": link_mb_at(run, grid),
+        "train_loss": _binned(_col(upd, "t"), _col(upd, "loss"), grid),
+        "prio_td_held": _binned(_col(xf, "t"), _col(xf, "priority_td_mean"), grid, _col(xf, "n")),
+    }
+    return [
+        {"run": run_id(run), "t": float(grid[k]), **{c: float(v[k]) for c, v in cols.items()}}
+        for k in range(len(grid))
+    ]
 
 
 def _fmt(v: Any) -> str:
@@ -248,12 +299,19 @@ def export(root: Path, into: Path, only: list[Path] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("root", type=Path, help="a run folder or a folder of run folders")
     ap.add_argument("--into", type=Path, required=True, help="folder of runs.csv and curves.csv")
-    ap.add_argument("--run", type=Path, action="append",
-                    help="export only this run folder under ROOT (repeatable)")
+    ap.add_argument(
+        "--run",
+        type=Path,
+        action="append",
+        help="export only this run folder under ROOT (repeatable)",
+    )
     a = ap.parse_args(argv)
     for p in [a.root, *(a.run or [])]:
         if not (p.exists() and (p is a.root or (p / "learner.h5").exists())):

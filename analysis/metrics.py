@@ -49,9 +49,21 @@ import numpy as np
 
 from analysis.runs import Run
 
-__all__ = ["KNOWN_TARGETS", "Convergence", "Kind", "Window", "convergence", "fixed_window",
-           "link_mb_at", "moving_average", "resolve_target", "run_metrics", "settle_index",
-           "to_target", "window_means"]
+__all__ = [
+    "KNOWN_TARGETS",
+    "Convergence",
+    "Kind",
+    "Window",
+    "convergence",
+    "fixed_window",
+    "link_mb_at",
+    "moving_average",
+    "resolve_target",
+    "run_metrics",
+    "settle_index",
+    "to_target",
+    "window_means",
+]
 
 TOL = 0.2
 MIN_TAIL = 0.1
@@ -61,8 +73,12 @@ MAX_WINDOW = 500
 # gymnasium reward_threshold of common ids: the learner's default target (config target_return
 # None). Unknown ids need --target (or a target_return attr in the learner file).
 KNOWN_TARGETS = {
-    "CartPole-v0": 195.0, "CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0,
-    "LunarLander-v2": 200.0, "LunarLander-v3": 200.0,
+    "CartPole-v0": 195.0,
+    "CartPole-v1": 475.0,
+    "Acrobot-v1": -100.0,
+    "MountainCar-v0": -110.0,
+    "LunarLander-v2": 200.0,
+    "LunarLander-v3": 200.0,
 }
 
 
@@ -99,7 +115,10 @@ def moving_average(x: np.ndarray, w: int) -> np.ndarray:
 
 
 def settle_index(
-    loss: np.ndarray, window: int | None = None, tol: float = TOL, min_tail: float = MIN_TAIL,
+    loss: np.ndarray,
+    window: int | None = None,
+    tol: float = TOL,
+    min_tail: float = MIN_TAIL,
     fallback: float = FALLBACK,
 ) -> tuple[int, str, int]:
     """``(start, method, W)`` for a loss series: see the module docstring."""
@@ -166,9 +185,11 @@ def resolve_target(run: Run, override: float | None = None) -> tuple[float | Non
     file attr), else the config's ``target_return``, else the env's known reward threshold."""
     if override is not None:
         return float(override), "--target"
-    for src, v in (("summary", run.summary.get("target_return")),
-                   ("learner.h5 attrs", run.learner.attrs.get("target_return")),
-                   ("config", run.config.get("target_return"))):
+    for src, v in (
+        ("summary", run.summary.get("target_return")),
+        ("learner.h5 attrs", run.learner.attrs.get("target_return")),
+        ("config", run.config.get("target_return")),
+    ):
         try:
             if v is not None and np.isfinite(float(v)):
                 return float(v), src
@@ -253,8 +274,11 @@ def window_means(run: Run, w: Window) -> dict[str, float]:
 
     n, nbytes, pm = (col(xf, k, in_x) for k in ("n", "nbytes", "priority_mean"))
     ok = np.isfinite(pm) & (n > 0)
-    per_mb = float(np.sum(n[ok] * pm[ok]) / np.sum(nbytes[ok]) * 1e6) \
-        if ok.any() and np.sum(nbytes[ok]) > 0 else float("nan")
+    per_mb = (
+        float(np.sum(n[ok] * pm[ok]) / np.sum(nbytes[ok]) * 1e6)
+        if ok.any() and np.sum(nbytes[ok]) > 0
+        else float("nan")
+    )
     an = col(xf, "arrival_n", in_x) if "arrival_n" in xf else n
     return {
         "ref_loss": _nanmean(col(ev, "reference_loss", in_e)),
@@ -286,13 +310,18 @@ def to_target(run: Run, target: float | None, recorded: bool = True) -> dict[str
     hit = np.flatnonzero(rets >= target) if target is not None else []
     if len(hit):
         i = hit[0]
-        out.update(time_to_target_s=float(ev["t"][i]), env_steps_to_target=int(ev["env_steps"][i]),
-                   updates_to_target=int(ev["update"][i]))
+        out.update(
+            time_to_target_s=float(ev["t"][i]),
+            env_steps_to_target=int(ev["env_steps"][i]),
+            updates_to_target=int(ev["update"][i]),
+        )
     if recorded and s.get("time_to_target_s") is not None:
         steps, ups = s.get("env_steps_to_target"), s.get("updates_to_target")
-        out.update(time_to_target_s=float(s["time_to_target_s"]),
-                   env_steps_to_target=int(steps) if steps is not None else None,
-                   updates_to_target=int(ups) if ups is not None else out["updates_to_target"])
+        out.update(
+            time_to_target_s=float(s["time_to_target_s"]),
+            env_steps_to_target=int(steps) if steps is not None else None,
+            updates_to_target=int(ups) if ups is not None else out["updates_to_target"],
+        )
     if out["time_to_target_s"] is not None:
         out["link_mb_to_target"] = float(link_mb_at(run, np.array([out["time_to_target_s"]]))[0])
     return out
@@ -322,13 +351,18 @@ def _link(run: Run) -> dict[str, Any]:
     b_in, b_out = s.get("link_bytes_in"), s.get("link_bytes_out")
     tot = (b_in or 0) + (b_out or 0) if b_in is not None or b_out is not None else None
     updates = int(s.get("updates") or 0) or len(run.learner.stream("updates").get("loss", ()))
-    return {"link_bytes_in": b_in, "link_bytes_out": b_out, "link_bytes_total": tot,
-            "link_bytes_per_update": tot / updates if tot is not None and updates else None,
-            "link_mb": tot / 1e6 if tot is not None else float("nan")}
+    return {
+        "link_bytes_in": b_in,
+        "link_bytes_out": b_out,
+        "link_bytes_total": tot,
+        "link_bytes_per_update": tot / updates if tot is not None and updates else None,
+        "link_mb": tot / 1e6 if tot is not None else float("nan"),
+    }
 
 
-def run_metrics(run: Run, target: float | None = None, window: int | None = None,
-                tol: float = TOL) -> dict[str, Any]:
+def run_metrics(
+    run: Run, target: float | None = None, window: int | None = None, tol: float = TOL
+) -> dict[str, Any]:
     """One flat dict of every per-run metric (NaN/None when unavailable):
 
     - the run: ``run``, ``replay_at``, ``seed``, ``summary_source``, ``stop_reason``,
@@ -358,21 +392,32 @@ def run_metrics(run: Run, target: float | None = None, window: int | None = None
     rets = np.asarray(run.learner.stream("evals").get("ret_mean", np.zeros(0)), "f8")
     updates = int(s.get("updates") or 0) or len(loss)
     return {
-        "run": str(run.path), "replay_at": run.replay_at, "seed": run.seed,
-        "summary_source": run.summary_source, "stop_reason": s.get("stop_reason"),
-        "updates": updates, "env_steps": s.get("env_steps"), "wall_s": s.get("wall_s"),
+        "run": str(run.path),
+        "replay_at": run.replay_at,
+        "seed": run.seed,
+        "summary_source": run.summary_source,
+        "stop_reason": s.get("stop_reason"),
+        "updates": updates,
+        "env_steps": s.get("env_steps"),
+        "wall_s": s.get("wall_s"),
         "delivered_fraction": delivered_fraction(run),
-        "window_start_update": window_start(n_fixed), "budget_updates": n_fixed,
+        "window_start_update": window_start(n_fixed),
+        "budget_updates": n_fixed,
         "fixed_complete": bool(n_fixed) and updates >= n_fixed,
         **fixed,
         "return_per_mb": fixed["return_window"] / link["link_mb"]
-        if link["link_mb"] and np.isfinite(link["link_mb"]) else float("nan"),
-        "conv_method": conv.method, "conv_start_row": conv.start, "conv_update": conv.update,
-        "conv_t": conv.t, "conv_window": conv.window,
-        "loss_final_w": _nanmean(loss[-conv.window:]) if conv.window else float("nan"),
+        if link["link_mb"] and np.isfinite(link["link_mb"])
+        else float("nan"),
+        "conv_method": conv.method,
+        "conv_start_row": conv.start,
+        "conv_update": conv.update,
+        "conv_t": conv.t,
+        "conv_window": conv.window,
+        "loss_final_w": _nanmean(loss[-conv.window :]) if conv.window else float("nan"),
         **{f"{k}_conv": v for k, v in settled.items()},
         **link,
-        "target": tgt, "target_source": tgt_src,
+        "target": tgt,
+        "target_source": tgt_src,
         **to_target(run, tgt, recorded=target is None),
         "final_eval": float(rets[-1]) if len(rets) else None,
         "best_eval": float(np.max(rets)) if len(rets) else None,

@@ -119,8 +119,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-def figure_outcome(r: LogRatio, p_holm: float, paper: float, m: int,
-                   alpha: float = 0.05) -> str:
+def figure_outcome(r: LogRatio, p_holm: float, paper: float, m: int, alpha: float = 0.05) -> str:
     """The decision for one (cell, figure) (module docstring)."""
     if not (math.isfinite(p_holm) and p_holm < alpha):
         return f"inconclusive at n = {r.n}"
@@ -134,6 +133,7 @@ def figure_outcome(r: LogRatio, p_holm: float, paper: float, m: int,
 
 
 # --- time to target as survival ---------------------------------------------------------------
+
 
 def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, float]:
     """Kaplan-Meier restricted mean survival time up to ``tau`` and the variance of that
@@ -156,11 +156,12 @@ def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, 
     y = tab["at_risk"].to_numpy()[keep]
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(y > d, d / (y * (y - d)), 0.0)
-    return float(pieces.sum()), float(np.sum(area_after ** 2 * w))
+    return float(pieces.sum()), float(np.sum(area_after**2 * w))
 
 
-def km_compare(times: dict[str, np.ndarray], reached: dict[str, np.ndarray],
-               tau: float) -> dict[str, float]:
+def km_compare(
+    times: dict[str, np.ndarray], reached: dict[str, np.ndarray], tau: float
+) -> dict[str, float]:
     """Time to target as survival, censored at ``tau``, for each placement (``times`` and
     ``reached`` keyed by replay_at, "learner" and "buffer"): each placement's restricted mean
     time to target (`rmst`), the difference buffer - learner

@@ -29,8 +29,16 @@ from analysis.cells import PAPER_TERM
 from analysis.metrics import link_mb_at
 from analysis.runs import Run
 
-__all__ = ["band", "binned_mean", "common_grid", "counter_rate", "curves", "plot_curves",
-           "plot_profile", "plot_return_vs_link"]
+__all__ = [
+    "band",
+    "binned_mean",
+    "common_grid",
+    "counter_rate",
+    "curves",
+    "plot_curves",
+    "plot_profile",
+    "plot_return_vs_link",
+]
 
 Series = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # t, y, weights
 
@@ -42,8 +50,9 @@ def common_grid(t_end: float, max_bins: int = 120, min_width: float = 1.0) -> np
     return np.linspace(0.0, t_end, nb + 1)
 
 
-def binned_mean(t: np.ndarray, y: np.ndarray, edges: np.ndarray,
-                w: np.ndarray | None = None) -> np.ndarray:
+def binned_mean(
+    t: np.ndarray, y: np.ndarray, edges: np.ndarray, w: np.ndarray | None = None
+) -> np.ndarray:
     """Mean of ``y`` (weighted by ``w``) per bin; empty bins inside the data's time span are
     interpolated from their neighbours, bins outside it are NaN."""
     t, y = np.asarray(t, "f8"), np.asarray(y, "f8")
@@ -69,8 +78,9 @@ def binned_mean(t: np.ndarray, y: np.ndarray, edges: np.ndarray,
     return out
 
 
-def counter_rate(t: np.ndarray, amount: np.ndarray, interval: np.ndarray | None,
-                 edges: np.ndarray) -> np.ndarray:
+def counter_rate(
+    t: np.ndarray, amount: np.ndarray, interval: np.ndarray | None, edges: np.ndarray
+) -> np.ndarray:
     """Rate (amount/s) per bin from rows "``amount`` in the ``interval`` s ending at ``t``"."""
     t, amount = np.asarray(t, "f8"), np.asarray(amount, "f8")
     nb = len(edges) - 1
@@ -102,6 +112,7 @@ def band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 # --- what each plot shows: run -> curve on the grid ------------------------------------------
 
+
 def _loss(run: Run, edges: np.ndarray) -> np.ndarray:
     u = run.learner.stream("updates")
     return binned_mean(u.get("t", []), u.get("loss", []), edges)
@@ -111,6 +122,7 @@ def _prio(field: str) -> Callable[[Run, np.ndarray], np.ndarray]:
     def f(run: Run, edges: np.ndarray) -> np.ndarray:
         x = run.learner.stream("transfers")
         return binned_mean(x.get("t", []), x.get(field, []), edges, x.get("n"))
+
     return f
 
 
@@ -127,8 +139,10 @@ def _episodes(run: Run, edges: np.ndarray) -> np.ndarray:
 def _link(direction: str) -> Callable[[Run, np.ndarray], np.ndarray]:
     def f(run: Run, edges: np.ndarray) -> np.ndarray:
         lk = run.learner.stream("link")
-        return counter_rate(lk.get("t", []), lk.get(direction, []), lk.get("interval_s"),
-                            edges) / 1e6
+        return (
+            counter_rate(lk.get("t", []), lk.get(direction, []), lk.get("interval_s"), edges) / 1e6
+        )
+
     return f
 
 
@@ -136,8 +150,16 @@ XLABEL = "time since the learner's loop start (s)"
 PALETTE = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
 
 
-def _draw(ax, groups: dict[str, list[Run]], edges: np.ndarray, curve, colors: dict[str, str],
-          style: str = "-", suffix: str = "", band_alpha: float = 0.2) -> None:
+def _draw(
+    ax,
+    groups: dict[str, list[Run]],
+    edges: np.ndarray,
+    curve,
+    colors: dict[str, str],
+    style: str = "-",
+    suffix: str = "",
+    band_alpha: float = 0.2,
+) -> None:
     x = (edges[:-1] + edges[1:]) / 2
     for label, runs in groups.items():
         med, lo, hi = band([curve(r, edges) for r in runs])
@@ -148,8 +170,13 @@ def _draw(ax, groups: dict[str, list[Run]], edges: np.ndarray, curve, colors: di
         ax.fill_between(x, lo, hi, color=c, alpha=band_alpha, lw=0)
 
 
-def plot_profile(title: str, groups: dict[str, list[Run]], out_dir: str | Path, slug: str,
-                 conv_t: dict[str, float] | None = None) -> dict[str, Path]:
+def plot_profile(
+    title: str,
+    groups: dict[str, list[Run]],
+    out_dir: str | Path,
+    slug: str,
+    conv_t: dict[str, float] | None = None,
+) -> dict[str, Path]:
     """Write ``<slug>-{loss,priority,return,link}.png`` into ``out_dir``; returns name -> path.
 
     ``groups``: placement label -> runs (seeds). ``conv_t``: placement label -> median time the
@@ -165,8 +192,9 @@ def plot_profile(title: str, groups: dict[str, list[Run]], out_dir: str | Path, 
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    t_end = max((float(r.summary.get("wall_s") or 0.0) for rs in groups.values() for r in rs),
-                default=0.0)
+    t_end = max(
+        (float(r.summary.get("wall_s") or 0.0) for rs in groups.values() for r in rs), default=0.0
+    )
     for rs in groups.values():
         for r in rs:
             for s in r.learner.streams.values():
@@ -187,21 +215,41 @@ def plot_profile(title: str, groups: dict[str, list[Run]], out_dir: str | Path, 
     for label, t in (conv_t or {}).items():
         if label in colors and np.isfinite(t):
             ax.axvline(t, color=colors[label], ls=":", lw=1)
-    ax.set(title=f"training loss: {title}", xlabel=XLABEL,
-           ylabel="loss (weighted Huber, mean per bin)")
+    ax.set(
+        title=f"training loss: {title}", xlabel=XLABEL, ylabel="loss (weighted Huber, mean per bin)"
+    )
     if ax.lines and all((ln.get_ydata() > 0).any() for ln in ax.lines if ln.get_ls() == "-"):
         ax.set_yscale("log")  # the first updates' loss dwarfs the rest on a linear axis
-    ax.text(0.99, 0.01, "dotted: after-convergence window starts (median over seeds)",
-            transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.4")
+    ax.text(
+        0.99,
+        0.01,
+        "dotted: after-convergence window starts (median over seeds)",
+        transform=ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        color="0.4",
+    )
     ax.legend(fontsize=8)
     save(fig, "loss")
 
     fig, ax = subplots()
     _draw(ax, groups, edges, _prio("priority_mean"), colors, "-", ": held by sender")
-    _draw(ax, groups, edges, _prio("arrival_priority_mean"), colors, "--", ": on arrival",
-          band_alpha=0.1)
-    ax.set(title=f"transferred priority: {title}", xlabel=XLABEL,
-           ylabel="mean priority (|td|+eps)^alpha, weighted by n")
+    _draw(
+        ax,
+        groups,
+        edges,
+        _prio("arrival_priority_mean"),
+        colors,
+        "--",
+        ": on arrival",
+        band_alpha=0.1,
+    )
+    ax.set(
+        title=f"transferred priority: {title}",
+        xlabel=XLABEL,
+        ylabel="mean priority (|td|+eps)^alpha, weighted by n",
+    )
     ax.legend(fontsize=8)
     save(fig, "priority")
 
@@ -214,16 +262,17 @@ def plot_profile(title: str, groups: dict[str, list[Run]], out_dir: str | Path, 
 
     fig, ax = subplots()
     _draw(ax, groups, edges, _link("bytes_in"), colors, "-", ": toward learner")
-    _draw(ax, groups, edges, _link("bytes_out"), colors, "--", ": toward buffers",
-          band_alpha=0.1)
-    ax.set(title=f"link throughput: {title}", xlabel=XLABEL,
-           ylabel="MB/s (learner side, all buffers)")
+    _draw(ax, groups, edges, _link("bytes_out"), colors, "--", ": toward buffers", band_alpha=0.1)
+    ax.set(
+        title=f"link throughput: {title}", xlabel=XLABEL, ylabel="MB/s (learner side, all buffers)"
+    )
     ax.legend(fontsize=8)
     save(fig, "link")
     return written
 
 
 # --- the paper report's figures ----------------------------------------------------------------
+
 
 def plot_return_vs_link(title: str, runs: list[Run], path: Path) -> Path:
     """Greedy return against cumulative link MB, one line per run (colour: placement)."""
@@ -240,8 +289,15 @@ def plot_return_vs_link(title: str, runs: list[Run], path: Path) -> Path:
             continue
         color = {"learner": "C0", "buffer": "C1"}.get(r.replay_at, "C2")
         name = PAPER_TERM.get(r.replay_at, r.replay_at)
-        ax.plot(link_mb_at(r, ev["t"]), ev["ret_mean"], "-", color=color, lw=1, alpha=0.8,
-                label=None if name in seen else name)
+        ax.plot(
+            link_mb_at(r, ev["t"]),
+            ev["ret_mean"],
+            "-",
+            color=color,
+            lw=1,
+            alpha=0.8,
+            label=None if name in seen else name,
+        )
         seen.add(name)
     ax.set_xlabel("cumulative link MB (both directions)")
     ax.set_ylabel("greedy return")
@@ -264,8 +320,10 @@ def curves(runs: list[Run], bins: int = 40) -> tuple[np.ndarray, dict]:
     """Per placement and curve: (median, 25th, 75th percentile) across seeds on a common grid
     of learner updates (bin centres; each run's rows averaged per bin, weighted by ``n`` for
     transfers, gaps inside a run's span interpolated: `binned_mean`)."""
-    top = max((float(np.max(u)) for r in runs
-               if len(u := r.learner.stream("updates").get("update", ()))), default=0.0)
+    top = max(
+        (float(np.max(u)) for r in runs if len(u := r.learner.stream("updates").get("update", ()))),
+        default=0.0,
+    )
     edges = np.linspace(0.0, max(top, 1.0), bins + 1)
     out: dict = {}
     for stream, xk, yk, wk, _ in CURVES:

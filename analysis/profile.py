@@ -29,8 +29,11 @@ ROWS = [  # (metric key, row label, cell kind)
     ("conv", "after-convergence window", "conv"),
     ("train_loss_conv", "training loss after convergence", "num"),
     ("prio_held_conv", "transferred priority after convergence: held by sender", "num"),
-    ("arrival_prio_conv", "transferred priority after convergence: on arrival (learner's net)",
-     "num"),
+    (
+        "arrival_prio_conv",
+        "transferred priority after convergence: on arrival (learner's net)",
+        "num",
+    ),
     ("arrival_td_conv", "transferred \\|td\\| after convergence: on arrival", "num"),
     ("link_bytes_per_update", "link bytes per learner update (both directions)", "bytes"),
     ("link_bytes_total", "link bytes in total (both directions)", "bytes"),
@@ -41,9 +44,21 @@ ROWS = [  # (metric key, row label, cell kind)
     ("final_eval", "final greedy return (last eval)", "num"),
     ("best_eval", "best greedy return", "num"),
 ]
-RATIO_ROWS = {"train_loss_conv", "prio_held_conv", "arrival_prio_conv", "arrival_td_conv",
-              "link_bytes_per_update", "link_bytes_total", "link_bytes_in", "link_bytes_out",
-              "env_steps_to_target", "time_to_target_s", "final_eval", "updates", "env_steps"}
+RATIO_ROWS = {
+    "train_loss_conv",
+    "prio_held_conv",
+    "arrival_prio_conv",
+    "arrival_td_conv",
+    "link_bytes_per_update",
+    "link_bytes_total",
+    "link_bytes_in",
+    "link_bytes_out",
+    "env_steps_to_target",
+    "time_to_target_s",
+    "final_eval",
+    "updates",
+    "env_steps",
+}
 
 
 def _n(ok: np.ndarray, n: int) -> str:
@@ -77,10 +92,12 @@ def _conv_cell(g: Group) -> str:
         if not ms:
             continue
         ups = sorted(m["conv_update"] for m in ms)
-        where = f"from update {ups[0]:,}" if len(ups) == 1 else \
-            f"from updates {ups[0]:,}–{ups[-1]:,}"
-        name = {"settled": "settled", "fallback": "fallback: last 25%",
-                "none": "no updates"}[method]
+        where = (
+            f"from update {ups[0]:,}" if len(ups) == 1 else f"from updates {ups[0]:,}–{ups[-1]:,}"
+        )
+        name = {"settled": "settled", "fallback": "fallback: last 25%", "none": "no updates"}[
+            method
+        ]
         parts.append(f"{name} ×{len(ms)}" + (f", {where}" if method != "none" else ""))
     return "; ".join(parts)
 
@@ -126,17 +143,22 @@ def profile_table(p: Cell) -> str:
         if kind == "target":
             label = f"{label}, R = {tgt}"
         rows.append([label, *_row(key, kind, p.groups, pairs)])
-    seeds = "; ".join(f"{g.label}: seeds {', '.join(str(r.seed) for r in g.runs)}"
-                      for g in p.groups)
+    seeds = "; ".join(
+        f"{g.label}: seeds {', '.join(str(r.seed) for r in g.runs)}" for g in p.groups
+    )
     notes = [
         "",
         f"Cells: mean over seeds (min–max, n = seeds with a value). {seeds}.",
-        ("After convergence: from the update where the loss's moving average settles within "
-         "±tol of its final level (`settled`), else the last 25% of updates (`fallback`); "
-         "see analysis/metrics.py. Transferred priorities are weighted by transitions per "
-         "message."),
-        ("Paper ratios: loss 0.26 and transferred priority 3.92 after convergence (the paper "
-         "gives one priority figure; both definitions are shown beside it)."),
+        (
+            "After convergence: from the update where the loss's moving average settles within "
+            "±tol of its final level (`settled`), else the last 25% of updates (`fallback`); "
+            "see analysis/metrics.py. Transferred priorities are weighted by transitions per "
+            "message."
+        ),
+        (
+            "Paper ratios: loss 0.26 and transferred priority 3.92 after convergence (the paper "
+            "gives one priority figure; both definitions are shown beside it)."
+        ),
     ]
     if not at_learner or not at_buffer:
         notes.append("Only one placement in this profile: no ratios.")
@@ -146,8 +168,20 @@ def profile_table(p: Cell) -> str:
 
 
 def _runs_table(profiles: list[Cell], exp_dir: Path) -> str:
-    head = ["run", "placement", "seed", "stop", "summary", "updates", "after conv.",
-            "loss", "prio held", "prio arrival", "bytes/update", "final eval"]
+    head = [
+        "run",
+        "placement",
+        "seed",
+        "stop",
+        "summary",
+        "updates",
+        "after conv.",
+        "loss",
+        "prio held",
+        "prio arrival",
+        "bytes/update",
+        "final eval",
+    ]
     rows = []
     for p in profiles:
         for g in p.groups:
@@ -156,18 +190,33 @@ def _runs_table(profiles: list[Cell], exp_dir: Path) -> str:
                     name = str(r.path.relative_to(exp_dir)) or "."
                 except ValueError:
                     name = str(r.path)
-                rows.append([
-                    name, g.replay_at, str(r.seed), str(m["stop_reason"]), m["summary_source"],
-                    f"{m['updates']:,}", f"{m['conv_method']} @ {m['conv_update']:,}",
-                    num(m["train_loss_conv"]), num(m["prio_held_conv"]),
-                    num(m["arrival_prio_conv"]), nbytes(m["link_bytes_per_update"] or np.nan),
-                    num(m["final_eval"] if m["final_eval"] is not None else np.nan)])
+                rows.append(
+                    [
+                        name,
+                        g.replay_at,
+                        str(r.seed),
+                        str(m["stop_reason"]),
+                        m["summary_source"],
+                        f"{m['updates']:,}",
+                        f"{m['conv_method']} @ {m['conv_update']:,}",
+                        num(m["train_loss_conv"]),
+                        num(m["prio_held_conv"]),
+                        num(m["arrival_prio_conv"]),
+                        nbytes(m["link_bytes_per_update"] or np.nan),
+                        num(m["final_eval"] if m["final_eval"] is not None else np.nan),
+                    ]
+                )
     return md_table(head, rows)
 
 
-def profile_report(exp_dir: str | Path, out: str | Path | None = None,
-                   target: float | None = None, window: int | None = None, tol: float = M.TOL,
-                   plots: bool = True) -> list[Cell]:
+def profile_report(
+    exp_dir: str | Path,
+    out: str | Path | None = None,
+    target: float | None = None,
+    window: int | None = None,
+    tol: float = M.TOL,
+    plots: bool = True,
+) -> list[Cell]:
     """Read every run under ``exp_dir``, write tables, plots, ``runs.csv`` and ``report.md``
     into ``out`` (default ``exp_dir/analysis``); returns the profiles (groups, metrics, tables).
     """
@@ -193,37 +242,53 @@ def profile_report(exp_dir: str | Path, out: str | Path | None = None,
 def _plot(p: Cell, out: Path) -> dict[str, Path]:
     from analysis.plots import plot_profile
 
-    conv_t = {g.label: float(np.nanmedian(g.values("conv_t"))) for g in p.groups
-              if np.isfinite(g.values("conv_t")).any()}
+    conv_t = {
+        g.label: float(np.nanmedian(g.values("conv_t")))
+        for g in p.groups
+        if np.isfinite(g.values("conv_t")).any()
+    }
     return plot_profile(p.label, {g.label: g.runs for g in p.groups}, out, p.slug, conv_t)
 
 
-def report_markdown(exp_dir: Path, profiles: list[Cell], errors: list[str],
-                    window: int | None, tol: float) -> str:
+def report_markdown(
+    exp_dir: Path, profiles: list[Cell], errors: list[str], window: int | None, tol: float
+) -> str:
     n_runs = sum(len(g.runs) for p in profiles for g in p.groups)
     w = f"W = {window}" if window else f"W = clip(updates // 10, 10, {M.MAX_WINDOW})"
     lines = [
         "# mpirl: existing vs proposed replay placement",
         "",
-        (f"Experiment `{exp_dir}`: {n_runs} runs in {len(profiles)} link profile(s); "
-         f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}."),
+        (
+            f"Experiment `{exp_dir}`: {n_runs} runs in {len(profiles)} link profile(s); "
+            f"generated {time.strftime('%Y-%m-%d %H:%M:%S')}."
+        ),
         "",
-        (f"- **{PAPER_TERM['learner']}** = `replay_at=learner` (Ape-X style: every experience "
-         f"crosses the link); **{PAPER_TERM['buffer']}** = `replay_at=buffer` (only prioritized "
-         "batches cross)."),
-        (f"- **after convergence**: per run, from the first update `j*` after which the moving "
-         f"average of the loss over {w} updates stays within ±{tol:.0%} of its final level (the "
-         f"mean of the last W updates), if that window holds at least max(W, 10% of the "
-         f"updates); otherwise the last 25% of the updates (`fallback`). Transfers count when "
-         f"their `t` is at or after update `j*`'s."),
-        ("- **transferred priority**: `held by sender` = `transfers/priority_mean` (the buffer's "
-         "memory, or the actors' initial priority when forwarding), `on arrival` = "
-         "`transfers/arrival_priority_mean` ((|td|+eps)^alpha under the learner's network); "
-         "means weighted by `transfers/n`."),
-        ("- **link bytes**: the learner's side of the link, both directions "
-         "(`summary.json` `link_bytes_in` + `link_bytes_out`)."),
-        ("- **to target**: `summary.json` `time_to_target_s` / `env_steps_to_target`, or the "
-         "first greedy eval with mean return >= R."),
+        (
+            f"- **{PAPER_TERM['learner']}** = `replay_at=learner` (Ape-X style: every experience "
+            f"crosses the link); **{PAPER_TERM['buffer']}** = `replay_at=buffer` (only prioritized "
+            "batches cross)."
+        ),
+        (
+            f"- **after convergence**: per run, from the first update `j*` after which the moving "
+            f"average of the loss over {w} updates stays within ±{tol:.0%} of its final level (the "
+            f"mean of the last W updates), if that window holds at least max(W, 10% of the "
+            f"updates); otherwise the last 25% of the updates (`fallback`). Transfers count when "
+            f"their `t` is at or after update `j*`'s."
+        ),
+        (
+            "- **transferred priority**: `held by sender` = `transfers/priority_mean` (the buffer's "
+            "memory, or the actors' initial priority when forwarding), `on arrival` = "
+            "`transfers/arrival_priority_mean` ((|td|+eps)^alpha under the learner's network); "
+            "means weighted by `transfers/n`."
+        ),
+        (
+            "- **link bytes**: the learner's side of the link, both directions "
+            "(`summary.json` `link_bytes_in` + `link_bytes_out`)."
+        ),
+        (
+            "- **to target**: `summary.json` `time_to_target_s` / `env_steps_to_target`, or the "
+            "first greedy eval with mean return >= R."
+        ),
         "",
     ]
     if errors:
@@ -236,6 +301,11 @@ def report_markdown(exp_dir: Path, profiles: list[Cell], errors: list[str],
         lines += [p.table, ""]
         for name, path in p.plots.items():
             lines += [f"![{name}: {p.label}]({path.name})", ""]
-    lines += ["## Runs", "", _runs_table(profiles, exp_dir), "",
-              "Every per-run metric: `runs.csv`."]
+    lines += [
+        "## Runs",
+        "",
+        _runs_table(profiles, exp_dir),
+        "",
+        "Every per-run metric: `runs.csv`.",
+    ]
     return "\n".join(lines) + "\n"

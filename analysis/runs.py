@@ -168,17 +168,31 @@ class Run:
             return {"t": np.zeros(0), "ret": np.zeros(0), "length": np.zeros(0, "i8")}
         tt = np.concatenate(t)
         order = np.argsort(tt, kind="stable")
-        return {"t": tt[order], "ret": np.concatenate(ret)[order],
-                "length": np.concatenate(length)[order]}
+        return {
+            "t": tt[order],
+            "ret": np.concatenate(ret)[order],
+            "length": np.concatenate(length)[order],
+        }
 
     def _shift(self, other: H5Data) -> float:
         a, b = other.t0_unix, self.learner.t0_unix
         return float(a - b) if a is not None and b is not None else 0.0
 
 
-SUMMARY_KEYS = ("stop_reason", "updates", "env_steps", "wall_s", "best_eval", "busy_fraction",
-                "link_bytes_in", "link_bytes_out", "time_to_target_s", "env_steps_to_target",
-                "updates_to_target", "target_return")
+SUMMARY_KEYS = (
+    "stop_reason",
+    "updates",
+    "env_steps",
+    "wall_s",
+    "best_eval",
+    "busy_fraction",
+    "link_bytes_in",
+    "link_bytes_out",
+    "time_to_target_s",
+    "env_steps_to_target",
+    "updates_to_target",
+    "target_return",
+)
 
 
 def derive_summary(learner: H5Data, buffers: dict[int, H5Data]) -> tuple[dict[str, Any], str]:
@@ -200,11 +214,15 @@ def derive_summary(learner: H5Data, buffers: dict[int, H5Data]) -> tuple[dict[st
     for s in (prog, ev):
         if len(s.get("env_steps", ())):
             steps.append(int(s["env_steps"][-1]))
-    site_steps = [int(b.stream("site")["env_steps"][-1]) for b in buffers.values()
-                  if len(b.stream("site").get("env_steps", ()))]
+    site_steps = [
+        int(b.stream("site")["env_steps"][-1])
+        for b in buffers.values()
+        if len(b.stream("site").get("env_steps", ()))
+    ]
     steps.append(sum(site_steps))
-    t_last = max((float(s["t"][-1]) for s in learner.streams.values() if len(s.get("t", ()))),
-                 default=0.0)
+    t_last = max(
+        (float(s["t"][-1]) for s in learner.streams.values() if len(s.get("t", ()))), default=0.0
+    )
     rets = ev.get("ret_mean", np.zeros(0))
     summary = {
         "stop_reason": None,
@@ -259,7 +277,11 @@ def load_run(path: str | Path) -> Run:
         config=_json_attr(learner.attrs, "config_json", {}),
         versions=_json_attr(learner.attrs, "versions_json", {}),
         layout=_json_attr(learner.attrs, "layout_json", []),
-        learner=learner, buffers=buffers, actors=actors, summary=summary, summary_source=source,
+        learner=learner,
+        buffers=buffers,
+        actors=actors,
+        summary=summary,
+        summary_source=source,
     )
     run.loop_start = loop_start(learner, run.config)
     if not run.finished:  # derived wall_s was on the learner file's clock

@@ -60,8 +60,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PAPER_LOSS", "PAPER_PRIORITY", "Decision", "Ratio", "TimeToTarget", "decide",
-           "figure_status", "forest_plot", "ratio_ci", "seed_values", "time_to_target"]
+__all__ = [
+    "PAPER_LOSS",
+    "PAPER_PRIORITY",
+    "Decision",
+    "Ratio",
+    "TimeToTarget",
+    "decide",
+    "figure_status",
+    "forest_plot",
+    "ratio_ci",
+    "seed_values",
+    "time_to_target",
+]
 
 PAPER_LOSS = 0.26
 PAPER_PRIORITY = 3.92
@@ -124,9 +135,11 @@ def _pairs(num, den, seeds) -> tuple[list, list[float], list[float], list]:
     else:
         p, e = list(num), list(den)
         if len(p) != len(e):
-            raise ValueError(f"{len(p)} numerator values and {len(e)} denominator ones: paired "
-                             "values need one of each per seed (use {seed: value} mappings "
-                             "when seeds are missing)")
+            raise ValueError(
+                f"{len(p)} numerator values and {len(e)} denominator ones: paired "
+                "values need one of each per seed (use {seed: value} mappings "
+                "when seeds are missing)"
+            )
         keys = list(seeds) if seeds is not None else list(range(len(p)))
         if len(keys) != len(p):
             raise ValueError(f"{len(keys)} seeds for {len(p)} values")
@@ -138,8 +151,9 @@ def _pairs(num, den, seeds) -> tuple[list, list[float], list[float], list]:
     for k, a, b in zip(keys, p, e, strict=True):
         if ok(a) and ok(b):
             if float(a) <= 0 or float(b) <= 0:
-                raise ValueError(f"seed {k}: num={a}, den={b}; a ratio of geometric "
-                                 "means needs positive values")
+                raise ValueError(
+                    f"seed {k}: num={a}, den={b}; a ratio of geometric means needs positive values"
+                )
             used.append(k)
             pv.append(float(a))
             ev.append(float(b))
@@ -152,9 +166,17 @@ def _log_ratio_of_means(lp, le, axis=-1):
     return np.exp(np.mean(lp, axis=axis) - np.mean(le, axis=axis))
 
 
-def ratio_ci(num: Mapping | Sequence, den: Mapping | Sequence, *,
-             seeds: Sequence | None = None, label: str = "", confidence: float = 0.95,
-             n_resamples: int = 9999, method: str = "BCa", rng: int | None = 0) -> Ratio:
+def ratio_ci(
+    num: Mapping | Sequence,
+    den: Mapping | Sequence,
+    *,
+    seeds: Sequence | None = None,
+    label: str = "",
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    method: str = "BCa",
+    rng: int | None = 0,
+) -> Ratio:
     """Ratio of geometric means num / den with a paired bootstrap interval (the reports pass
     replay_at=buffer as ``num``, replay_at=learner as ``den``).
 
@@ -165,8 +187,14 @@ def ratio_ci(num: Mapping | Sequence, den: Mapping | Sequence, *,
     from scipy import stats
 
     used, p, e, unpaired = _pairs(num, den, seeds)
-    base = {"label": label, "confidence": confidence, "seeds": tuple(used),
-            "num": tuple(p), "den": tuple(e), "unpaired": tuple(unpaired)}
+    base = {
+        "label": label,
+        "confidence": confidence,
+        "seeds": tuple(used),
+        "num": tuple(p),
+        "den": tuple(e),
+        "unpaired": tuple(unpaired),
+    }
     if not used:
         return Ratio(estimate=math.nan, low=math.nan, high=math.nan, method="no seeds", **base)
     lp, le = np.log(p), np.log(e)
@@ -180,9 +208,16 @@ def ratio_ci(num: Mapping | Sequence, den: Mapping | Sequence, *,
     for m in (method, "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", getattr(stats, "DegenerateDataWarning", Warning))
-            res = stats.bootstrap((lp, le), _log_ratio_of_means, paired=True, vectorized=True,
-                                  confidence_level=confidence, n_resamples=n_resamples,
-                                  method=m, rng=np.random.default_rng(rng))
+            res = stats.bootstrap(
+                (lp, le),
+                _log_ratio_of_means,
+                paired=True,
+                vectorized=True,
+                confidence_level=confidence,
+                n_resamples=n_resamples,
+                method=m,
+                rng=np.random.default_rng(rng),
+            )
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(lo) and math.isfinite(hi):
             used_method = m if m == method else f"{m} ({method} failed)"
@@ -205,6 +240,7 @@ def seed_values(metrics: Sequence[Mapping[str, Any]], key: str) -> dict:
 
 # --- the decision rule --------------------------------------------------------------------------
 
+
 def figure_status(r: Ratio, paper: float) -> str:
     """Where one measured ratio stands against the paper's value (see the module docstring)."""
     if not r.has_interval:
@@ -216,8 +252,11 @@ def figure_status(r: Ratio, paper: float) -> str:
     if r.contains(paper):
         return "matches"
     mid = math.sqrt(r.low * r.high)  # the whole interval is on one side of the paper's value
-    return ("same direction, smaller than the paper" if abs(math.log(mid)) < abs(math.log(paper))
-            else "same direction, larger than the paper")
+    return (
+        "same direction, smaller than the paper"
+        if abs(math.log(mid)) < abs(math.log(paper))
+        else "same direction, larger than the paper"
+    )
 
 
 @dataclass(frozen=True)
@@ -233,23 +272,34 @@ def _opposite(r: Ratio, paper: float) -> bool:
     return r.below(1) if paper > 1 else r.above(1)
 
 
-def decide(loss: Ratio, priority: Ratio, paper_loss: float = PAPER_LOSS,
-           paper_priority: float = PAPER_PRIORITY) -> Decision:
+def decide(
+    loss: Ratio,
+    priority: Ratio,
+    paper_loss: float = PAPER_LOSS,
+    paper_priority: float = PAPER_PRIORITY,
+) -> Decision:
     """The decision rule of the module docstring, for one cell."""
     ls, ps = figure_status(loss, paper_loss), figure_status(priority, paper_priority)
     if priority.above(1) and priority.contains(paper_priority) and loss.below(1):
-        return Decision(REPRODUCED, ls, ps,
-                        f"priority {priority.text()} lies above 1 and contains "
-                        f"{paper_priority:g}; loss {loss.text()} lies below 1")
-    against = [f"{name} {r.text()} lies on the other side of 1 from the paper's {v:g}"
-               for name, r, v in (("priority", priority, paper_priority),
-                                  ("loss", loss, paper_loss)) if _opposite(r, v)]
+        return Decision(
+            REPRODUCED,
+            ls,
+            ps,
+            f"priority {priority.text()} lies above 1 and contains "
+            f"{paper_priority:g}; loss {loss.text()} lies below 1",
+        )
+    against = [
+        f"{name} {r.text()} lies on the other side of 1 from the paper's {v:g}"
+        for name, r, v in (("priority", priority, paper_priority), ("loss", loss, paper_loss))
+        if _opposite(r, v)
+    ]
     if against:
         return Decision(REFUTED, ls, ps, "; ".join(against))
     return Decision(INCONCLUSIVE, ls, ps, f"priority: {ps}; loss: {ls}")
 
 
 # --- time to target -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TimeToTarget:
@@ -268,8 +318,11 @@ class TimeToTarget:
     def median_text(self, fmt: str = "{:.3g}") -> str:
         if not self.n:
             return "n/a"
-        return fmt.format(self.median) if math.isfinite(self.median) \
+        return (
+            fmt.format(self.median)
+            if math.isfinite(self.median)
             else "> " + fmt.format(self.budget)
+        )
 
 
 def time_to_target(times: Sequence[float | None], budget: float) -> TimeToTarget:
@@ -281,8 +334,13 @@ def time_to_target(times: Sequence[float | None], budget: float) -> TimeToTarget
 
     if not budget > 0:
         raise ValueError(f"budget={budget!r} must be > 0")
-    t = np.array([math.inf if v is None or not math.isfinite(float(v)) or float(v) > budget
-                  else float(v) for v in times], "f8")
+    t = np.array(
+        [
+            math.inf if v is None or not math.isfinite(float(v)) or float(v) > budget else float(v)
+            for v in times
+        ],
+        "f8",
+    )
     if np.any(t < 0):
         raise ValueError(f"times {times!r}: a time to target is >= 0")
     n, k = len(t), int(np.isfinite(t).sum())
@@ -291,14 +349,20 @@ def time_to_target(times: Sequence[float | None], budget: float) -> TimeToTarget
         return TimeToTarget((), float(budget), 0, nan, nan, nan, nan)
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     median = float(np.sort(t)[math.ceil(n / 2) - 1])
-    return TimeToTarget(tuple(float(x) for x in t), float(budget), k, k / n, float(ci.low),
-                        float(ci.high), median)
+    return TimeToTarget(
+        tuple(float(x) for x in t), float(budget), k, k / n, float(ci.low), float(ci.high), median
+    )
 
 
 # --- the forest plot ----------------------------------------------------------------------------
 
-def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = None,
-                refs: Mapping[str, float] | None = None) -> Path:
+
+def forest_plot(
+    ratios: Sequence[Ratio],
+    path: str | Path,
+    title: str | None = None,
+    refs: Mapping[str, float] | None = None,
+) -> Path:
     """One row per ratio (top to bottom in the given order): the estimate, its interval, the
     per-seed ratios as dots; log x axis with a line at 1 and dashed lines at ``refs`` (default:
     the paper's 0.26 and 3.92). Written as PNG to ``path`` (Agg canvas, no pyplot)."""
@@ -306,8 +370,11 @@ def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = N
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    refs = {"paper: loss 0.26": PAPER_LOSS, "paper: priority 3.92": PAPER_PRIORITY} \
-        if refs is None else dict(refs)
+    refs = (
+        {"paper: loss 0.26": PAPER_LOSS, "paper: priority 3.92": PAPER_PRIORITY}
+        if refs is None
+        else dict(refs)
+    )
     n = len(ratios)
     labels = [r.label or f"ratio {i}" for i, r in enumerate(ratios)]
     # the plot keeps ~5 inches whatever the labels' length (they sit left of it, the
@@ -342,14 +409,28 @@ def forest_plot(ratios: Sequence[Ratio], path: str | Path, title: str | None = N
     ax.set_yticklabels(labels[::-1])
     ax.set_ylim(-0.7, n - 0.3)
     for i, r in enumerate(ratios):
-        ax.annotate(r.text(), (1.0, n - 1 - i), xycoords=("axes fraction", "data"),
-                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.set_xlabel("proposed / existing (ratio of geometric means; "
-                  f"{round((ratios[0].confidence if ratios else 0.95) * 100)}% paired "
-                  "bootstrap interval; dots: seeds)")
+        ax.annotate(
+            r.text(),
+            (1.0, n - 1 - i),
+            xycoords=("axes fraction", "data"),
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_xlabel(
+        "proposed / existing (ratio of geometric means; "
+        f"{round((ratios[0].confidence if ratios else 0.95) * 100)}% paired "
+        "bootstrap interval; dots: seeds)"
+    )
     if refs:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 if n > 3 else -0.45),
-                  ncol=len(refs), fontsize=8, frameon=False)
+        ax.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.25 if n > 3 else -0.45),
+            ncol=len(refs),
+            fontsize=8,
+            frameon=False,
+        )
     if title:
         ax.set_title(title)
     fig.tight_layout()

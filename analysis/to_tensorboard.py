@@ -55,8 +55,9 @@ def convert(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out) if out is not None else run_dir / "tensorboard-offline"
     src = run_dir / "learner.h5"
     if not src.is_file():
-        raise FileNotFoundError(f"{src} does not exist: not a run folder, or its learner has "
-                                "not started")
+        raise FileNotFoundError(
+            f"{src} does not exist: not a run folder, or its learner has not started"
+        )
     writer_dir = out.with_name(out.name + ".tmp")
     shutil.rmtree(writer_dir, ignore_errors=True)
     _convert_file(src, "learner", writer_dir)
@@ -68,11 +69,13 @@ def convert(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.to_tensorboard",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.to_tensorboard", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("run_dir", metavar="RUN_DIR")
-    ap.add_argument("--out", default=None, help="output folder (default RUN_DIR/tensorboard-"
-                    "offline; replaced)")
+    ap.add_argument(
+        "--out", default=None, help="output folder (default RUN_DIR/tensorboard-offline; replaced)"
+    )
     args = ap.parse_args(argv)
     try:
         out = convert(args.run_dir, args.out)

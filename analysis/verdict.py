@@ -61,8 +61,9 @@ def read_rows(path: Path, env: str) -> list[dict]:
 
 
 def fixed_update_rows() -> list[dict]:
-    return (read_rows(FIXED / "paper-cells.csv", "CartPole-v1")
-            + read_rows(FIXED / "minatar" / "paper-cells.csv", "MinAtar/Breakout"))
+    return read_rows(FIXED / "paper-cells.csv", "CartPole-v1") + read_rows(
+        FIXED / "minatar" / "paper-cells.csv", "MinAtar/Breakout"
+    )
 
 
 def cells(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -76,8 +77,10 @@ def cells(rows: list[dict]) -> dict[str, dict[str, dict]]:
 
 def ratio(cell: dict[str, dict], key: str | Callable[[dict], float]) -> LogRatio:
     get = key if callable(key) else (lambda r: r[key])
-    return log_ratio_t({s: get(r) for s, r in cell["buffer"].items()},
-                       {s: get(r) for s, r in cell["learner"].items()})
+    return log_ratio_t(
+        {s: get(r) for s, r in cell["buffer"].items()},
+        {s: get(r) for s, r in cell["learner"].items()},
+    )
 
 
 def delivered(cell: dict[str, dict]) -> float:
@@ -90,6 +93,7 @@ def _f(x: float, digits: int = 3) -> str:
 
 # --- the confound --------------------------------------------------------------------------------
 
+
 def confound(rows: list[dict]) -> dict[str, float]:
     """OLS of log reference loss on log wall time and placement over the CartPole runs."""
     rs = [r for r in rows if r["env"] == "CartPole-v1" and r["ref_loss"] > 0]
@@ -101,11 +105,18 @@ def confound(rows: list[dict]) -> dict[str, float]:
     resid = y - x @ beta
     s2 = float(resid @ resid) / (len(y) - x.shape[1])
     se = np.sqrt(np.diag(s2 * np.linalg.inv(x.T @ x)))
-    return {"n": len(y), "corr": float(np.corrcoef(lw, y)[0, 1]), "wall": float(beta[1]),
-            "wall_se": float(se[1]), "placement": float(beta[2]), "placement_se": float(se[2])}
+    return {
+        "n": len(y),
+        "corr": float(np.corrcoef(lw, y)[0, 1]),
+        "wall": float(beta[1]),
+        "wall_se": float(se[1]),
+        "placement": float(beta[2]),
+        "placement_se": float(se[2]),
+    }
 
 
 # --- time to target on the common horizon --------------------------------------------------------
+
 
 def survival(cell: dict[str, dict]) -> dict[str, float] | None:
     """KM restricted mean time to target up to the shorter placement's horizon."""
@@ -119,31 +130,41 @@ def survival(cell: dict[str, dict]) -> dict[str, float] | None:
 
 # --- the section ---------------------------------------------------------------------------------
 
-FIGURES = (("training loss (importance-weighted)", "train_loss", PAPER_LOSS),
-           ("transferred priority, \\|td\\| on arrival", "arrival_td", PAPER_PRIORITY))
+FIGURES = (
+    ("training loss (importance-weighted)", "train_loss", PAPER_LOSS),
+    ("transferred priority, \\|td\\| on arrival", "arrival_td", PAPER_PRIORITY),
+)
 
 
 def reanalysis() -> str:
     rows = fixed_update_rows()
     cs = cells(rows)
     deciding = [c for c in cs if delivered(cs[c]) < DECIDING]
-    tests = [(c, label, key, paper, ratio(cs[c], key))
-             for c in deciding for label, key, paper in FIGURES]
+    tests = [
+        (c, label, key, paper, ratio(cs[c], key)) for c in deciding for label, key, paper in FIGURES
+    ]
     adj = holm([t[4].p for t in tests])
     m = len(tests)
     out = _cell_table(cs)
-    out += ["", f"**The old deciding cells under the new rule** (the cells where the existing "
-            f"placement delivered less than 90% of production; Holm over these {m} tests, "
-            f"family-wise alpha 0.05; the simultaneous intervals are at level 1 - 0.05/{m}):", "",
-            "| cell | figure (paper) | ratio [95% t-interval] | p | Holm p | simultaneous "
-            "interval | outcome |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        f"**The old deciding cells under the new rule** (the cells where the existing "
+        f"placement delivered less than 90% of production; Holm over these {m} tests, "
+        f"family-wise alpha 0.05; the simultaneous intervals are at level 1 - 0.05/{m}):",
+        "",
+        "| cell | figure (paper) | ratio [95% t-interval] | p | Holm p | simultaneous "
+        "interval | outcome |",
+        "|---|---|---|---|---|---|---|",
+    ]
     outcomes = []
     for (c, label, _key, paper, r), p_adj in zip(tests, adj, strict=True):
         lo, hi = r.interval(1 - 0.05 / m)
         o = figure_outcome(r, p_adj, paper, m)
         outcomes.append((c, label, o))
-        out.append(f"| {c} | {label} ({paper:g}) | {r.text()} | {_f(r.p, 2)} | {_f(p_adj, 2)} "
-                   f"| [{_f(lo)}, {_f(hi)}] | {o} |")
+        out.append(
+            f"| {c} | {label} ({paper:g}) | {r.text()} | {_f(r.p, 2)} | {_f(p_adj, 2)} "
+            f"| [{_f(lo)}, {_f(hi)}] | {o} |"
+        )
     out += ["", _verdict_sentence(outcomes), ""]
     out += _confound_text(confound(rows))
     out += _survival_table(cs)
@@ -151,17 +172,25 @@ def reanalysis() -> str:
 
 
 def _cell_table(cs: dict) -> list[str]:
-    out = ["Proposed / existing per cell, ratio of geometric means over paired seeds with its "
-           "95% t-interval on log ratios (n pairs). The wall-time ratio shows the confound: "
-           "every run had 10,000 updates, not the same time.", "",
-           "| cell | n | existing delivers | wall time | training loss | \\|td\\| on arrival "
-           "(paper's unit) | p^0.6 held (mpirl's old unit) | reference loss |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "Proposed / existing per cell, ratio of geometric means over paired seeds with its "
+        "95% t-interval on log ratios (n pairs). The wall-time ratio shows the confound: "
+        "every run had 10,000 updates, not the same time.",
+        "",
+        "| cell | n | existing delivers | wall time | training loss | \\|td\\| on arrival "
+        "(paper's unit) | p^0.6 held (mpirl's old unit) | reference loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c, cell in cs.items():
-        rs = {k: ratio(cell, k) for k in ("wall_s", "train_loss", "arrival_td", "prio_held",
-                                          "ref_loss")}
-        out.append(f"| {c} | {rs['train_loss'].n} | {delivered(cell):.0%} | "
-                   + " | ".join(rs[k].text() for k in rs) + " |")
+        rs = {
+            k: ratio(cell, k)
+            for k in ("wall_s", "train_loss", "arrival_td", "prio_held", "ref_loss")
+        }
+        out.append(
+            f"| {c} | {rs['train_loss'].n} | {delivered(cell):.0%} | "
+            + " | ".join(rs[k].text() for k in rs)
+            + " |"
+        )
     return out
 
 
@@ -171,8 +200,10 @@ def _verdict_sentence(outcomes: list[tuple[str, str, str]]) -> str:
     said = "; ".join(f"{n} {k}" for k, n in count.items())
     against = [f"{label} in {c}" for c, label, o in outcomes if o == "opposite direction"]
     matches = [f"{label} in {c}" for c, label, o in outcomes if o == "matches the paper"]
-    text = (f"**Of the {len(outcomes)} deciding tests re-analysed: {said}.** None of this is "
-            f"the plan's verdict: run length differed with the placement in these cells.")
+    text = (
+        f"**Of the {len(outcomes)} deciding tests re-analysed: {said}.** None of this is "
+        f"the plan's verdict: run length differed with the placement in these cells."
+    )
     if matches:
         text += f" Matching the paper: {', '.join(matches)}."
     if against:
@@ -181,26 +212,34 @@ def _verdict_sentence(outcomes: list[tuple[str, str, str]]) -> str:
 
 
 def _confound_text(c: dict) -> list[str]:
-    text = ("**The confound.** Over the {n} CartPole runs, log reference loss correlates "
-            "{corr:.2f} with log wall time. Regressed on both, the wall-time slope is "
-            "{wall:.2f} +- {wall_se:.2f} (SE) and the placement term (proposed) {placement:+.3f} "
-            "+- {placement_se:.3f}".format(**c))
+    text = (
+        "**The confound.** Over the {n} CartPole runs, log reference loss correlates "
+        "{corr:.2f} with log wall time. Regressed on both, the wall-time slope is "
+        "{wall:.2f} +- {wall_se:.2f} (SE) and the placement term (proposed) {placement:+.3f} "
+        "+- {placement_se:.3f}".format(**c)
+    )
     if abs(c["placement"]) < 2 * c["placement_se"]:
-        text += (": once run length is accounted for, placement shows no effect on the reference "
-                 "loss, so the withdrawn verdict's reference-loss ratios measured run length.")
+        text += (
+            ": once run length is accounted for, placement shows no effect on the reference "
+            "loss, so the withdrawn verdict's reference-loss ratios measured run length."
+        )
     else:
         text += ": placement has an effect on the reference loss beyond run length."
     return [text, ""]
 
 
 def _survival_table(cs: dict) -> list[str]:
-    out = ["**Time to eval 475 on the horizon both placements ran** (CartPole): each seed is "
-           "censored at tau, the shortest run of its cell, in both placements, so neither "
-           "placement is credited with the other's longer run. Kaplan-Meier restricted mean "
-           "time to target up to tau (lifelines), its difference proposed - existing with a "
-           "95% interval, and the log-rank p:", "",
-           "| cell | tau | reached (existing / proposed) | RMST existing | RMST proposed | "
-           "difference [95% CI] | log-rank p |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "**Time to eval 475 on the horizon both placements ran** (CartPole): each seed is "
+        "censored at tau, the shortest run of its cell, in both placements, so neither "
+        "placement is credited with the other's longer run. Kaplan-Meier restricted mean "
+        "time to target up to tau (lifelines), its difference proposed - existing with a "
+        "95% interval, and the log-rank p:",
+        "",
+        "| cell | tau | reached (existing / proposed) | RMST existing | RMST proposed | "
+        "difference [95% CI] | log-rank p |",
+        "|---|---|---|---|---|---|---|",
+    ]
     short = []
     for c, cell in cs.items():
         s = survival(cell)
@@ -209,14 +248,19 @@ def _survival_table(cs: dict) -> list[str]:
         longest = max(r["wall_s"] for v in cell.values() for r in v.values())
         if s["tau"] < 0.5 * longest:
             short.append(f"{c} ({s['tau']:.0f} of {longest:.0f} s)")
-        out.append(f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
-                   f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
-                   f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
-                   f"{s['diff_high']:+.1f}] s | {_f(s['logrank_p'], 2)} |")
+        out.append(
+            f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
+            f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
+            f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
+            f"{s['diff_high']:+.1f}] s | {_f(s['logrank_p'], 2)} |"
+        )
     if short:
-        out += ["", "In " + ", ".join(short) + " one placement's runs ended before half of the "
-                "other's, so those rows compare only the first tau seconds; the withdrawn "
-                "crossover map compared unequal horizons there."]
+        out += [
+            "",
+            "In " + ", ".join(short) + " one placement's runs ended before half of the "
+            "other's, so those rows compare only the first tau seconds; the withdrawn "
+            "crossover map compared unequal horizons there.",
+        ]
     return out
 
 
@@ -230,8 +274,7 @@ def equal_time() -> str:
     body = E.section(DATA)
     if (DATA / "runs.csv").exists():
         cells = E.by_cell(E.read(DATA)[0])
-        body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)"
-                                    for c in cells)
+        body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)" for c in cells)
     return body
 
 
@@ -241,37 +284,50 @@ def pilot() -> str:
     return E.pilot_section(ROOT / "docs" / "results" / "data" / "equal-time-pilot")
 
 
-SECTIONS: dict[str, Callable[[], str]] = {"equal_time": equal_time, "pilot": pilot,
-                                          "reanalysis": reanalysis}
+SECTIONS: dict[str, Callable[[], str]] = {
+    "equal_time": equal_time,
+    "pilot": pilot,
+    "reanalysis": reanalysis,
+}
 
 
 def render(page: str) -> str:
     """``page`` with every generated section replaced by what the data give now."""
     for name, make in SECTIONS.items():
-        pat = re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?(<!-- END generated: "
-                         rf"{name} -->)", re.S)
+        pat = re.compile(
+            rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?(<!-- END generated: "
+            rf"{name} -->)",
+            re.S,
+        )
         if not pat.search(page):
-            raise ValueError(f"docs/results.md has no generated section {name!r}: add the "
-                             f"BEGIN/END markers")
+            raise ValueError(
+                f"docs/results.md has no generated section {name!r}: add the BEGIN/END markers"
+            )
         body = make()
         page = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), page)
     return page
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.verdict", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m analysis.verdict",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--page", type=Path, default=RESULTS)
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 when the page differs from the regenerated one")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 when the page differs from the regenerated one"
+    )
     ap.add_argument("--no-plots", action="store_true", help="do not rewrite the figures")
     a = ap.parse_args(argv)
     page = a.page.read_text()
     new = render(page)
     if a.check:
         if new != page:
-            print(f"{a.page} is not what the committed data give: run python -m analysis.verdict",
-                  file=sys.stderr)
+            print(
+                f"{a.page} is not what the committed data give: run python -m analysis.verdict",
+                file=sys.stderr,
+            )
             return 1
         return 0
     a.page.write_text(new)

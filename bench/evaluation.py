@@ -16,6 +16,7 @@ between rounds), the evaluations finished and their mean wall time.
 Run it on an otherwise idle machine and then with the pipeline's other ranks competing (e.g. under
 ``mpirun -n 9`` load), since on 2 cores the answer depends on whether a core is free.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,7 +69,7 @@ def batches(cfg: Config, spec, n: int = 32):
         rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
         rec["action"] = rng.integers(0, spec.n_actions, cfg.batch_size)
         rec["reward"] = 1.0
-        rec["discount"] = cfg.gamma ** cfg.n_step
+        rec["discount"] = cfg.gamma**cfg.n_step
         out.append((rec, np.ones(cfg.batch_size, np.float32)))
     return out
 
@@ -76,8 +77,8 @@ def batches(cfg: Config, spec, n: int = 32):
 def one(mode: str, seconds: float, eval_every: int, cfg: Config, spec, data) -> dict:
     import torch
 
-    from mpirl.roles.evaluation import make_runner
     from mpirl.agent.train_step import TrainStep
+    from mpirl.roles.evaluation import make_runner
 
     torch.set_num_threads(1)
     step = TrainStep(cfg, spec)
@@ -107,8 +108,12 @@ def one(mode: str, seconds: float, eval_every: int, cfg: Config, spec, data) -> 
     wall = time.monotonic() - t0
     if runner is not None:
         runner.close()
-    return {"mode": mode, "rate": updates / wall, "evals": evals,
-            "eval_s": float(np.mean(eval_s)) if eval_s else float("nan")}
+    return {
+        "mode": mode,
+        "rate": updates / wall,
+        "evals": evals,
+        "eval_s": float(np.mean(eval_s)) if eval_s else float("nan"),
+    }
 
 
 def main() -> None:
@@ -119,8 +124,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    from mpirl.run.config import Config
     from mpirl.agent.envs import inspect
+    from mpirl.run.config import Config
 
     cfg = Config()
     spec = inspect(cfg.env)
@@ -132,22 +137,30 @@ def main() -> None:
             rows[m].append(r)
             print(r, flush=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = [(f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f}, {a.seconds:g} s x "
-              f"{a.rounds} per mode, an evaluation (10 x 500 steps) every {a.eval_every} "
-              "updates"), "",
-             "| evaluator | updates/s (median) | x no evaluation (median per round) | evaluations "
-             "| eval wall s (mean) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        (
+            f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f}, {a.seconds:g} s x "
+            f"{a.rounds} per mode, an evaluation (10 x 500 steps) every {a.eval_every} "
+            "updates"
+        ),
+        "",
+        "| evaluator | updates/s (median) | x no evaluation (median per round) | evaluations "
+        "| eval wall s (mean) |",
+        "|---|---|---|---|---|",
+    ]
     for m, rs in rows.items():
         rate = statistics.median(r["rate"] for r in rs)
         ev = sum(r["evals"] for r in rs)
         es = np.nanmean([r["eval_s"] for r in rs]) if m != "none" else float("nan")
         # each round's ratio to the reference of the same round (load drifts between rounds)
-        ratio = (statistics.median(r["rate"] / n["rate"]
-                                   for r, n in zip(rs, rows["none"], strict=True))
-                 if "none" in rows else float("nan"))
-        lines.append(f"| {m} | {rate:,.0f} | {ratio:.2f} | {ev} | "
-                     f"{'-' if m == 'none' else f'{es:.2f}'} |")
+        ratio = (
+            statistics.median(r["rate"] / n["rate"] for r, n in zip(rs, rows["none"], strict=True))
+            if "none" in rows
+            else float("nan")
+        )
+        lines.append(
+            f"| {m} | {rate:,.0f} | {ratio:.2f} | {ev} | {'-' if m == 'none' else f'{es:.2f}'} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

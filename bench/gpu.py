@@ -29,6 +29,7 @@ MinAtar pipeline run with ``--device cpu``; Pong is left out), so a machine with
 that the script works; its figures mean nothing.  Without CUDA (and no ``--dry-run``) the CUDA
 columns say so.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,9 +62,17 @@ def specs():
     from mpirl.agent.envs import ATARI_SIZE, ATARI_STACK, EnvSpec
 
     mlp = EnvSpec((4,), np.dtype(np.float32), 2, 475.0)
-    cnn = EnvSpec((ATARI_STACK, ATARI_SIZE, ATARI_SIZE), np.dtype(np.uint8), 6, None,
-                  family="atari", frame_shape=(1, ATARI_SIZE, ATARI_SIZE), stack=ATARI_STACK,
-                  obs_scale=1 / 255, clip_rewards=True)
+    cnn = EnvSpec(
+        (ATARI_STACK, ATARI_SIZE, ATARI_SIZE),
+        np.dtype(np.uint8),
+        6,
+        None,
+        family="atari",
+        frame_shape=(1, ATARI_SIZE, ATARI_SIZE),
+        stack=ATARI_STACK,
+        obs_scale=1 / 255,
+        clip_rewards=True,
+    )
     return [("MLP 64x64 (CartPole)", mlp), ("Nature CNN (Atari 4x84x84)", cnn)]
 
 
@@ -77,7 +86,7 @@ def make_batches(cfg: Config, spec, batch: int, n: int = 4) -> list[tuple]:
         rec = np.zeros(batch, record_dtype(cfg, spec))
         rec["action"] = rng.integers(0, spec.n_actions, batch)
         rec["reward"] = rng.normal(size=batch)
-        rec["discount"] = np.where(rng.random(batch) < 0.05, 0.0, 0.99 ** cfg.n_step)
+        rec["discount"] = np.where(rng.random(batch) < 0.05, 0.0, 0.99**cfg.n_step)
         table = None
         if spec.image:  # each transition: 4 frames for s, the last 4 of s + n for s'
             s, k = spec.stack, cfg.n_step
@@ -91,8 +100,9 @@ def make_batches(cfg: Config, spec, batch: int, n: int = 4) -> list[tuple]:
     return out
 
 
-def train_rate(cfg: Config, spec, batch: int, device: str, mode: str, seconds: float,
-               amp: str = "off") -> float:
+def train_rate(
+    cfg: Config, spec, batch: int, device: str, mode: str, seconds: float, amp: str = "off"
+) -> float:
     """Updates/s of TrainStep on ``device``: mode 'serial' (step) or 'prefetch' (as the loop)."""
     import torch
 
@@ -128,8 +138,13 @@ def step_table(a, cuda: bool) -> list[str]:
     from mpirl.run.config import Config
 
     torch.set_num_threads(a.cpu_threads)
-    lines = [("| network | batch | cpu updates/s | cuda serial | cuda prefetch | cuda bf16 | "
-              "cuda / cpu |"), "|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| network | batch | cpu updates/s | cuda serial | cuda prefetch | cuda bf16 | "
+            "cuda / cpu |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, spec in specs():
         cfg = Config(batch_size=max(a.batches))
         for batch in a.batches:
@@ -138,8 +153,12 @@ def step_table(a, cuda: bool) -> list[str]:
                 ser = train_rate(cfg, spec, batch, "cuda", "serial", a.seconds)
                 pre = train_rate(cfg, spec, batch, "cuda", "prefetch", a.seconds)
                 bf = train_rate(cfg, spec, batch, "cuda", "prefetch", a.seconds, amp="bf16")
-                cells = [f"{ser:,.0f}", f"{pre:,.0f}", f"{bf:,.0f}",
-                         f"**{max(pre, bf) / cpu:.1f}x**"]
+                cells = [
+                    f"{ser:,.0f}",
+                    f"{pre:,.0f}",
+                    f"{bf:,.0f}",
+                    f"**{max(pre, bf) / cpu:.1f}x**",
+                ]
             elif a.dry_run:  # the prefetch path on CPU, so CI runs it
                 pre = train_rate(cfg, spec, batch, "cpu", "prefetch", a.seconds)
                 cells = ["-", f"{pre:,.0f} (cpu)", "-", "-"]
@@ -150,18 +169,38 @@ def step_table(a, cuda: bool) -> list[str]:
     return lines
 
 
-def pipeline(env: str, device: str, seconds: float, ranks: int, tmp: Path,
-             extra: tuple = ()) -> dict:
+def pipeline(
+    env: str, device: str, seconds: float, ranks: int, tmp: Path, extra: tuple = ()
+) -> dict:
     run_dir = tmp / env.replace("/", "-")
-    cmd = [*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main", "--env", env,
-           "--device", device, "--max-seconds", str(seconds), "--target-return", "none",
-           "--run-dir", str(run_dir), "--progress-seconds", "2", "--checkpoint-seconds", "0",
-           *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300, cwd=ROOT,
-                       check=False)
+    cmd = [
+        *mpirun_cmd(ranks),
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--env",
+        env,
+        "--device",
+        device,
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--run-dir",
+        str(run_dir),
+        "--progress-seconds",
+        "2",
+        "--checkpoint-seconds",
+        "0",
+        *extra,
+    ]
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=seconds + 300, cwd=ROOT, check=False
+    )
     if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
-                           f"{p.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     import h5py
 
     s = json.loads((run_dir / "summary.json").read_text())
@@ -173,40 +212,71 @@ def pipeline(env: str, device: str, seconds: float, ranks: int, tmp: Path,
         busy = f["progress/busy_fraction"][()][steady]
         dev = f.attrs.get("device_name", "?")
         evals = f["evals/eval_s"][()] if "evals" in f else np.zeros(0)
-    return {"env": env, "device": f"{device} ({dev})", "updates": s["updates"],
-            "updates_per_s": float(np.mean(ups)) if len(ups) else float("nan"),
-            "env_steps_per_s": float(np.mean(eps)) if len(eps) else float("nan"),
-            "busy": float(np.mean(busy)) if len(busy) else float("nan"),
-            "best_eval": s["best_eval"], "evals": len(evals),
-            "eval_s": float(np.mean(evals)) if len(evals) else float("nan")}
+    return {
+        "env": env,
+        "device": f"{device} ({dev})",
+        "updates": s["updates"],
+        "updates_per_s": float(np.mean(ups)) if len(ups) else float("nan"),
+        "env_steps_per_s": float(np.mean(eps)) if len(eps) else float("nan"),
+        "busy": float(np.mean(busy)) if len(busy) else float("nan"),
+        "best_eval": s["best_eval"],
+        "evals": len(evals),
+        "eval_s": float(np.mean(evals)) if len(evals) else float("nan"),
+    }
 
 
 def pipeline_table(a, cuda: bool) -> list[str]:
-    lines = [("| env | learner device | ranks | seconds | updates | updates/s (steady) | "
-              "env steps/s | learner busy | best eval | evaluations (mean s) |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| env | learner device | ranks | seconds | updates | updates/s (steady) | "
+            "env steps/s | learner busy | best eval | evaluations (mean s) |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     have_images = all(importlib.util.find_spec(m) for m in ("minatar", "ale_py", "zstandard"))
     device = "cuda" if cuda else "cpu"
     if not cuda and not a.dry_run:
-        return [*lines, ("| - | no CUDA: pipeline runs skipped (--dry-run runs them on CPU) "
-                         "| | | | | | | | |")]
-    extra = ("--replay-capacity", "20000", "--learning-starts", "500", "--batch-size", "32",
-             "--eval-episodes", "2", "--eval-every", "200") if a.dry_run else ()
+        return [
+            *lines,
+            ("| - | no CUDA: pipeline runs skipped (--dry-run runs them on CPU) | | | | | | | | |"),
+        ]
+    extra = (
+        (
+            "--replay-capacity",
+            "20000",
+            "--learning-starts",
+            "500",
+            "--batch-size",
+            "32",
+            "--eval-episodes",
+            "2",
+            "--eval-every",
+            "200",
+        )
+        if a.dry_run
+        else ()
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for env in ("MinAtar/Breakout-v1", "ALE/Pong-v5"):
             if a.dry_run and env.startswith("ALE/"):
-                lines.append(f"| {env} | - | skipped by --dry-run (the MinAtar run checks the "
-                             "same path) | | | | | | | |")
+                lines.append(
+                    f"| {env} | - | skipped by --dry-run (the MinAtar run checks the "
+                    "same path) | | | | | | | |"
+                )
                 continue
             if not have_images:
-                lines.append(f"| {env} | - | images extra not installed: pip install -e "
-                             "\".[images]\" | | | | | | | |")
+                lines.append(
+                    f"| {env} | - | images extra not installed: pip install -e "
+                    '".[images]" | | | | | | | |'
+                )
                 continue
             r = pipeline(env, device, a.run_seconds, a.ranks, Path(tmp), extra)
-            lines.append(f"| {env} | {r['device']} | {a.ranks} | {a.run_seconds:g} | "
-                         f"{r['updates']:,} | {r['updates_per_s']:,.1f} | "
-                         f"{r['env_steps_per_s']:,.0f} | {r['busy']:.2f} | "
-                         f"{r['best_eval']:.1f} | {r['evals']} ({r['eval_s']:.2f}) |")
+            lines.append(
+                f"| {env} | {r['device']} | {a.ranks} | {a.run_seconds:g} | "
+                f"{r['updates']:,} | {r['updates_per_s']:,.1f} | "
+                f"{r['env_steps_per_s']:,.0f} | {r['busy']:.2f} | "
+                f"{r['best_eval']:.1f} | {r['evals']} ({r['eval_s']:.2f}) |"
+            )
             print(lines[-1], flush=True)
     return lines
 
@@ -217,11 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 64, 256])
     ap.add_argument("--run-seconds", type=float, default=60.0, help="per pipeline run")
     ap.add_argument("--ranks", type=int, default=9)
-    ap.add_argument("--cpu-threads", type=int, default=1,
-                    help="torch threads of the CPU points (1 = a learner rank's default)")
+    ap.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch threads of the CPU points (1 = a learner rank's default)",
+    )
     ap.add_argument("--skip-pipeline", action="store_true")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="CPU only, tiny counts: check that the script runs")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="CPU only, tiny counts: check that the script runs"
+    )
     ap.add_argument("--out", default=None, help="also write the tables to this file")
     a = ap.parse_args(argv)
     import torch
@@ -229,10 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available() and not a.dry_run
     if a.dry_run:
         a.seconds, a.batches, a.run_seconds, a.ranks = 0.3, [32], 3.0, 3
-    head = (f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
-            + (f"{torch.cuda.get_device_name(0)}" if cuda else "no CUDA device")
-            + f", {os.cpu_count()} CPU cores" + (" (--dry-run: figures mean nothing)"
-                                                 if a.dry_run else ""))
+    head = (
+        f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
+        + (f"{torch.cuda.get_device_name(0)}" if cuda else "no CUDA device")
+        + f", {os.cpu_count()} CPU cores"
+        + (" (--dry-run: figures mean nothing)" if a.dry_run else "")
+    )
     print(head, flush=True)
     text = [head, "", "### Learner train step (updates/s)", "", *step_table(a, cuda)]
     if not a.skip_pipeline:

@@ -62,22 +62,33 @@ def codecs_table(frames: np.ndarray) -> list[str]:
     rng = np.random.default_rng(0)
     idx = rng.integers(3, len(frames) - 4, 32)
     payloads = {
-        "forwarded chunk (256 transitions, ~1.1 frames each)": frames[500:500 + 282].tobytes(),
-        "sampled batch (32 transitions, 7 frames each)":
-            np.concatenate([frames[i - 3:i + 4] for i in idx]).tobytes(),
+        "forwarded chunk (256 transitions, ~1.1 frames each)": frames[500 : 500 + 282].tobytes(),
+        "sampled batch (32 transitions, 7 frames each)": np.concatenate(
+            [frames[i - 3 : i + 4] for i in idx]
+        ).tobytes(),
     }
-    codecs = [("zstd-1 (mpirl)", zstandard.ZstdCompressor(level=1).compress,
-               zstandard.ZstdDecompressor().decompress),
-              ("zstd-3", zstandard.ZstdCompressor(level=3).compress,
-               zstandard.ZstdDecompressor().decompress)]
+    codecs = [
+        (
+            "zstd-1 (mpirl)",
+            zstandard.ZstdCompressor(level=1).compress,
+            zstandard.ZstdDecompressor().decompress,
+        ),
+        (
+            "zstd-3",
+            zstandard.ZstdCompressor(level=3).compress,
+            zstandard.ZstdDecompressor().decompress,
+        ),
+    ]
     try:
         import lz4.frame
 
         codecs.append(("lz4", lz4.frame.compress, lz4.frame.decompress))
     except ImportError:
         pass
-    rows = ["| payload | codec | raw KB | ratio | compress MB/s | decompress MB/s |",
-            "|---|---|---:|---:|---:|---:|"]
+    rows = [
+        "| payload | codec | raw KB | ratio | compress MB/s | decompress MB/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name, data in payloads.items():
         for cname, comp, decomp in codecs:
             n, t0 = 0, time.perf_counter()
@@ -90,9 +101,11 @@ def codecs_table(frames: np.ndarray) -> list[str]:
                 decomp(out)
                 n += 1
             td = (time.perf_counter() - t0) / n
-            rows.append(f"| {name} | {cname} | {len(data) / 1e3:,.0f} | "
-                        f"{len(data) / len(out):,.1f} | {len(data) / tc / 1e6:,.0f} | "
-                        f"{len(data) / td / 1e6:,.0f} |")
+            rows.append(
+                f"| {name} | {cname} | {len(data) / 1e3:,.0f} | "
+                f"{len(data) / len(out):,.1f} | {len(data) / tc / 1e6:,.0f} | "
+                f"{len(data) / td / 1e6:,.0f} |"
+            )
     return rows
 
 
@@ -102,15 +115,52 @@ def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
     mpirun = Path(sys.executable).parent / "mpirun"
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [str(mpirun), "-n", "3", sys.executable, "-m", "mpirl.main", "--env", env_id,
-               "--replay-at", replay_at, "--compress", compress, "--link", link,
-               "--max-seconds", str(seconds), "--target-return", "none",
-               "--learning-starts", "500", "--batch-size", "32", "--replay-capacity", "20000",
-               "--eval-every", "100000000", "--eval-episodes", "1", "--eval-max-steps", "20",
-               "--progress-seconds", "0", "--replay-ratio", "0",
-               "--run-dir", str(run_dir), *extra]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300,
-                           cwd=Path(__file__).resolve().parents[1])
+        cmd = [
+            str(mpirun),
+            "-n",
+            "3",
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--env",
+            env_id,
+            "--replay-at",
+            replay_at,
+            "--compress",
+            compress,
+            "--link",
+            link,
+            "--max-seconds",
+            str(seconds),
+            "--target-return",
+            "none",
+            "--learning-starts",
+            "500",
+            "--batch-size",
+            "32",
+            "--replay-capacity",
+            "20000",
+            "--eval-every",
+            "100000000",
+            "--eval-episodes",
+            "1",
+            "--eval-max-steps",
+            "20",
+            "--progress-seconds",
+            "0",
+            "--replay-ratio",
+            "0",
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ]
+        p = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 300,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         if p.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -126,16 +176,21 @@ def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
     wall = summary["wall_s"]
     # transitions the learner received per second, from its first arrival to the stop
     span = max(1e-9, loop0 + wall - (t[0] if len(t) else loop0))
-    return {"replay_at": replay_at, "compress": compress, "link": link,
-            "env_steps_per_s": summary["env_steps"] / wall,
-            "received_per_s": float(n.sum()) / span if len(n) else 0.0,
-            "updates": summary["updates"], "updates_per_s": summary["updates"] / wall,
-            "bytes_per_update": out_bytes / max(1, summary["updates"]),
-            "raw_bytes_per_update": raw_bytes / max(1, summary["updates"]),
-            "ratio": raw_bytes / max(1, out_bytes),
-            "bytes_per_experience": float(x_bytes.sum() / max(1, n.sum())),
-            "raw_bytes_per_experience": float(x_raw.sum() / max(1, n.sum())),
-            "peak_utilization": float(util.max()) if len(util) else float("nan")}
+    return {
+        "replay_at": replay_at,
+        "compress": compress,
+        "link": link,
+        "env_steps_per_s": summary["env_steps"] / wall,
+        "received_per_s": float(n.sum()) / span if len(n) else 0.0,
+        "updates": summary["updates"],
+        "updates_per_s": summary["updates"] / wall,
+        "bytes_per_update": out_bytes / max(1, summary["updates"]),
+        "raw_bytes_per_update": raw_bytes / max(1, summary["updates"]),
+        "ratio": raw_bytes / max(1, out_bytes),
+        "bytes_per_experience": float(x_bytes.sum() / max(1, n.sum())),
+        "raw_bytes_per_experience": float(x_raw.sum() / max(1, n.sum())),
+        "peak_utilization": float(util.max()) if len(util) else float("nan"),
+    }
 
 
 def main() -> int:
@@ -143,14 +198,21 @@ def main() -> int:
     ap.add_argument("--env", default="ALE/Pong-v5")
     ap.add_argument("--link", default="wan-100m-30ms")
     ap.add_argument("--seconds", type=float, default=40)
-    ap.add_argument("--extra-bandwidth-mbps", type=float, default=10,
-                    help="also run replay_at=learner on a link this slow (0 = skip)")
+    ap.add_argument(
+        "--extra-bandwidth-mbps",
+        type=float,
+        default=10,
+        help="also run replay_at=learner on a link this slow (0 = skip)",
+    )
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--out", default=None, help="also write the tables to this file")
     args = ap.parse_args()
 
-    lines = [f"# bench/images.py, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
-             f"env {args.env}", ""]
+    lines = [
+        f"# bench/images.py, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+        f"env {args.env}",
+        "",
+    ]
     frames = record_frames(args.env)
     lines += ["## Codecs on recorded frames", ""] + codecs_table(frames) + [""]
     print("\n".join(lines), flush=True)
@@ -158,21 +220,27 @@ def main() -> int:
         runs = [(ra, c, args.link, ()) for ra in ("learner", "buffer") for c in ("off", "on")]
         if args.extra_bandwidth_mbps:
             bw = ("--bandwidth-mbps", str(args.extra_bandwidth_mbps))
-            runs += [("learner", c, f"{args.link} at {args.extra_bandwidth_mbps:g} Mb/s", bw)
-                     for c in ("off", "on")]
-        rows = ["| replay at | link | compress | env steps/s | experiences/s to learner | "
-                "updates/s | link bytes/update (wire) | before compression | bytes/experience "
-                "(wire / raw) | peak link utilization |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            runs += [
+                ("learner", c, f"{args.link} at {args.extra_bandwidth_mbps:g} Mb/s", bw)
+                for c in ("off", "on")
+            ]
+        rows = [
+            "| replay at | link | compress | env steps/s | experiences/s to learner | "
+            "updates/s | link bytes/update (wire) | before compression | bytes/experience "
+            "(wire / raw) | peak link utilization |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         print("\n".join(rows), flush=True)
         for ra, c, link_name, extra in runs:
             r = run_pipeline(args.env, ra, c, args.link, args.seconds, extra)
-            row = (f"| {ra} | {link_name} | {c} | {r['env_steps_per_s']:,.0f} | "
-                   f"{r['received_per_s']:,.0f} | {r['updates_per_s']:,.1f} | "
-                   f"{r['bytes_per_update'] / 1e3:,.1f} KB | "
-                   f"{r['raw_bytes_per_update'] / 1e3:,.1f} KB | "
-                   f"{r['bytes_per_experience']:,.0f} / {r['raw_bytes_per_experience']:,.0f} | "
-                   f"{r['peak_utilization']:.0%} |")
+            row = (
+                f"| {ra} | {link_name} | {c} | {r['env_steps_per_s']:,.0f} | "
+                f"{r['received_per_s']:,.0f} | {r['updates_per_s']:,.1f} | "
+                f"{r['bytes_per_update'] / 1e3:,.1f} KB | "
+                f"{r['raw_bytes_per_update'] / 1e3:,.1f} KB | "
+                f"{r['bytes_per_experience']:,.0f} / {r['raw_bytes_per_experience']:,.0f} | "
+                f"{r['peak_utilization']:.0%} |"
+            )
             rows.append(row)
             print(row, flush=True)
         lines += ["## Pipeline: mpirun -n 3, 1 actor x 4 envs, batch 32, replay ratio 0", ""]

@@ -21,6 +21,7 @@ first).  ``--learning N`` instead runs gba and allreduce at K = 2 with the 4x st
 seeds each, --seconds each, with evaluation, and reports the last greedy evaluation's return of
 each seed and the paired gba - allreduce difference with a 95% paired t-interval.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,58 @@ from mpirl.launch import mpirun_cmd
 BATCH = 64
 
 
-def run(run_dir: Path, k: int, mode: str, seconds: float, straggle: str | None, seed: int = 3,
-        actor_rate: float = 400.0, evaluate: bool = False) -> None:
-    cmd = [*mpirun_cmd(k + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
-           str(run_dir), "--learners", str(k), "--learner-sync", mode, "--replay-at", "learner",
-           "--replay-ratio", "0", "--max-seconds", str(seconds), "--target-return", "none",
-           "--progress-seconds", "0", "--seed", str(seed), "--checkpoint-seconds", "0",
-           "--actor-steps-per-s", str(actor_rate), "--batch-size", str(BATCH),
-           "--eval-every", "500" if evaluate else "100000000"]
+def run(
+    run_dir: Path,
+    k: int,
+    mode: str,
+    seconds: float,
+    straggle: str | None,
+    seed: int = 3,
+    actor_rate: float = 400.0,
+    evaluate: bool = False,
+) -> None:
+    cmd = [
+        *mpirun_cmd(k + 2),
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--run-dir",
+        str(run_dir),
+        "--learners",
+        str(k),
+        "--learner-sync",
+        mode,
+        "--replay-at",
+        "learner",
+        "--replay-ratio",
+        "0",
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--progress-seconds",
+        "0",
+        "--seed",
+        str(seed),
+        "--checkpoint-seconds",
+        "0",
+        "--actor-steps-per-s",
+        str(actor_rate),
+        "--batch-size",
+        str(BATCH),
+        "--eval-every",
+        "500" if evaluate else "100000000",
+    ]
     if straggle:
         cmd += ["--straggle", straggle]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 240, check=False,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 240,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
 
@@ -71,19 +112,26 @@ def rates(run_dir: Path, k: int, mode: str) -> dict:
             gt, n, dropped = (f["group/t"][()], f["group/samples"][()], f["group/dropped"][()])
             sps = n[(gt >= t0) & (dropped == 0)].sum() / span
         last = f["evals/ret_mean"][()]
-    return {"updates_per_s": float(ups), "samples_per_s": float(sps),
-            "last_eval": float(last[-1]) if last.size else float("nan")}
+    return {
+        "updates_per_s": float(ups),
+        "samples_per_s": float(sps),
+        "last_eval": float(last[-1]) if last.size else float("nan"),
+    }
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| K | sync | straggler | global updates/s | samples/s | parallel efficiency |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| K | sync | straggler | global updates/s | samples/s | parallel efficiency |",
+        "|---|---|---|---|---|---|",
+    ]
     base = next(r["samples_per_s"] for r in rows if r["k"] == 1 and r["slow"] == 1)
     for r in rows:
         eff = r["samples_per_s"] / (r["k"] * base)
         slow = "none" if r["slow"] == 1 else f"{r['slow']:g}x ({r['ms']:.1f} ms)"
-        out.append(f"| {r['k']} | {r['mode']} | {slow} | {r['updates_per_s']:.1f} | "
-                   f"{r['samples_per_s']:,.0f} | {eff:.2f} |")
+        out.append(
+            f"| {r['k']} | {r['mode']} | {slow} | {r['updates_per_s']:.1f} | "
+            f"{r['samples_per_s']:,.0f} | {eff:.2f} |"
+        )
     return "\n".join(out)
 
 
@@ -103,14 +151,26 @@ def throughput(args, tmp: Path) -> str:
                 d = tmp / f"k{k}-{mode}-{slow}"
                 straggle = f"{k - 1}:{ms:.2f}" if slow > 1 else None
                 run(d, k, "gba" if mode == "-" else mode, args.seconds, straggle)
-                rows.append({"k": k, "mode": mode, "slow": slow, "ms": ms,
-                             **rates(d, k, "gba" if mode == "-" else mode)})
-                print(f"  K={k} {mode} slow {slow}: {rows[-1]['updates_per_s']:.1f} updates/s, "
-                      f"{rows[-1]['samples_per_s']:,.0f} samples/s", file=sys.stderr)
+                rows.append(
+                    {
+                        "k": k,
+                        "mode": mode,
+                        "slow": slow,
+                        "ms": ms,
+                        **rates(d, k, "gba" if mode == "-" else mode),
+                    }
+                )
+                print(
+                    f"  K={k} {mode} slow {slow}: {rows[-1]['updates_per_s']:.1f} updates/s, "
+                    f"{rows[-1]['samples_per_s']:,.0f} samples/s",
+                    file=sys.stderr,
+                )
     rows.sort(key=lambda r: (r["slow"], r["k"], r["mode"]))
-    return (f"{os.cpu_count()} cores; load average before {args.load[0]:.2f}, after "
-            f"{os.getloadavg()[0]:.2f}; {args.seconds:g} s per point; update time of K = 1: "
-            f"{t_update * 1000:.2f} ms\n\n" + table(rows))
+    return (
+        f"{os.cpu_count()} cores; load average before {args.load[0]:.2f}, after "
+        f"{os.getloadavg()[0]:.2f}; {args.seconds:g} s per point; update time of K = 1: "
+        f"{t_update * 1000:.2f} ms\n\n" + table(rows)
+    )
 
 
 def learning(args, tmp: Path) -> str:
@@ -131,19 +191,24 @@ def learning(args, tmp: Path) -> str:
     else:  # a t-interval keeps its coverage at n = 6, a bootstrap over 6 pairs does not
         lo, hi = stats.ttest_1samp(diff, 0.0).confidence_interval(0.95)
     lines = ["| seed | gba | allreduce |", "|---|---|---|"]
-    lines += [f"| {s} | {g:.1f} | {a:.1f} |" for s, (g, a) in
-              enumerate(zip(got["gba"], got["allreduce"], strict=True))]
-    return ("\n".join(lines) + f"\n\ngba - allreduce: {diff.mean():+.1f} (95% paired t-interval "
-            f"{lo:+.1f} .. {hi:+.1f}, n = {diff.size}); straggler {ms:.1f} ms per update, "
-            f"{args.seconds:g} s per run")
+    lines += [
+        f"| {s} | {g:.1f} | {a:.1f} |"
+        for s, (g, a) in enumerate(zip(got["gba"], got["allreduce"], strict=True))
+    ]
+    return (
+        "\n".join(lines) + f"\n\ngba - allreduce: {diff.mean():+.1f} (95% paired t-interval "
+        f"{lo:+.1f} .. {hi:+.1f}, n = {diff.size}); straggler {ms:.1f} ms per update, "
+        f"{args.seconds:g} s per run"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--modes", nargs="+", default=["allreduce", "async", "gba"])
-    ap.add_argument("--slow", type=float, nargs="+", default=[1, 2, 4],
-                    help="straggler slow-downs (1 = none)")
+    ap.add_argument(
+        "--slow", type=float, nargs="+", default=[1, 2, 4], help="straggler slow-downs (1 = none)"
+    )
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--learning", type=int, default=0, metavar="SEEDS")
     ap.add_argument("--out", default=None)

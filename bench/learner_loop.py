@@ -18,6 +18,7 @@ the other ranks' use of the shared caches) and from the shared machine's drift b
 one core (``taskset -c 0``) with nothing else running.  ``--steps`` adds the wall time of each
 loop step per update (each step wrapped in a timer, so the total is slightly inflated).
 """
+
 from __future__ import annotations
 
 import os
@@ -37,36 +38,63 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/fakes.py
 
-STEPS = ("receive", "checkpoint", "grant_tokens", "change_link", "train", "evaluate",
-         "decide_stop", "send_stop", "report", "wait")
+STEPS = (
+    "receive",
+    "checkpoint",
+    "grant_tokens",
+    "change_link",
+    "train",
+    "evaluate",
+    "decide_stop",
+    "send_stop",
+    "report",
+    "wait",
+)
 
 
 def build(batch_size: int, tmp: Path):
     import torch
 
     from mpirl.agent import envs as envs_mod
+    from mpirl.agent.qnet import param_count
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.logs.runlog import RunLog
+    from mpirl.replay.build import record_dtype
     from mpirl.roles import learner as learner_mod
     from mpirl.run.config import Config
-    from mpirl.logs.runlog import RunLog
-    from mpirl.agent.qnet import param_count
-    from mpirl.replay.build import record_dtype
-    from mpirl.agent.train_step import TrainStep
     from mpirl.transport.wire import Tag, Wire
 
     torch.set_num_threads(1)
-    cfg = Config(batch_size=batch_size, eval_every=10**9, evaluator="inline",
-                 progress_seconds=1.0, checkpoint_seconds=0, target_return=None)
+    cfg = Config(
+        batch_size=batch_size,
+        eval_every=10**9,
+        evaluator="inline",
+        progress_seconds=1.0,
+        checkpoint_seconds=0,
+        target_return=None,
+    )
     spec = envs_mod.inspect(cfg.env)
-    wire = Wire(record_dtype(cfg, spec),
-                param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling))
+    wire = Wire(
+        record_dtype(cfg, spec),
+        param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+    )
     from fakes import ScriptedLink, learner_ends, learner_topo  # tests/fakes.py
     from overheads import batch_messages  # bench/overheads.py, next to this file
 
     bufs = batch_messages(cfg, spec, wire, 64)
 
     turns = itertools.count(1)
-    ends = learner_ends(wire, {1: ScriptedLink(1, feed=lambda: [  # a fresh buffer, as Recv fills
-        (Tag.BATCH, bufs[next(turns) % len(bufs)].copy())])})
+    ends = learner_ends(
+        wire,
+        {
+            1: ScriptedLink(
+                1,
+                feed=lambda: [  # a fresh buffer, as Recv fills
+                    (Tag.BATCH, bufs[next(turns) % len(bufs)].copy())
+                ],
+            )
+        },
+    )
     topo = learner_topo(1)
     log = RunLog(tmp / "learner.h5", {}, flush_seconds=2)
     lrn = learner_mod.Learner(cfg, topo, spec, wire, log, ends, say=lambda s: None)
@@ -107,15 +135,18 @@ def step_times(lrn, seconds: float) -> tuple[dict, float]:
                 return f(*a, **k)
             finally:
                 acc[key] += time.perf_counter() - t0
+
         setattr(obj, name, timed)
         return f
 
     originals = [(lrn, n, wrap(lrn, n, n)) for n in STEPS]
-    originals.append((lrn.trainer, "launch",
-                      wrap(lrn.trainer, "launch", "  train: TrainStep.launch")))
+    originals.append(
+        (lrn.trainer, "launch", wrap(lrn.trainer, "launch", "  train: TrainStep.launch"))
+    )
     originals.append((lrn.trainer, "put", wrap(lrn.trainer, "put", "  train: TrainStep.put")))
-    originals.append((lrn.wire, "priorities", wrap(lrn.wire, "priorities",
-                                                   "  train: PRIORITIES pack")))
+    originals.append(
+        (lrn.wire, "priorities", wrap(lrn.wire, "priorities", "  train: PRIORITIES pack"))
+    )
     u0, t0 = lrn.updates, time.perf_counter()
     loop_rate(lrn, seconds)
     wall, n = time.perf_counter() - t0, lrn.updates - u0
@@ -130,20 +161,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="loop / reference pairs")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", action="store_true", help="also time each loop step")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="two rounds of 0.2 s: checks the bench runs (the suite uses it)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="two rounds of 0.2 s: checks the bench runs (the suite uses it)",
+    )
     a = ap.parse_args()
     if a.dry_run:
         a.seconds, a.rounds = 0.2, 2
-    for flag, v, lo in (("--seconds", a.seconds, 0.01), ("--rounds", a.rounds, 1),
-                        ("--batch-size", a.batch_size, 1)):
+    for flag, v, lo in (
+        ("--seconds", a.seconds, 0.01),
+        ("--rounds", a.rounds, 1),
+        ("--batch-size", a.batch_size, 1),
+    ):
         if not v >= lo:
             ap.error(f"{flag} {v}: give a value >= {lo}")
     from overheads import BENCH_MEMORY
 
     if a.batch_size > BENCH_MEMORY:
-        ap.error(f"--batch-size {a.batch_size}: give a batch size up to {BENCH_MEMORY} (the "
-                 "transitions the bench samples its batches from)")
+        ap.error(
+            f"--batch-size {a.batch_size}: give a batch size up to {BENCH_MEMORY} (the "
+            "transitions the bench samples its batches from)"
+        )
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         lrn, step, batches, log = build(a.batch_size, Path(tmp))
@@ -154,8 +193,12 @@ def main() -> None:
             got = loop_rate(lrn, a.seconds)
             ref = ref_rate(step, batches, a.seconds)
             rows.append((got, ref, got / ref))
-            print(f"round {i}: loop {got:,.0f}/CPU s, TrainStep {ref:,.0f}/CPU s, "
-                  f"ratio {got / ref:.3f}", file=sys.stderr, flush=True)
+            print(
+                f"round {i}: loop {got:,.0f}/CPU s, TrainStep {ref:,.0f}/CPU s, "
+                f"ratio {got / ref:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
         steps = step_times(lrn, a.seconds) if a.steps else None
         log.close()
     load1 = os.getloadavg()
@@ -164,17 +207,21 @@ def main() -> None:
     print("|---|---|---|---|")
     for i, (got, ref, r) in enumerate(rows):
         print(f"| {i} | {got:,.0f} | {ref:,.0f} | {r:.3f} |")
-    print(f"| median | {statistics.median(g for g, _, _ in rows):,.0f} | "
-          f"{statistics.median(f for _, f, _ in rows):,.0f} | "
-          f"**{statistics.median(ratios):.3f}** |")
+    print(
+        f"| median | {statistics.median(g for g, _, _ in rows):,.0f} | "
+        f"{statistics.median(f for _, f, _ in rows):,.0f} | "
+        f"**{statistics.median(ratios):.3f}** |"
+    )
     if steps is not None:
         per, total = steps
         print("\n| loop step | us per update |\n|---|---|")
         for k, v in sorted(per.items(), key=lambda kv: (kv[0].startswith(" "), -kv[1])):
             print(f"| {k} | {v:.1f} |")
         print(f"| whole turn | {total:.1f} |")
-    print(f"\nbatch {a.batch_size}, {a.rounds} rounds of {a.seconds:g} s per side; load average "
-          f"{load0[0]:.2f} at start, {load1[0]:.2f} at the end")
+    print(
+        f"\nbatch {a.batch_size}, {a.rounds} rounds of {a.seconds:g} s per side; load average "
+        f"{load0[0]:.2f} at start, {load1[0]:.2f} at the end"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ fraction (time training / wall time) and updates/s over the steady part of the r
 first third), and each as a ratio to the reference.  Targets (issue 4): auto >= 0.9x the
 reference's busy fraction on every profile; --inflight 1 visibly below it on the WAN profile.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,31 @@ from mpirl.launch import mpirun_cmd
 
 
 def one(run_dir: Path, ranks: int, seconds: float, link: str, inflight: str) -> dict:
-    cmd = [*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main", "--run-dir",
-           str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
-           "--replay-ratio", "0", "--link", link, "--inflight", inflight,
-           "--progress-seconds", "1", "--hidden", "64", "64", "--seed", "3"]
+    cmd = [
+        *mpirun_cmd(ranks),
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--run-dir",
+        str(run_dir),
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--replay-ratio",
+        "0",
+        "--link",
+        link,
+        "--inflight",
+        inflight,
+        "--progress-seconds",
+        "1",
+        "--hidden",
+        "64",
+        "64",
+        "--seed",
+        "3",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -62,12 +84,17 @@ def main() -> None:
                 r = one(Path(tmp) / f"{prof}-{inflight}", a.ranks, a.seconds, prof, inflight)
                 rows.append((prof, inflight, r))
                 print(json.dumps({"link": prof, "inflight": inflight, **r}), flush=True)
-    lines = ["| link | --inflight | busy fraction | x reference | updates/s | x reference | "
-             "window | batch round trip |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| link | --inflight | busy fraction | x reference | updates/s | x reference | "
+        "window | batch round trip |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for prof, inflight, r in rows:
-        lines.append(f"| {prof} | {inflight} | {r['busy']:.2f} | {r['busy'] / ref['busy']:.2f} |"
-                     f" {r['updates_per_s']:.0f} | {r['updates_per_s'] / ref['updates_per_s']:.2f}"
-                     f" | {r['window']:.0f} | {r['rtt_s'] * 1e3:.1f} ms |")
+        lines.append(
+            f"| {prof} | {inflight} | {r['busy']:.2f} | {r['busy'] / ref['busy']:.2f} |"
+            f" {r['updates_per_s']:.0f} | {r['updates_per_s'] / ref['updates_per_s']:.2f}"
+            f" | {r['window']:.0f} | {r['rtt_s'] * 1e3:.1f} ms |"
+        )
     table = "\n".join(lines)
     print(table)
     if a.out:

@@ -82,6 +82,7 @@ launches: 3-3.5 minutes at ``--seconds 15`` on a loaded 2-core machine.  Every m
 own reference before and after) and reports the median round: one round's ratio moved by
 +-0.07 between invocations on the shared development machine (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -110,6 +111,7 @@ EXTRA: list[str] = []  # more mpirl.main flags for the pipeline runs (--mpirl-ar
 
 # ---- helpers ------------------------------------------------------------------------------------
 
+
 def mpirun() -> str:
     from mpirl.launch import mpirun_path
 
@@ -128,11 +130,11 @@ def pin(cpu) -> None:
 
 
 def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       check=False)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
     if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
-                           f"{p.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     return p
 
 
@@ -151,10 +153,11 @@ def default_cfg():
 
 # ---- _rank: one pinned mpirl rank that records its CPU time -------------------------------------
 
+
 def rank_mode(argv: list[str]) -> int:
     """``_rank CPU CPU_PREFIX -- <mpirl.main args>``."""
     cpu, prefix = argv[0], argv[1]
-    args = argv[argv.index("--") + 1:]
+    args = argv[argv.index("--") + 1 :]
     pin(cpu)
     rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", str(os.getpid())))
 
@@ -183,8 +186,9 @@ def cpu_at(prefix: Path, rank: int, unix):
     return np.interp(unix, data[:, 0], data[:, 1])
 
 
-def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | None,
-             evaluate: bool = False) -> dict:
+def pipeline(
+    tmp: Path, name: str, seconds: float, measured: str, keep: Path | None, evaluate: bool = False
+) -> dict:
     """mpirun -n 3, the measured rank (learner or actor) alone on core A; greedy evaluation at
     the learner off unless ``evaluate`` (then the default ``--eval-every``)."""
     import h5py
@@ -193,9 +197,22 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
     a, b = cores()
     a, b = ("-" if a is None else a), ("-" if b is None else b)
     run_dir, prefix = tmp / name, tmp / f"{name}-cpu"
-    args = ["--run-dir", str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
-            "--replay-ratio", "0", "--progress-seconds", "1", "--checkpoint-seconds", "0",
-            "--seed", "3"]
+    args = [
+        "--run-dir",
+        str(run_dir),
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--replay-ratio",
+        "0",
+        "--progress-seconds",
+        "1",
+        "--checkpoint-seconds",
+        "0",
+        "--seed",
+        "3",
+    ]
     if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
         args += ["--flush-seconds", "0.25"]
     if not evaluate:  # the references never evaluate: like with like
@@ -205,7 +222,17 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
     args += EXTRA  # --mpirl-args
 
     def block(n: int, cpu) -> list[str]:
-        return ["-n", str(n), sys.executable, str(HERE), "_rank", str(cpu), str(prefix), "--", *args]
+        return [
+            "-n",
+            str(n),
+            sys.executable,
+            str(HERE),
+            "_rank",
+            str(cpu),
+            str(prefix),
+            "--",
+            *args,
+        ]
 
     if measured == "actor":  # ranks 0, 1 (learner, buffer) on B; rank 2 (the actor) on A
         cmd = [mpirun(), *block(2, b), ":", *block(1, a)]
@@ -214,8 +241,9 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
     run(cmd, timeout=seconds + 180)
     if keep is not None:
         shutil.copytree(run_dir, keep / name, dirs_exist_ok=True)
-    out: dict = {"cmd": " ".join(cmd[:1] + [c if c != str(HERE) else "bench/overheads.py"
-                                          for c in cmd[1:]])}
+    out: dict = {
+        "cmd": " ".join(cmd[:1] + [c if c != str(HERE) else "bench/overheads.py" for c in cmd[1:]])
+    }
     if measured == "actor":
         with h5py.File(run_dir / "actor-2.h5", "r") as f:
             t0 = float(f.attrs["t0_unix"])
@@ -226,8 +254,13 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
         wall = t[-1] - t[i]
         cpu = cpu_at(prefix, 2, t[[i, -1]] + t0)
         n = steps[-1] - steps[i]
-        out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
-                   throttled=(thr[-1] - thr[i]) / wall, window_s=wall)
+        out.update(
+            rate=n / wall,
+            per_cpu=n / (cpu[1] - cpu[0]),
+            cpu_share=(cpu[1] - cpu[0]) / wall,
+            throttled=(thr[-1] - thr[i]) / wall,
+            window_s=wall,
+        )
     else:
         with h5py.File(run_dir / "learner.h5", "r") as f:
             t0 = float(f.attrs["t0_unix"])
@@ -246,14 +279,22 @@ def pipeline(tmp: Path, name: str, seconds: float, measured: str, keep: Path | N
         # the evaluations whose results came in during the steady window, and their own time
         inside = (ev_t > t[i]) & (ev_t <= t[-1])
         eval_s, n_evals = float(np.sum(ev_s[inside])), int(np.sum(inside))
-        out.update(rate=n / wall, per_cpu=n / (cpu[1] - cpu[0]), cpu_share=(cpu[1] - cpu[0]) / wall,
-                   busy=float(np.mean(busy[i + 1:])), idle=float(np.mean(idle[i + 1:])),
-                   window_s=wall, eval_share=eval_s / wall,
-                   evals=n_evals, eval_ms=1e3 * eval_s / n_evals if n_evals else float("nan"))
+        out.update(
+            rate=n / wall,
+            per_cpu=n / (cpu[1] - cpu[0]),
+            cpu_share=(cpu[1] - cpu[0]) / wall,
+            busy=float(np.mean(busy[i + 1 :])),
+            idle=float(np.mean(idle[i + 1 :])),
+            window_s=wall,
+            eval_share=eval_s / wall,
+            evals=n_evals,
+            eval_ms=1e3 * eval_s / n_evals if n_evals else float("nan"),
+        )
     return out
 
 
 # ---- references -----------------------------------------------------------------------------------
+
 
 def ref_actor_mode(argv: list[str]) -> int:
     """``_ref_actor CPU SECONDS``: the bare env + policy loop, one process."""
@@ -262,8 +303,8 @@ def ref_actor_mode(argv: list[str]) -> int:
     import numpy as np
 
     from mpirl.agent import envs as envs_mod
-    from mpirl.roles.actor import epsilon
     from mpirl.agent.qnet import make_q
+    from mpirl.roles.actor import epsilon
 
     cfg = default_cfg()
     spec = envs_mod.inspect(cfg.env)
@@ -314,7 +355,7 @@ def batch_messages(cfg, spec, wire, count: int = 64) -> list:
     rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
     rec["action"] = rng.integers(0, spec.n_actions, n)
     rec["reward"] = 1.0
-    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma ** cfg.n_step)
+    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma**cfg.n_step)
     memory = make_replay(cfg, spec, wire.record, seed=0)
     memory.add(rec, rng.random(n).astype(np.float32))
     return [wire.batch(memory.sample(cfg.batch_size), i, 0.0) for i in range(count)]
@@ -327,8 +368,8 @@ def ref_learner_mode(argv: list[str]) -> int:
     import torch
 
     from mpirl.agent import envs as envs_mod
-    from mpirl.agent.train_step import TrainStep
     from mpirl.agent.qnet import param_count
+    from mpirl.agent.train_step import TrainStep
     from mpirl.replay.build import record_dtype
     from mpirl.transport.wire import Tag, Wire
 
@@ -336,10 +377,13 @@ def ref_learner_mode(argv: list[str]) -> int:
     spec = envs_mod.inspect(cfg.env)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
-    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                                     cfg.dueling))
-    batches = [wire.unpack(buf, Tag.BATCH, "bench").arrays
-               for buf in batch_messages(cfg, spec, wire)]
+    wire = Wire(
+        record_dtype(cfg, spec),
+        param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+    )
+    batches = [
+        wire.unpack(buf, Tag.BATCH, "bench").arrays for buf in batch_messages(cfg, spec, wire)
+    ]
     step = TrainStep(cfg, spec)
     updates = 0
     t_warm = time.monotonic() + min(1.0, seconds / 5)
@@ -359,8 +403,10 @@ def ref_learner_mode(argv: list[str]) -> int:
     return 0
 
 
-BALLAST = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + " \
-          "float(sys.argv[2])\nwhile time.monotonic() < end:\n    pass\n"
+BALLAST = (
+    "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + "
+    "float(sys.argv[2])\nwhile time.monotonic() < end:\n    pass\n"
+)
 
 
 def reference(kind: str, seconds: float) -> dict:
@@ -406,7 +452,7 @@ def experience_payload(cfg, spec, wire):
     rec["next_obs"] = rng.normal(size=rec["obs"].shape)
     rec["action"] = rng.integers(0, spec.n_actions, k)
     rec["reward"] = 1.0
-    rec["discount"] = cfg.gamma ** cfg.n_step
+    rec["discount"] = cfg.gamma**cfg.n_step
     return rec, rng.random(k)
 
 
@@ -449,7 +495,7 @@ class TransportActor:
     def run(self, secs: float) -> dict:
         from mpirl.transport.wire import Tag
 
-        BUFFER = 1  # noqa: N806 - the buffer's rank here (a site's buffer is site rank 0)
+        BUFFER = 1
 
         inbox, rec, td_abs = self.port.inbox, *self.payload
         handlers = {Tag.CREDIT: self.on_credit}
@@ -564,8 +610,10 @@ def transport_mode(argv: list[str]) -> int:
     pin(a if rank == 0 else b)
     cfg = default_cfg()
     spec = envs_mod.inspect(cfg.env)
-    wire = Wire(record_dtype(cfg, spec), param_count(spec.obs_shape, spec.n_actions, cfg.hidden,
-                                                     cfg.dueling))
+    wire = Wire(
+        record_dtype(cfg, spec),
+        param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+    )
     payload = experience_payload(cfg, spec, wire)
     size = wire.experience(*payload, [], cfg.actor_chunk, 0).nbytes
     profiler = None
@@ -579,8 +627,15 @@ def transport_mode(argv: list[str]) -> int:
         if kind == "raw":
             r = raw_phase(comm, size, phase)
         else:
-            r = mpirl_phase(comm, wire, payload, phase, profiler, nap=kind != "nonap",
-                            credits=RAW_WINDOW if kind == "credits" else cfg.actor_credits)
+            r = mpirl_phase(
+                comm,
+                wire,
+                payload,
+                phase,
+                profiler,
+                nap=kind != "nonap",
+                credits=RAW_WINDOW if kind == "credits" else cfg.actor_credits,
+            )
         r = comm.gather(r, root=1)  # small dicts, once per phase
         if rank == 1:
             got[kind].append({**r[1], **({} if r[0] is None else r[0])})
@@ -590,8 +645,10 @@ def transport_mode(argv: list[str]) -> int:
     if rank == 1:
         res = {"size": size}
         for kind, rows in got.items():
-            res[kind] = {"rate": sum(x["bytes"] for x in rows) / sum(x["s"] for x in rows),
-                         "msgs_per_s": sum(x["msgs"] for x in rows) / sum(x["s"] for x in rows)}
+            res[kind] = {
+                "rate": sum(x["bytes"] for x in rows) / sum(x["s"] for x in rows),
+                "msgs_per_s": sum(x["msgs"] for x in rows) / sum(x["s"] for x in rows),
+            }
         for kind in ("mpirl", "nonap", "credits"):
             res[kind]["token_wait_s"] = sum(x["token_wait_s"] for x in got[kind])
             res[kind]["s"] = sum(x["s"] for x in got[kind])
@@ -612,9 +669,11 @@ def transport(seconds: float, keep: Path | None) -> dict:
 #: The start-up reference: every rank imports what mpirl's ranks need, passes MPI_Init (the
 #: mpi4py.MPI import) and a barrier and reads its clock; rank 0 prints every rank's reading
 #: (gathered after the readings, so no teardown and no printing is counted).
-STARTUP_REF = ("import time, torch, gymnasium\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
-               "t = time.time()\nts = MPI.COMM_WORLD.gather(t, root=0)\n"
-               "if ts is not None:\n    print('READY', *map(repr, ts), flush=True)\n")
+STARTUP_REF = (
+    "import time, torch, gymnasium\nfrom mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
+    "t = time.time()\nts = MPI.COMM_WORLD.gather(t, root=0)\n"
+    "if ts is not None:\n    print('READY', *map(repr, ts), flush=True)\n"
+)
 
 
 def startup(tmp: Path, ranks: int = 9) -> dict:
@@ -624,14 +683,34 @@ def startup(tmp: Path, ranks: int = 9) -> dict:
     t = time.time()
     p = run(ref_cmd, timeout=300)
     ref_total = time.time() - t
-    ready = [float(x) - t for line in p.stdout.splitlines() if line.startswith("READY ")
-             for x in line.split()[1:]]
+    ready = [
+        float(x) - t
+        for line in p.stdout.splitlines()
+        if line.startswith("READY ")
+        for x in line.split()[1:]
+    ]
     if len(ready) != ranks:
-        raise RuntimeError(f"start-up reference: {len(ready)} of {ranks} ranks reported:\n"
-                           f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        raise RuntimeError(
+            f"start-up reference: {len(ready)} of {ranks} ranks reported:\n"
+            f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        )
     run_dir = tmp / "startup"
-    cmd = [mpirun(), "-n", str(ranks), sys.executable, "-m", "mpirl.main", "--run-dir",
-           str(run_dir), "--max-seconds", "1", "--target-return", "none", "--progress-seconds", "0"]
+    cmd = [
+        mpirun(),
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--run-dir",
+        str(run_dir),
+        "--max-seconds",
+        "1",
+        "--target-return",
+        "none",
+        "--progress-seconds",
+        "0",
+    ]
     t = time.time()
     run(cmd, timeout=300)
     total = time.time() - t
@@ -639,40 +718,67 @@ def startup(tmp: Path, ranks: int = 9) -> dict:
     for p in sorted(run_dir.glob("actor-*.h5")):
         with h5py.File(p, "r") as f:
             firsts.append(float(f.attrs["first_step_unix"]) - t)
-    return {"rate": max(firsts), "first_actor": min(firsts), "total": total,
-            "ref": max(ready), "ref_first": min(ready), "ref_total": ref_total}
+    return {
+        "rate": max(firsts),
+        "first_actor": min(firsts),
+        "total": total,
+        "ref": max(ready),
+        "ref_first": min(ready),
+        "ref_total": ref_total,
+    }
 
 
 # ---- the table ----------------------------------------------------------------------------------------
 
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=15,
-                    help="length of each measurement (pipeline runs, references, transport)")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=15,
+        help="length of each measurement (pipeline runs, references, transport)",
+    )
     ap.add_argument("--only", nargs="+", choices=COMPONENTS, default=list(COMPONENTS))
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
-    ap.add_argument("--keep", default=None,
-                    help="keep the run folders (and MPIRL_PROFILE=1 profiles) in this folder")
-    ap.add_argument("--batch-size", type=int, default=None,
-                    help="learner batch size for the pipeline runs and the TrainStep reference "
-                         "alike (default mpirl's, 64): the loop's cost per update is fixed, its "
-                         "train step grows with the batch")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="actor and learner: measure each this many times (its reference half "
-                         "before and half after each pipeline run) and report the median ratio "
-                         "with the range: on a shared machine one round's ratio moves by "
-                         "+-0.07 between invocations")
-    ap.add_argument("--mpirl-args", default="",
-                    help="more mpirl.main flags for the actor and learner pipeline runs, one "
-                         "string (e.g. \"--inflight 16\"); the references do not change")
+    ap.add_argument(
+        "--keep",
+        default=None,
+        help="keep the run folders (and MPIRL_PROFILE=1 profiles) in this folder",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="learner batch size for the pipeline runs and the TrainStep reference "
+        "alike (default mpirl's, 64): the loop's cost per update is fixed, its "
+        "train step grows with the batch",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="actor and learner: measure each this many times (its reference half "
+        "before and half after each pipeline run) and report the median ratio "
+        "with the range: on a shared machine one round's ratio moves by "
+        "+-0.07 between invocations",
+    )
+    ap.add_argument(
+        "--mpirl-args",
+        default="",
+        help="more mpirl.main flags for the actor and learner pipeline runs, one "
+        'string (e.g. "--inflight 16"); the references do not change',
+    )
     a = ap.parse_args()
     EXTRA[:] = shlex.split(a.mpirl_args)
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds}: give a number of rounds >= 1")
     if a.batch_size is not None:
         if not 1 <= a.batch_size <= BENCH_MEMORY:
-            ap.error(f"--batch-size {a.batch_size}: give a batch size from 1 to {BENCH_MEMORY} "
-                     "(the transitions the reference samples from)")
+            ap.error(
+                f"--batch-size {a.batch_size}: give a batch size from 1 to {BENCH_MEMORY} "
+                "(the transitions the reference samples from)"
+            )
         os.environ["MPIRL_OVERHEADS_BATCH"] = str(a.batch_size)
     return a
 
@@ -687,13 +793,17 @@ def measure(a: argparse.Namespace, keep: Path | None) -> dict:
                 res[kind] = []
                 for i in range(a.rounds):
                     name = f"{kind}-run" + (f"-{i}" if i else "")
-                    got, ref = references(kind, a.seconds, lambda kind=kind, name=name: pipeline(
-                        tmp, name, a.seconds, kind, keep))
+                    got, ref = references(
+                        kind,
+                        a.seconds,
+                        lambda kind=kind, name=name: pipeline(tmp, name, a.seconds, kind, keep),
+                    )
                     res[kind].append((got, ref))
                     print(json.dumps({kind: got, "reference": ref, "round": i}), flush=True)
         if "learner" in a.only:  # the same job with the default greedy evaluation on
-            res["learner_eval"] = pipeline(tmp, "learner-eval-run", a.seconds, "learner", keep,
-                                           evaluate=True)
+            res["learner_eval"] = pipeline(
+                tmp, "learner-eval-run", a.seconds, "learner", keep, evaluate=True
+            )
             print(json.dumps({"learner with evaluation": res["learner_eval"]}), flush=True)
         if "transport" in a.only:
             t = transport(a.seconds, keep)
@@ -715,87 +825,118 @@ def median_round(pairs: list):
     """(median round's pipeline figures, its reference's, median ratio, ratios text)."""
     ratios = [g["rate"] / f["rate"] for g, f in pairs]
     mid = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
-    text = "" if len(pairs) == 1 else (
-        f"; {len(pairs)} rounds, ratio per round " + ", ".join(f"{x:.2f}" for x in ratios)
-        + f" (median {ratios[mid]:.2f}, the round shown)")
+    text = (
+        ""
+        if len(pairs) == 1
+        else (
+            f"; {len(pairs)} rounds, ratio per round "
+            + ", ".join(f"{x:.2f}" for x in ratios)
+            + f" (median {ratios[mid]:.2f}, the round shown)"
+        )
+    )
     return pairs[mid][0], pairs[mid][1], ratios[mid], text
 
 
 def actor_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> None:
     got, ref, r, per_round = median_round(res["actor"])
-    rows.append(f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
-                f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
-                f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |")
-    cpu_rows.append(f"| actor: env steps | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
-                    f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
-    notes.append(f"actor: steady window {got['window_s']:.1f} s; the actor process used "
-                 f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
-                 f"waited for tokens {got['throttled']:.1%} of the time; reference "
-                 f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
-                 + per_round)
+    rows.append(
+        f"| actor: env steps/s of 1 actor rank ({cfg.env}, {cfg.envs_per_actor} envs) |"
+        f" {got['rate']:,.0f} | {ref['rate']:,.0f} (bare env + policy loop) | "
+        f"{r:.2f} | >= 0.85 | {yes(r >= 0.85)} |"
+    )
+    cpu_rows.append(
+        f"| actor: env steps | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+        f"{got['per_cpu'] / ref['per_cpu']:.2f} |"
+    )
+    notes.append(
+        f"actor: steady window {got['window_s']:.1f} s; the actor process used "
+        f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+        f"waited for tokens {got['throttled']:.1%} of the time; reference "
+        f"{ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run" + per_round
+    )
 
 
 def learner_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> None:
     got, ref, r, per_round = median_round(res["learner"])
     busy = ", ".join(f"{g['busy']:.2f}" for g, _ in res["learner"])
-    rows.append(f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
-                f"evaluation off as in the reference) | "
-                f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
-                f">= 0.9 | {yes(r >= 0.9)} |")
-    cpu_rows.append(f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
-                    f"{got['per_cpu'] / ref['per_cpu']:.2f} |")
-    notes.append(f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
-                 f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
-                 f"no batch and no message) {got['idle']:.2f}; the learner process used "
-                 f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
-                 f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
-                 + (per_round + f"; busy fraction per round {busy}" if per_round else ""))
+    rows.append(
+        f"| learner: updates/s (batch {cfg.batch_size}, learner the bottleneck, "
+        f"evaluation off as in the reference) | "
+        f"{got['rate']:,.0f} | {ref['rate']:,.0f} (TrainStep loop) | {r:.2f} | "
+        f">= 0.9 | {yes(r >= 0.9)} |"
+    )
+    cpu_rows.append(
+        f"| learner: updates | {got['per_cpu']:,.0f} | {ref['per_cpu']:,.0f} | "
+        f"{got['per_cpu'] / ref['per_cpu']:.2f} |"
+    )
+    notes.append(
+        f"learner: steady window {got['window_s']:.1f} s; busy fraction (time in "
+        f"train steps) {got['busy']:.2f}, idle fraction (napping: a turn found "
+        f"no batch and no message) {got['idle']:.2f}; the learner process used "
+        f"{got['cpu_share']:.0%} of a core (reference {ref['cpu_share']:.0%}); "
+        f"reference {ref['before']:,.0f}/s before, {ref['after']:,.0f}/s after the run"
+        + (per_round + f"; busy fraction per round {busy}" if per_round else "")
+    )
     ev = res["learner_eval"]
-    notes.append(f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
-                 f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "
-                 f"ratio above): {ev['rate']:,.0f} updates/s ({ev['rate'] / got['rate']:.2f}x "
-                 f"the run without); {ev['evals']} evaluations in the steady window, "
-                 f"{ev['eval_ms']:.0f} ms each on average, together {ev['eval_share']:.1%} "
-                 f"of the window's wall time")
+    notes.append(
+        f"learner with greedy evaluation on (--eval-every {cfg.eval_every}, "
+        f"{cfg.eval_episodes} episodes, --evaluator {cfg.evaluator}; not in the "
+        f"ratio above): {ev['rate']:,.0f} updates/s ({ev['rate'] / got['rate']:.2f}x "
+        f"the run without); {ev['evals']} evaluations in the steady window, "
+        f"{ev['eval_ms']:.0f} ms each on average, together {ev['eval_share']:.1%} "
+        f"of the window's wall time"
+    )
 
 
 def transport_rows(res: dict, rows: list, notes: list) -> None:
     got, ref, size = res["transport"]
     r = got["rate"] / ref["rate"]
-    rows.append(f"| transport: actor -> buffer MB/s ({size:,}-byte EXPERIENCE messages) | "
-                f"{got['rate'] / 1e6:,.1f} | {ref['rate'] / 1e6:,.1f} (raw Isend/Recv) | "
-                f"{r:.3f} | >= 0.8 | {yes(r >= 0.8)} |")
+    rows.append(
+        f"| transport: actor -> buffer MB/s ({size:,}-byte EXPERIENCE messages) | "
+        f"{got['rate'] / 1e6:,.1f} | {ref['rate'] / 1e6:,.1f} (raw Isend/Recv) | "
+        f"{r:.3f} | >= 0.8 | {yes(r >= 0.8)} |"
+    )
     nonap, cred = res["transport_nonap"], res["transport_credits"]
-    notes.append(f"transport: {got['msgs_per_s']:,.0f} messages/s against "
-                 f"{ref['msgs_per_s']:,.0f} raw; the sender waited for tokens "
-                 f"{got['token_wait_s'] / got['s']:.0%} of the time.  The same path with "
-                 f"the idle naps off (Backoff(0, 0): idle turns only yield): "
-                 f"{nonap['rate'] / 1e6:,.1f} MB/s, {nonap['rate'] / ref['rate']:.2f}x raw, "
-                 f"{nonap['msgs_per_s']:,.0f} messages/s.  With {RAW_WINDOW} tokens (the raw "
-                 f"stream's window; `--actor-credits {RAW_WINDOW}`) and the naps on: "
-                 f"{cred['rate'] / 1e6:,.1f} MB/s, {cred['rate'] / ref['rate']:.2f}x raw")
+    notes.append(
+        f"transport: {got['msgs_per_s']:,.0f} messages/s against "
+        f"{ref['msgs_per_s']:,.0f} raw; the sender waited for tokens "
+        f"{got['token_wait_s'] / got['s']:.0%} of the time.  The same path with "
+        f"the idle naps off (Backoff(0, 0): idle turns only yield): "
+        f"{nonap['rate'] / 1e6:,.1f} MB/s, {nonap['rate'] / ref['rate']:.2f}x raw, "
+        f"{nonap['msgs_per_s']:,.0f} messages/s.  With {RAW_WINDOW} tokens (the raw "
+        f"stream's window; `--actor-credits {RAW_WINDOW}`) and the naps on: "
+        f"{cred['rate'] / 1e6:,.1f} MB/s, {cred['rate'] / ref['rate']:.2f}x raw"
+    )
 
 
 def startup_rows(s: dict, rows: list, notes: list) -> None:
     r = s["rate"] / s["ref"]
-    rows.append(f"| start-up: s from launch until every actor has stepped, `mpirun -n 9` | "
-                f"{s['rate']:.1f} s | {s['ref']:.1f} s (every rank past `import torch, "
-                f"gymnasium`, `MPI_Init` and a barrier) | "
-                f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |")
-    notes.append(f"start-up: the first actor's first step at {s['first_actor']:.1f} s; the "
-                 f"whole 1-s run took {s['total']:.1f} s; the reference's first rank was "
-                 f"ready at {s['ref_first']:.1f} s, its whole launch with teardown took "
-                 f"{s['ref_total']:.1f} s")
+    rows.append(
+        f"| start-up: s from launch until every actor has stepped, `mpirun -n 9` | "
+        f"{s['rate']:.1f} s | {s['ref']:.1f} s (every rank past `import torch, "
+        f"gymnasium`, `MPI_Init` and a barrier) | "
+        f"{r:.2f}x | <= 1.5x | {yes(r <= 1.5)} |"
+    )
+    notes.append(
+        f"start-up: the first actor's first step at {s['first_actor']:.1f} s; the "
+        f"whole 1-s run took {s['total']:.1f} s; the reference's first rank was "
+        f"ready at {s['ref_first']:.1f} s, its whole launch with teardown took "
+        f"{s['ref_total']:.1f} s"
+    )
 
 
 def report(res: dict, a: argparse.Namespace, loads: tuple) -> str:
     """The markdown tables and notes."""
     cfg = default_cfg()
     ca, cb = cores()
-    rows = ["| component | mpirl | reference | ratio | target | met? |",
-            "|---|---|---|---|---|---|"]
-    cpu_rows = ["| component | mpirl per CPU second | reference per CPU second | ratio |",
-                "|---|---|---|---|"]
+    rows = [
+        "| component | mpirl | reference | ratio | target | met? |",
+        "|---|---|---|---|---|---|",
+    ]
+    cpu_rows = [
+        "| component | mpirl per CPU second | reference per CPU second | ratio |",
+        "|---|---|---|---|",
+    ]
     notes: list = []
     if "actor" in res:
         actor_rows(res, cfg, rows, cpu_rows, notes)
@@ -805,11 +946,19 @@ def report(res: dict, a: argparse.Namespace, loads: tuple) -> str:
         transport_rows(res, rows, notes)
     if "startup" in res:
         startup_rows(res["startup"], rows, notes)
-    pinned = (f"actor, learner: the measured rank and the reference on core {ca}, the other "
-              f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
-              f"and {cb}") if ca is not None else "no pinning (fewer than 2 cores)"
-    notes.append(f"{pinned}; load average {loads[0][0]:.2f} at start, {loads[1][0]:.2f} at the "
-                 f"end; --seconds {a.seconds:g}")
+    pinned = (
+        (
+            f"actor, learner: the measured rank and the reference on core {ca}, the other "
+            f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
+            f"and {cb}"
+        )
+        if ca is not None
+        else "no pinning (fewer than 2 cores)"
+    )
+    notes.append(
+        f"{pinned}; load average {loads[0][0]:.2f} at start, {loads[1][0]:.2f} at the "
+        f"end; --seconds {a.seconds:g}"
+    )
     text = "\n".join(rows)
     if len(cpu_rows) > 2:
         text += "\n\n" + "\n".join(cpu_rows)
@@ -830,8 +979,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    modes = {"_rank": rank_mode, "_ref_actor": ref_actor_mode, "_ref_learner": ref_learner_mode,
-             "_transport": transport_mode}
+    modes = {
+        "_rank": rank_mode,
+        "_ref_actor": ref_actor_mode,
+        "_ref_learner": ref_learner_mode,
+        "_transport": transport_mode,
+    }
     if len(sys.argv) > 1 and sys.argv[1] in modes:
         sys.path.insert(0, str(ROOT))
         sys.exit(modes[sys.argv[1]](sys.argv[2:]) or 0)

@@ -39,8 +39,13 @@ ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 
 def shape_spec(kind: str) -> dict:
     obs = ((4,), np.float32) if kind == "cartpole" else ((4, 84, 84), np.uint8)
-    return {"obs": obs, "action": ((), np.int64), "reward": ((), np.float32),
-            "next_obs": obs, "done": ((), np.bool_)}
+    return {
+        "obs": obs,
+        "action": ((), np.int64),
+        "reward": ((), np.float32),
+        "next_obs": obs,
+        "done": ((), np.bool_),
+    }
 
 
 def random_columns(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -63,6 +68,7 @@ class Mpirl:
 
     def __init__(self, capacity: int, spec: dict):
         from mpirl.replay import PrioritizedReplay
+
         self.dtype = np.dtype([(k, dt, shape) for k, (shape, dt) in spec.items()])
         self.m = PrioritizedReplay(capacity, self.dtype, alpha=ALPHA, beta=BETA, eps=EPS, seed=0)
 
@@ -101,6 +107,7 @@ class Cpprb:
 
     def __init__(self, capacity: int, spec: dict):
         from cpprb import PrioritizedReplayBuffer
+
         env = {k: {"shape": shape if shape else 1, "dtype": dt} for k, (shape, dt) in spec.items()}
         self.rb = PrioritizedReplayBuffer(capacity, env, alpha=ALPHA, eps=EPS)
 
@@ -141,17 +148,24 @@ class TorchRLPlain:
 
         import torch
         from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
+
         logging.getLogger("torchrl").setLevel(logging.WARNING)
         self.torch = torch
-        self.rb = PrioritizedReplayBuffer(alpha=ALPHA, beta=BETA, eps=EPS,
-                                          storage=LazyTensorStorage(capacity))
+        self.rb = PrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity)
+        )
 
     def chunk(self, cols, td):
         from tensordict import TensorDict
+
         n = len(td)
-        return (TensorDict({k: self.torch.from_numpy(np.ascontiguousarray(v))
-                            for k, v in cols.items()}, batch_size=[n]),
-                self.torch.from_numpy(td.astype(np.float32)))
+        return (
+            TensorDict(
+                {k: self.torch.from_numpy(np.ascontiguousarray(v)) for k, v in cols.items()},
+                batch_size=[n],
+            ),
+            self.torch.from_numpy(td.astype(np.float32)),
+        )
 
     def add(self, c):
         idx = self.rb.extend(c[0])
@@ -189,11 +203,16 @@ class TorchRLTD(TorchRLPlain):
 
         import torch
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
         logging.getLogger("torchrl").setLevel(logging.WARNING)
         self.torch = torch
         self.rb = TensorDictPrioritizedReplayBuffer(
-            alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity),
-            priority_key="td_error")
+            alpha=ALPHA,
+            beta=BETA,
+            eps=EPS,
+            storage=LazyTensorStorage(capacity),
+            priority_key="td_error",
+        )
 
     def chunk(self, cols, td):
         data, tdt = super().chunk(cols, td)
@@ -241,16 +260,17 @@ class Bench:
         self.lib = lib_cls(capacity, spec)
         self.name = lib_cls.name
         self.args = args
-        itemsize = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
-                       for shape, dt in spec.values())
+        itemsize = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in spec.values())
         fill = max(args.chunk, min(capacity, args.fill_chunk, (64 << 20) // itemsize))
         cols = random_columns(spec, fill, rng)
         big = self.lib.chunk(cols, rng.exponential(1.0, fill))
         for _ in range(-(-capacity // fill)):
             self.lib.add(big)
         self.lib.sync()
-        self.chunks = [self.lib.chunk(random_columns(spec, args.chunk, rng),
-                                      rng.exponential(1.0, args.chunk)) for _ in range(8)]
+        self.chunks = [
+            self.lib.chunk(random_columns(spec, args.chunk, rng), rng.exponential(1.0, args.chunk))
+            for _ in range(8)
+        ]
         s = self.lib.sample(args.batch)
         self.lib.check(s, args.batch)
         self.keys = [self.lib.update_args(self.lib.sample(args.batch)) for _ in range(8)]
@@ -267,6 +287,7 @@ class Bench:
         def op():
             self.lib.add(self.chunks[i[0] & 7])
             i[0] += 1
+
         return timed(op, self.args.chunk, self.args.seconds, after=self.lib.sync)
 
     def sample(self) -> float:
@@ -280,6 +301,7 @@ class Bench:
         def op():
             self.lib.update(self.keys[i[0] & 7], self.tds[i[0] & 7])
             i[0] += 1
+
         return timed(op, self.args.batch, self.args.seconds)
 
     def step(self) -> float:
@@ -288,6 +310,7 @@ class Bench:
         def op():
             self.lib.step(self.args.batch, self.tds[i[0] & 7])
             i[0] += 1
+
         return timed(op, 1, self.args.seconds)
 
 
@@ -314,16 +337,20 @@ def run(args) -> None:
     results: dict[tuple[str, str], list[float]] = {}
     notes: dict[str, str] = {}
     display = {k: ADAPTERS[k].name for k in libs}
-    rows = [("cartpole", "add", "add, chunks of 64", "transitions/s"),
-            ("cartpole", "sample", "sample 512 + weights", "transitions/s"),
-            ("cartpole", "update", "update 512 priorities", "priorities/s"),
-            ("cartpole", "step", "learner step (sample 512 + update 512)", "steps/s")]
+    rows = [
+        ("cartpole", "add", "add, chunks of 64", "transitions/s"),
+        ("cartpole", "sample", "sample 512 + weights", "transitions/s"),
+        ("cartpole", "update", "update 512 priorities", "priorities/s"),
+        ("cartpole", "step", "learner step (sample 512 + update 512)", "steps/s"),
+    ]
     for shape, capacity in (("cartpole", args.capacity), ("atari", args.atari_capacity)):
         if capacity <= 0:
             continue
         if shape == "atari":
-            rows += [("atari", "add", "Atari add, chunks of 64", "transitions/s"),
-                     ("atari", "sample", "Atari sample 512 + weights", "transitions/s")]
+            rows += [
+                ("atari", "add", "Atari add, chunks of 64", "transitions/s"),
+                ("atari", "sample", "Atari sample 512 + weights", "transitions/s"),
+            ]
         metrics = [m for s, m, _, _ in rows if s == shape]
         spec = shape_spec(shape)
         benches = {}
@@ -337,13 +364,14 @@ def run(args) -> None:
                 print(f"# {display[k]}: {why}", file=sys.stderr)
             else:
                 benches[k] = b
-                print(f"# {display[k]}: {shape} filled {capacity} in "
-                      f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
+                print(
+                    f"# {display[k]}: {shape} filled {capacity} in {time.perf_counter() - t:.1f} s",
+                    file=sys.stderr,
+                )
         for r in range(args.repeats):
             for metric in metrics:
                 for k, b in benches.items():
-                    results.setdefault((k, f"{shape}-{metric}"), []).append(
-                        getattr(b, metric)())
+                    results.setdefault((k, f"{shape}-{metric}"), []).append(getattr(b, metric)())
             print(f"# {shape} repeat {r + 1}/{args.repeats} done", file=sys.stderr)
         b = None
         benches.clear()  # free this shape's memories before the next shape
@@ -359,21 +387,30 @@ def report(args, libs, display, rows, results, notes) -> None:
             return md.version(p)
         except md.PackageNotFoundError:
             return "-"
+
     med = {key: statistics.median(v) for key, v in results.items()}
     others = [k for k in libs if k != "cpprb"]
-    print(f"\nPrioritized replay, median of {args.repeats} repeats of {args.seconds} s; "
-          f"CartPole capacity {args.capacity}, Atari capacity {args.atari_capacity}; "
-          f"alpha {ALPHA}, beta {BETA}, batch {args.batch}, chunk {args.chunk}.")
+    print(
+        f"\nPrioritized replay, median of {args.repeats} repeats of {args.seconds} s; "
+        f"CartPole capacity {args.capacity}, Atari capacity {args.atari_capacity}; "
+        f"alpha {ALPHA}, beta {BETA}, batch {args.batch}, chunk {args.chunk}."
+    )
     try:
         import torch
+
         threads = torch.get_num_threads()
     except ImportError:
         threads = "-"
-    print(f"Python {platform.python_version()}, numpy {np.__version__}, cpprb {ver('cpprb')}, "
-          f"torchrl {ver('torchrl')}, torch {ver('torch')} ({threads} threads), "
-          f"{os.cpu_count()} CPUs, {platform.machine()}.\n")
-    head = ["operation", "unit"] + [display[k] for k in libs] + \
-        [f"{display[k]} / cpprb" for k in others if "cpprb" in libs]
+    print(
+        f"Python {platform.python_version()}, numpy {np.__version__}, cpprb {ver('cpprb')}, "
+        f"torchrl {ver('torchrl')}, torch {ver('torch')} ({threads} threads), "
+        f"{os.cpu_count()} CPUs, {platform.machine()}.\n"
+    )
+    head = (
+        ["operation", "unit"]
+        + [display[k] for k in libs]
+        + [f"{display[k]} / cpprb" for k in others if "cpprb" in libs]
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for shape, metric, label, unit in rows:
@@ -383,8 +420,13 @@ def report(args, libs, display, rows, results, notes) -> None:
             if (k, key) in med:
                 cells.append(fmt_rate(med[(k, key)]))
             else:
-                cells.append("not installed" if notes.get(k, "").startswith("not installed")
-                             else "failed (see below)" if k in notes else "n/a")
+                cells.append(
+                    "not installed"
+                    if notes.get(k, "").startswith("not installed")
+                    else "failed (see below)"
+                    if k in notes
+                    else "n/a"
+                )
         if "cpprb" in libs:
             base = med.get(("cpprb", key))
             for k in others:
@@ -395,9 +437,11 @@ def report(args, libs, display, rows, results, notes) -> None:
         print(f"\n{display[k]}: {why}")
     if "mpirl" in libs and "cpprb" in libs:
         print()
-        for key, label, target in [("cartpole-step", "learner step", 2.0),
-                                   ("cartpole-add", "add", 1.0),
-                                   ("cartpole-sample", "sample", 1.5)]:
+        for key, label, target in [
+            ("cartpole-step", "learner step", 2.0),
+            ("cartpole-add", "add", 1.0),
+            ("cartpole-sample", "sample", 1.5),
+        ]:
             a, b = med.get(("mpirl", key)), med.get(("cpprb", key))
             if a and b:
                 ok = "met" if a / b >= target else "MISSED"
@@ -408,15 +452,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--capacity", type=int, default=2**20)
-    p.add_argument("--atari-capacity", type=int, default=2**15,
-                   help="capacity of the Atari-shaped rows (0 = skip); every library holds "
-                        "~56 kB per transition, all at once (~1.9 GB each at 2**15)")
+    p.add_argument(
+        "--atari-capacity",
+        type=int,
+        default=2**15,
+        help="capacity of the Atari-shaped rows (0 = skip); every library holds "
+        "~56 kB per transition, all at once (~1.9 GB each at 2**15)",
+    )
     p.add_argument("--seconds", type=float, default=0.3, help="length of one measurement")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--fill-chunk", type=int, default=8192)
-    p.add_argument("--libs", default="mpirl,cpprb,torchrl,torchrl-td",
-                   help="comma-separated subset of " + ",".join(ADAPTERS))
+    p.add_argument(
+        "--libs",
+        default="mpirl,cpprb,torchrl,torchrl-td",
+        help="comma-separated subset of " + ",".join(ADAPTERS),
+    )
     run(p.parse_args(argv))
 
 

@@ -20,6 +20,7 @@ curve flattens where the cores run out, not where the design does.
 functions (own time) of the learner, the buffer and one actor, which is what docs/benchmarks.md
 uses to explain where the time goes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,24 @@ from mpirl.launch import mpirun_cmd
 
 
 def one(run_dir: Path, actors: int, seconds: float, throttled: bool, profile: bool = False) -> dict:
-    cmd = [*mpirun_cmd(actors + 2), sys.executable, "-m", "mpirl.main", "--run-dir",
-           str(run_dir), "--max-seconds", str(seconds), "--target-return", "none",
-           "--progress-seconds", "1", "--seed", "3", "--checkpoint-seconds", "0"]
+    cmd = [
+        *mpirun_cmd(actors + 2),
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--run-dir",
+        str(run_dir),
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--progress-seconds",
+        "1",
+        "--seed",
+        "3",
+        "--checkpoint-seconds",
+        "0",
+    ]
     if not throttled:
         cmd += ["--replay-ratio", "0"]
     env = {**os.environ, **({"MPIRL_PROFILE": "1"} if profile else {})}
@@ -62,10 +78,14 @@ def one(run_dir: Path, actors: int, seconds: float, throttled: bool, profile: bo
             if sel.sum() >= 2:
                 waited += (thr[sel][-1] - thr[sel][0]) / (at[sel][-1] - at[sel][0])
     span = t1 - t0
-    return {"actors": actors, "mode": "default" if throttled else "unthrottled",
-            "env_steps_per_s": (steps[-1] - steps[0]) / span,
-            "updates_per_s": (upd[-1] - upd[0]) / span,
-            "busy": busy, "actor_waiting": waited / actors}
+    return {
+        "actors": actors,
+        "mode": "default" if throttled else "unthrottled",
+        "env_steps_per_s": (steps[-1] - steps[0]) / span,
+        "updates_per_s": (upd[-1] - upd[0]) / span,
+        "busy": busy,
+        "actor_waiting": waited / actors,
+    }
 
 
 def top(path: Path, n: int = 12) -> str:
@@ -74,15 +94,16 @@ def top(path: Path, n: int = 12) -> str:
     st.strip_dirs().sort_stats("tottime").print_stats(n)
     lines = out.getvalue().splitlines()
     start = next(i for i, line in enumerate(lines) if "ncalls" in line)
-    return "\n".join(lines[start:start + n + 1])
+    return "\n".join(lines[start : start + n + 1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4, 7])
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--modes", nargs="+", default=["default", "unthrottled"],
-                    choices=["default", "unthrottled"])
+    ap.add_argument(
+        "--modes", nargs="+", default=["default", "unthrottled"], choices=["default", "unthrottled"]
+    )
     ap.add_argument("--profile", action="store_true", help="also profile the 7-actor default run")
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     a = ap.parse_args()
@@ -101,15 +122,21 @@ def main() -> None:
             for name in ["learner", "buffer-0", "actor-2"]:
                 prof += f"\n### {name} (top {12} by own time, {a.seconds:g} s run)\n\n```\n"
                 prof += top(d / f"profile-{name}.pstats") + "\n```\n"
-    lines = [f"{cores} CPU cores, {a.seconds:g} s per point, ranks = actors + 2", "",
-             "| mode | actors | ranks | env steps/s | x 1 actor | updates/s | learner busy | "
-             "actors waiting for tokens |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{cores} CPU cores, {a.seconds:g} s per point, ranks = actors + 2",
+        "",
+        "| mode | actors | ranks | env steps/s | x 1 actor | updates/s | learner busy | "
+        "actors waiting for tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for mode in a.modes:
         base = next(r for r in rows if r["mode"] == mode)["env_steps_per_s"]
         for r in (r for r in rows if r["mode"] == mode):
-            lines.append(f"| {mode} | {r['actors']} | {r['actors'] + 2} | "
-                         f"{r['env_steps_per_s']:,.0f} | {r['env_steps_per_s'] / base:.2f} | "
-                         f"{r['updates_per_s']:.0f} | {r['busy']:.2f} | {r['actor_waiting']:.2f} |")
+            lines.append(
+                f"| {mode} | {r['actors']} | {r['actors'] + 2} | "
+                f"{r['env_steps_per_s']:,.0f} | {r['env_steps_per_s'] / base:.2f} | "
+                f"{r['updates_per_s']:.0f} | {r['busy']:.2f} | {r['actor_waiting']:.2f} |"
+            )
     text = "\n".join(lines) + "\n" + prof
     print(text)
     if a.out:

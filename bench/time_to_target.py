@@ -22,6 +22,7 @@ that reached it (so a median that falls on a failure reads "not reached", and so
   greedily on 10 episodes every 1,000 env steps (the evaluation time counts, as it does for
   mpirl).  Needs `pip install stable-baselines3` (the `bench` extra); skipped if missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,28 +42,57 @@ TARGET = 475.0
 MAX_SECONDS = 600
 
 
-def run_mpirl(replay_at: str, seed: int, ranks: int, tmp: Path,
-              max_seconds: float = MAX_SECONDS) -> dict:
+def run_mpirl(
+    replay_at: str, seed: int, ranks: int, tmp: Path, max_seconds: float = MAX_SECONDS
+) -> dict:
     run_dir = tmp / f"{replay_at}-{seed}"
     t0 = time.monotonic()
-    p = subprocess.run([*mpirun_cmd(ranks), sys.executable, "-m", "mpirl.main",
-                        "--replay-at", replay_at, "--seed", str(seed), "--run-dir", str(run_dir),
-                        "--max-seconds", str(max_seconds), "--target-return", str(TARGET),
-                        "--progress-seconds", "0"], capture_output=True, text=True,
-                       timeout=max_seconds + 120)
+    p = subprocess.run(
+        [
+            *mpirun_cmd(ranks),
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--replay-at",
+            replay_at,
+            "--seed",
+            str(seed),
+            "--run-dir",
+            str(run_dir),
+            "--max-seconds",
+            str(max_seconds),
+            "--target-return",
+            str(TARGET),
+            "--progress-seconds",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=max_seconds + 120,
+    )
     total = time.monotonic() - t0
     if p.returncode:
         raise RuntimeError(p.stdout[-2000:] + p.stderr[-2000:])
     s = json.loads((run_dir / "summary.json").read_text())
     if "time_to_target_s" not in s:
-        return {"reached": False, "seconds": None, "env_steps": None, "total_s": total,
-                "why": f"{s['stop_reason']} after {s['wall_s']:.0f} s, {s['env_steps']:,} env "
-                       f"steps, best eval {s['best_eval']:.1f}"}
+        return {
+            "reached": False,
+            "seconds": None,
+            "env_steps": None,
+            "total_s": total,
+            "why": f"{s['stop_reason']} after {s['wall_s']:.0f} s, {s['env_steps']:,} env "
+            f"steps, best eval {s['best_eval']:.1f}",
+        }
     # launch -> learner loop start is start-up (process launch, imports, layout); the stop
     # protocol after the loop (tens of ms) is counted as start-up too, which is conservative.
     startup = total - s["wall_s"]
-    return {"reached": True, "seconds": startup + s["time_to_target_s"],
-            "env_steps": s["env_steps_to_target"], "total_s": total, "startup_s": startup}
+    return {
+        "reached": True,
+        "seconds": startup + s["time_to_target_s"],
+        "env_steps": s["env_steps_to_target"],
+        "total_s": total,
+        "startup_s": startup,
+    }
 
 
 SB3_SCRIPT = r"""
@@ -116,10 +146,13 @@ print(json.dumps(cb.result or {
 
 
 def run_sb3(seed: int, max_seconds: float = MAX_SECONDS) -> dict:
-    p = subprocess.run([sys.executable, "-c", SB3_SCRIPT, str(seed), str(time.time()),
-                        str(max_seconds)],
-                       capture_output=True, text=True, timeout=max_seconds + 120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = subprocess.run(
+        [sys.executable, "-c", SB3_SCRIPT, str(seed), str(time.time()), str(max_seconds)],
+        capture_output=True,
+        text=True,
+        timeout=max_seconds + 120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if p.returncode:
         raise RuntimeError(p.stderr[-2000:])
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -136,17 +169,22 @@ def _fmt(v: float, spec: str) -> str:
     return format(v, spec) if math.isfinite(v) else "not reached"
 
 
-def summary_table(results: dict[str, list[dict]], seeds: list[int],
-                  reference: str | None = "SB3 DQN") -> str:
+def summary_table(
+    results: dict[str, list[dict]], seeds: list[int], reference: str | None = "SB3 DQN"
+) -> str:
     """The markdown table of ``results`` (contender -> one result per seed, in ``seeds`` order)
     and one line per run that did not reach the target."""
     ref = None
     if reference in results:
         ref = median_not_reached_last([r["seconds"] for r in results[reference]])
-    head = (f"| contender | reached | wall s to {TARGET:g} (median) | per seed "
-            f"({', '.join(map(str, seeds))}) | env steps (median) |")
-    lines = [head + (f" x {reference.split()[0]} |" if ref is not None else ""),
-             "|---|---|---|---|---|" + ("---|" if ref is not None else "")]
+    head = (
+        f"| contender | reached | wall s to {TARGET:g} (median) | per seed "
+        f"({', '.join(map(str, seeds))}) | env steps (median) |"
+    )
+    lines = [
+        head + (f" x {reference.split()[0]} |" if ref is not None else ""),
+        "|---|---|---|---|---|" + ("---|" if ref is not None else ""),
+    ]
     failures = []
     for name, rs in results.items():
         med = median_not_reached_last([r["seconds"] for r in rs])
@@ -158,14 +196,25 @@ def summary_table(results: dict[str, list[dict]], seeds: list[int],
             if math.isfinite(med) and math.isfinite(ref):
                 row += f" {med / ref:.2f} |"
             else:
-                row += f" n/a ({'its' if not math.isfinite(med) else 'the reference'} median " \
-                       "seed did not reach the target) |"
+                row += (
+                    f" n/a ({'its' if not math.isfinite(med) else 'the reference'} median "
+                    "seed did not reach the target) |"
+                )
         lines.append(row)
-        failures += [f"- {name}, seed {seed}: not reached ({r.get('why', 'no detail')})"
-                     for seed, r in zip(seeds, rs, strict=True) if not r["reached"]]
+        failures += [
+            f"- {name}, seed {seed}: not reached ({r.get('why', 'no detail')})"
+            for seed, r in zip(seeds, rs, strict=True)
+            if not r["reached"]
+        ]
     if failures:
-        lines += ["", ("Runs that did not reach the target (counted in the medians as slower "
-                       "than every run that did):"), *failures]
+        lines += [
+            "",
+            (
+                "Runs that did not reach the target (counted in the medians as slower "
+                "than every run that did):"
+            ),
+            *failures,
+        ]
     return "\n".join(lines)
 
 
@@ -174,12 +223,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ranks", type=int, default=9)
     ap.add_argument("--no-sb3", action="store_true")
-    ap.add_argument("--max-seconds", type=float, default=MAX_SECONDS,
-                    help="a run that has not reached the target by then is a failure")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=MAX_SECONDS,
+        help="a run that has not reached the target by then is a failure",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     try:
         import stable_baselines3  # noqa: F401
+
         have_sb3 = not a.no_sb3
     except ImportError:
         have_sb3 = False
@@ -189,14 +243,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:  # interleave the contenders so drift hits them alike
             for name in ["mpirl buffer", "mpirl learner"] + (["SB3 DQN"] if have_sb3 else []):
-                r = (run_sb3(seed, a.max_seconds) if name == "SB3 DQN"
-                     else run_mpirl(name.split()[1], seed, a.ranks, Path(tmp), a.max_seconds))
+                r = (
+                    run_sb3(seed, a.max_seconds)
+                    if name == "SB3 DQN"
+                    else run_mpirl(name.split()[1], seed, a.ranks, Path(tmp), a.max_seconds)
+                )
                 results.setdefault(name, []).append(r)
                 print(json.dumps({"contender": name, "seed": seed, **r}), flush=True)
     load1 = os.getloadavg()
     table = summary_table(results, a.seeds) + (
         f"\n\nLoad average {load0[0]:.2f} at start, {load1[0]:.2f} at the end; "
-        f"--max-seconds {a.max_seconds:g}")
+        f"--max-seconds {a.max_seconds:g}"
+    )
     print(table)
     if a.out:
         Path(a.out).write_text(table + "\n")

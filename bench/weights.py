@@ -18,6 +18,7 @@ transfer).
 seed) once per encoding for ``--run-seconds`` and reports the logged bytes a broadcast,
 broadcasts a second and the median policy lag in updates (``/progress``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,10 +94,18 @@ def encodings(ws: list[np.ndarray]) -> dict:
         base = rebuilt
     delta = float(np.mean(sizes))
     amortized = ((KEY_EVERY - 1) * delta + full) / KEY_EVERY
-    return {"params": int(ws[0].size), "full": full, "bf16": bf16, "delta": delta,
-            "delta_keyed": amortized, "delta_x": full / delta, "delta_keyed_x": full / amortized,
-            "codec_ms": 1e3 * float(np.median(times)), "max_abs_err": err,
-            "step_abs_mean": float(np.mean(np.abs(ws[-1] - ws[-2])))}
+    return {
+        "params": int(ws[0].size),
+        "full": full,
+        "bf16": bf16,
+        "delta": delta,
+        "delta_keyed": amortized,
+        "delta_x": full / delta,
+        "delta_keyed_x": full / amortized,
+        "codec_ms": 1e3 * float(np.median(times)),
+        "max_abs_err": err,
+        "step_abs_mean": float(np.mean(np.abs(ws[-1] - ws[-2]))),
+    }
 
 
 def link_table(res: dict) -> dict:
@@ -106,8 +115,11 @@ def link_table(res: dict) -> dict:
         for enc in ("full", "bf16", "delta_keyed"):
             tx = res[enc] * 8 / (mbps * 1e6)
             interval = tx / SHARE
-            out[f"{mbps:g}Mbps/{enc}"] = {"broadcasts_per_s": 1 / tx, "auto_interval_s": interval,
-                                          "lag_s": interval / 2 + tx}
+            out[f"{mbps:g}Mbps/{enc}"] = {
+                "broadcasts_per_s": 1 / tx,
+                "auto_interval_s": interval,
+                "lag_s": interval / 2 + tx,
+            }
     return out
 
 
@@ -117,28 +129,62 @@ def mpirl_run(enc: str, seconds: float) -> dict:
 
     d = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     mpirun = str(Path(sys.executable).parent / "mpirun")
-    cmd = [mpirun if Path(mpirun).exists() else (shutil.which("mpirun") or "mpirun"), "-n", "3",
-           sys.executable, "-m", "mpirl.main", "--run-dir", str(d / "run"), "--max-seconds",
-           str(seconds), "--target-return", "none", "--bandwidth-mbps", "0.2", "--latency-ms",
-           "20", "--weights-encoding", enc, "--progress-seconds", "2", "--checkpoint-seconds",
-           "0", "--seed", "1"]
+    cmd = [
+        mpirun if Path(mpirun).exists() else (shutil.which("mpirun") or "mpirun"),
+        "-n",
+        "3",
+        sys.executable,
+        "-m",
+        "mpirl.main",
+        "--run-dir",
+        str(d / "run"),
+        "--max-seconds",
+        str(seconds),
+        "--target-return",
+        "none",
+        "--bandwidth-mbps",
+        "0.2",
+        "--latency-ms",
+        "20",
+        "--weights-encoding",
+        enc,
+        "--progress-seconds",
+        "2",
+        "--checkpoint-seconds",
+        "0",
+        "--seed",
+        "1",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 180)
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
     with h5py.File(d / "run" / "learner.h5", "r") as f:
-        pr = {k: f["progress"][k][()] for k in ("t", "weights_bytes", "weights_sent",
-                                                 "interval_s", "lag_median", "updates_per_s",
-                                                 "weights_interval")}
+        pr = {
+            k: f["progress"][k][()]
+            for k in (
+                "t",
+                "weights_bytes",
+                "weights_sent",
+                "interval_s",
+                "lag_median",
+                "updates_per_s",
+                "weights_interval",
+            )
+        }
     shutil.rmtree(d, ignore_errors=True)
     steady = pr["t"] >= pr["t"][0] + (pr["t"][-1] - pr["t"][0]) / 3
-    return {"bytes_per_broadcast": float(np.nansum(pr["weights_bytes"][steady]
-                                                   * pr["weights_sent"][steady])
-                                         / max(1, pr["weights_sent"][steady].sum())),
-            "broadcasts_per_s": float(pr["weights_sent"][steady].sum()
-                                      / pr["interval_s"][steady].sum()),
-            "weights_interval": float(np.nanmedian(pr["weights_interval"][steady])),
-            "lag_median_updates": float(np.nanmedian(pr["lag_median"][steady])),
-            "updates_per_s": float(np.mean(pr["updates_per_s"][steady]))}
+    return {
+        "bytes_per_broadcast": float(
+            np.nansum(pr["weights_bytes"][steady] * pr["weights_sent"][steady])
+            / max(1, pr["weights_sent"][steady].sum())
+        ),
+        "broadcasts_per_s": float(
+            pr["weights_sent"][steady].sum() / pr["interval_s"][steady].sum()
+        ),
+        "weights_interval": float(np.nanmedian(pr["weights_interval"][steady])),
+        "lag_median_updates": float(np.nanmedian(pr["lag_median"][steady])),
+        "updates_per_s": float(np.mean(pr["updates_per_s"][steady])),
+    }
 
 
 def main() -> None:
@@ -157,23 +203,31 @@ def main() -> None:
         r["updates_between"] = updates
         r["links"] = link_table(r)
         res[net] = r
-        print(f"{net:9s} {r['params']:>9,} params | full {r['full']:>10,} B | bf16 "
-              f"{r['bf16']:>10,} B | delta {r['delta']:>10,.0f} B ({r['delta_x']:.1f}x; with a "
-              f"keyframe every {KEY_EVERY}: {r['delta_keyed']:,.0f} B, {r['delta_keyed_x']:.1f}x)"
-              f" | codec {r['codec_ms']:.1f} ms | max |err| {r['max_abs_err']:.2e} (a step "
-              f"moves {r['step_abs_mean']:.1e})", flush=True)
+        print(
+            f"{net:9s} {r['params']:>9,} params | full {r['full']:>10,} B | bf16 "
+            f"{r['bf16']:>10,} B | delta {r['delta']:>10,.0f} B ({r['delta_x']:.1f}x; with a "
+            f"keyframe every {KEY_EVERY}: {r['delta_keyed']:,.0f} B, {r['delta_keyed_x']:.1f}x)"
+            f" | codec {r['codec_ms']:.1f} ms | max |err| {r['max_abs_err']:.2e} (a step "
+            f"moves {r['step_abs_mean']:.1e})",
+            flush=True,
+        )
         for k, v in r["links"].items():
-            print(f"    {k:22s} {v['broadcasts_per_s']:8.2f} broadcasts/s | auto every "
-                  f"{v['auto_interval_s']:7.2f} s | lag {v['lag_s']:7.2f} s")
+            print(
+                f"    {k:22s} {v['broadcasts_per_s']:8.2f} broadcasts/s | auto every "
+                f"{v['auto_interval_s']:7.2f} s | lag {v['lag_s']:7.2f} s"
+            )
     if a.runs:
         res["runs_cartpole_0.2mbps"] = {}
         for enc in ("full", "bf16", "delta"):
             r = mpirl_run(enc, a.run_seconds)
             res["runs_cartpole_0.2mbps"][enc] = r
-            print(f"run {enc:5s}: {r['bytes_per_broadcast']:,.0f} B a broadcast, "
-                  f"{r['broadcasts_per_s']:.2f} broadcasts/s, every {r['weights_interval']:.0f} "
-                  f"updates, lag {r['lag_median_updates']:.0f} updates (median), "
-                  f"{r['updates_per_s']:.0f} updates/s", flush=True)
+            print(
+                f"run {enc:5s}: {r['bytes_per_broadcast']:,.0f} B a broadcast, "
+                f"{r['broadcasts_per_s']:.2f} broadcasts/s, every {r['weights_interval']:.0f} "
+                f"updates, lag {r['lag_median_updates']:.0f} updates (median), "
+                f"{r['updates_per_s']:.0f} updates/s",
+                flush=True,
+            )
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
 

@@ -15,6 +15,7 @@ frames compress somewhat less than here; every run logs its own bytes (learner.h
 Then the link a placement needs at a production rate P (env steps/s) and an update rate U:
 existing ~ P x FORWARD bytes x 8, proposed ~ U x BATCH bytes x 8 (+ the priorities coming back).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,13 @@ MIN_STEPS = 1000  # a few FORWARD messages of 256 transitions and a memory to sa
 def measure(env: str, steps: int, compress: str = "auto") -> dict:
     from mpi4py import MPI
 
-    from mpirl.roles import actor as actor_mod
-    from mpirl.roles import buffer as buffer_mod
-    from mpirl.run.config import Config
     from mpirl.agent.envs import inspect
     from mpirl.logs.runlog import RunLog
     from mpirl.main import _wire
     from mpirl.replay.build import make_replay, record_dtype
+    from mpirl.roles import actor as actor_mod
+    from mpirl.roles import buffer as buffer_mod
+    from mpirl.run.config import Config
     from mpirl.transport.topology import layout
     from mpirl.transport.wire import Tag
 
@@ -48,8 +49,10 @@ def measure(env: str, steps: int, compress: str = "auto") -> dict:
     spec = inspect(cfg.env)
     wire = _wire(cfg, spec, record_dtype(cfg, spec))
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
-    with tempfile.TemporaryDirectory() as tmp, \
-            RunLog(Path(tmp) / "actor.h5", {}, flush_seconds=600) as log:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        RunLog(Path(tmp) / "actor.h5", {}, flush_seconds=600) as log,
+    ):
         port = RecordingPort(wire)  # tests/fakes.py: posts captured, not sent
         actor = actor_mod.Actor(cfg, topo, spec, wire, log, port)
         actor.weights_version, actor.tokens = 0, 10**9
@@ -76,12 +79,18 @@ def measure(env: str, steps: int, compress: str = "auto") -> dict:
     for i in range(200):
         bat.append(wire.batch(memory.sample(cfg.batch_size), i, 0.0).nbytes)
         bat_raw.append(wire.last_raw_nbytes)
-    return {"env": env, "compress": wire.compress, "transitions": n,
-            "experience_B": sum(b.nbytes for b in sent) / n,
-            "forward_B": fwd / fwd_n, "forward_raw_B": fwd_raw / fwd_n,
-            "batch_B": float(np.mean(bat)) / cfg.batch_size,
-            "batch_raw_B": float(np.mean(bat_raw)) / cfg.batch_size,
-            "batch_size": cfg.batch_size, "forward_chunk": cfg.forward_chunk}
+    return {
+        "env": env,
+        "compress": wire.compress,
+        "transitions": n,
+        "experience_B": sum(b.nbytes for b in sent) / n,
+        "forward_B": fwd / fwd_n,
+        "forward_raw_B": fwd_raw / fwd_n,
+        "batch_B": float(np.mean(bat)) / cfg.batch_size,
+        "batch_raw_B": float(np.mean(bat_raw)) / cfg.batch_size,
+        "batch_size": cfg.batch_size,
+        "forward_chunk": cfg.forward_chunk,
+    }
 
 
 def main(argv=None) -> int:
@@ -91,8 +100,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compress", choices=("auto", "on", "off"), default="auto")
     a = ap.parse_args(argv)
     if a.steps < MIN_STEPS:
-        ap.error(f"--steps {a.steps} is too few: FORWARD messages hold 256 transitions and the "
-                 f"memory needs some to sample; use --steps {MIN_STEPS} or more")
+        ap.error(
+            f"--steps {a.steps} is too few: FORWARD messages hold 256 transitions and the "
+            f"memory needs some to sample; use --steps {MIN_STEPS} or more"
+        )
     from mpirl.run.errors import ConfigError
 
     try:
@@ -100,13 +111,15 @@ def main(argv=None) -> int:
     except ConfigError as e:  # an unknown env id, a missing extra: mpirl's own message
         print(f"link_bytes: {e}", file=sys.stderr)
         return 2
-    print(f"| {r['env']} (compress {'on' if r['compress'] else 'off'}) | bytes per transition |\n"
-          f"|---|---|\n"
-          f"| actor -> buffer, EXPERIENCE | {r['experience_B']:.1f} |\n"
-          f"| existing: FORWARD of {r['forward_chunk']} | {r['forward_B']:.1f} "
-          f"(packed {r['forward_raw_B']:.1f}) |\n"
-          f"| proposed: BATCH of {r['batch_size']} | {r['batch_B']:.1f} "
-          f"(packed {r['batch_raw_B']:.1f}) |")
+    print(
+        f"| {r['env']} (compress {'on' if r['compress'] else 'off'}) | bytes per transition |\n"
+        f"|---|---|\n"
+        f"| actor -> buffer, EXPERIENCE | {r['experience_B']:.1f} |\n"
+        f"| existing: FORWARD of {r['forward_chunk']} | {r['forward_B']:.1f} "
+        f"(packed {r['forward_raw_B']:.1f}) |\n"
+        f"| proposed: BATCH of {r['batch_size']} | {r['batch_B']:.1f} "
+        f"(packed {r['batch_raw_B']:.1f}) |"
+    )
     return 0
 
 

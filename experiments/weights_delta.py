@@ -9,6 +9,7 @@ BCa bootstrap interval (`analysis.stats.ratio_ci`, 95%).  Verdict "not worse" wh
 lower end is above 0.9 (it excludes a 10% loss).  Also per encoding: the mean bytes of a weight
 message and the median policy lag in updates (``/progress weights_bytes``, ``lag_median``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,7 @@ def cells(root: Path) -> dict:
             continue
         axes = dict(kv.split("=", 1) for kv in d.parent.name.split(","))
         seed = int(re.sub(r"\D", "", d.name))
-        out.setdefault(axes.get("env", "?"), {}).setdefault(axes["weights_encoding"], {})[
-            seed] = d
+        out.setdefault(axes.get("env", "?"), {}).setdefault(axes["weights_encoding"], {})[seed] = d
     return out
 
 
@@ -48,11 +48,15 @@ def run_figures(d: Path) -> dict:
     sent = np.asarray(pr.get("weights_sent", []), "f8")
     wbytes = np.asarray(pr.get("weights_bytes", []), "f8")
     ok = sent > 0
-    return {"return": run_metrics(run)["return_window"],
-            "weights_bytes": float(np.sum(wbytes[ok] * sent[ok]) / np.sum(sent[ok]))
-            if ok.any() else math.nan,
-            "lag_median": float(np.nanmedian(pr["lag_median"])) if len(pr.get("lag_median", []))
-            else math.nan}
+    return {
+        "return": run_metrics(run)["return_window"],
+        "weights_bytes": float(np.sum(wbytes[ok] * sent[ok]) / np.sum(sent[ok]))
+        if ok.any()
+        else math.nan,
+        "lag_median": float(np.nanmedian(pr["lag_median"]))
+        if len(pr.get("lag_median", []))
+        else math.nan,
+    }
 
 
 def analyse(root: Path) -> dict:
@@ -62,13 +66,25 @@ def analyse(root: Path) -> dict:
     for env, by_enc in cells(root).items():
         figs = {enc: {s: run_figures(d) for s, d in runs.items()} for enc, runs in by_enc.items()}
         full, delta = figs.get("full", {}), figs.get("delta", {})
-        r = ratio_ci({s: f["return"] for s, f in delta.items()},
-                     {s: f["return"] for s, f in full.items()}, label=f"{env}: delta / full")
+        r = ratio_ci(
+            {s: f["return"] for s, f in delta.items()},
+            {s: f["return"] for s, f in full.items()},
+            label=f"{env}: delta / full",
+        )
         res[env] = {
-            "ratio": r.estimate, "low": r.low, "high": r.high, "n": r.n, "method": r.method,
-            "unpaired": list(r.unpaired), "not_worse": bool(r.above(LOSS)),
-            **{f"{enc}_{k}": float(np.nanmedian([f[k] for f in fs.values()]))
-               for enc, fs in figs.items() for k in ("return", "weights_bytes", "lag_median")}}
+            "ratio": r.estimate,
+            "low": r.low,
+            "high": r.high,
+            "n": r.n,
+            "method": r.method,
+            "unpaired": list(r.unpaired),
+            "not_worse": bool(r.above(LOSS)),
+            **{
+                f"{enc}_{k}": float(np.nanmedian([f[k] for f in fs.values()]))
+                for enc, fs in figs.items()
+                for k in ("return", "weights_bytes", "lag_median")
+            },
+        }
     return res
 
 
@@ -79,14 +95,16 @@ def main() -> None:
     a = ap.parse_args()
     res = analyse(Path(a.root))
     for env, r in res.items():
-        print(f"{env}: return delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
-              f"(n={r['n']}, {r['method']}) -> "
-              f"{'not worse (low > 0.9)' if r['not_worse'] else 'undecided'}; weights "
-              f"{r.get('full_weights_bytes', math.nan):,.0f} B full vs "
-              f"{r.get('delta_weights_bytes', math.nan):,.0f} B delta a message; lag "
-              f"{r.get('full_lag_median', math.nan):.0f} vs "
-              f"{r.get('delta_lag_median', math.nan):.0f}"
-              " updates (median)")
+        print(
+            f"{env}: return delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
+            f"(n={r['n']}, {r['method']}) -> "
+            f"{'not worse (low > 0.9)' if r['not_worse'] else 'undecided'}; weights "
+            f"{r.get('full_weights_bytes', math.nan):,.0f} B full vs "
+            f"{r.get('delta_weights_bytes', math.nan):,.0f} B delta a message; lag "
+            f"{r.get('full_lag_median', math.nan):.0f} vs "
+            f"{r.get('delta_lag_median', math.nan):.0f}"
+            " updates (median)"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

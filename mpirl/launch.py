@@ -120,8 +120,11 @@ class Relay:
         if proc is not None and proc.poll() is None:
             self._relayed_at = time.monotonic()
             # os.write: a handler must not print into a buffered stream it may have interrupted
-            os.write(2, f"mpirl.launch: {signal.Signals(signum).name}: {RELAYED.name} to the "
-                        f"launcher (pid {proc.pid}) for a clean stop\n".encode())
+            os.write(
+                2,
+                f"mpirl.launch: {signal.Signals(signum).name}: {RELAYED.name} to the "
+                f"launcher (pid {proc.pid}) for a clean stop\n".encode(),
+            )
             proc.send_signal(RELAYED)
 
     def start(self, cmd: list[str], **popen_kw) -> subprocess.Popen:
@@ -166,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         relay.start(argv)
     except OSError as e:
-        print(f"mpirl.launch: error: cannot start {argv[0]!r}: {e.strerror}; give the launcher "
-              "and its arguments, e.g. mpirun -n 9 python -m mpirl.main", file=sys.stderr)
+        print(
+            f"mpirl.launch: error: cannot start {argv[0]!r}: {e.strerror}; give the launcher "
+            "and its arguments, e.g. mpirun -n 9 python -m mpirl.main",
+            file=sys.stderr,
+        )
         return 127
     rc = relay.wait()
     return rc if rc >= 0 else 128 - rc

@@ -71,9 +71,11 @@ def _versions() -> dict:
 
     from mpi4py import MPI
 
-    out = {"python": sys.version.split()[0],
-           "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
-           "mpi_standard": "%d.%d" % MPI.Get_version()}
+    out = {
+        "python": sys.version.split()[0],
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+    }
     for pkg in ("mpirl", "torch", "numpy", "gymnasium", "h5py", "mpi4py"):
         try:
             out[pkg] = version(pkg)
@@ -112,16 +114,20 @@ def _prepare_run_dir(world, cfg) -> Path:
         path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
         try:
             if path.exists() and (not path.is_dir() or any(path.iterdir())):
-                err = (f"run_dir={str(path)!r} exists and is not an empty folder; pass a new "
-                       "--run-dir (mpirl never writes into an existing run)")
+                err = (
+                    f"run_dir={str(path)!r} exists and is not an empty folder; pass a new "
+                    "--run-dir (mpirl never writes into an existing run)"
+                )
             else:
                 path.mkdir(parents=True, exist_ok=True)
                 probe = path / ".write-test"
                 probe.write_bytes(b"")
                 probe.unlink()
         except OSError as e:
-            err = f"run_dir={str(path)!r} cannot be created or written ({e.strerror}); pass a " \
-                  "writable --run-dir"
+            err = (
+                f"run_dir={str(path)!r} cannot be created or written ({e.strerror}); pass a "
+                "writable --run-dir"
+            )
     got = _bcast_text(world, None if path is None else ("E" + err if err else "P" + str(path)))
     if got[:1] != "P":
         raise ConfigError(got[1:] or "the run folder could not be prepared (see rank 0)")
@@ -198,15 +204,17 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
     part, err = None, ""
     try:
         if not (run_dir / f"{name}.h5").is_file():
-            raise checkpoint.CheckpointError(f"{run_dir / (name + '.h5')} is missing; --resume "
-                                             "appends to the run's HDF5 files")
+            raise checkpoint.CheckpointError(
+                f"{run_dir / (name + '.h5')} is missing; --resume appends to the run's HDF5 files"
+            )
         part = checkpoint.load_part(run_dir, manifest, name)
         if me.role != "actor" and "replay_storage" in part.arrays:
             dt = part.arrays["replay_storage"].dtype
             if dt != record:
                 raise checkpoint.CheckpointError(
                     f"checkpoint {part.id}: {name}'s replay memory holds {dt}, the env "
-                    f"{cfg.env} gives {record}")
+                    f"{cfg.env} gives {record}"
+                )
     except checkpoint.CheckpointError as e:
         err = str(e)
     except Exception as e:  # noqa: BLE001 - reported by rank 0, never a hang
@@ -239,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
 
-    from mpirl.transport import topology
     from mpirl.run.config import ConfigError
+    from mpirl.transport import topology
 
     world = MPI.COMM_WORLD
     try:
@@ -257,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 def _configure(world, argv) -> _Setup | int:
     """Parse and check the configuration, resolve the env, check resources, decide the run
     folder (or load this rank's checkpoint part).  ConfigError on a bad value."""
-    from mpirl.transport import topology
     from mpirl.run.config import ConfigError, parse, resume_dir
+    from mpirl.transport import topology
 
     rank = world.Get_rank()
     # the same verdict on every rank, printed by rank 0 only
@@ -281,7 +289,8 @@ def _configure(world, argv) -> _Setup | int:
                 f"ranks (1 learner, {roles.count('buffer')} buffer(s), "
                 f"{roles.count('actor')} actors) and this job has {world.Get_size()}; "
                 f"resume it with `mpirun -n {manifest['world_size']} python -m mpirl.main "
-                f"--resume {resume}`")
+                f"--resume {resume}`"
+            )
     else:
         cfg = parse(argv)
     cfg.validate(world.Get_size())
@@ -300,9 +309,15 @@ def _configure(world, argv) -> _Setup | int:
         part = None
     else:
         run_dir = Path(cfg.run_dir)
-        part = _resume_parts(world, run_dir, manifest,
-                             topology.layout(world.Get_size(), cfg.buffers, cfg.learners), cfg, spec,
-                             record)
+        part = _resume_parts(
+            world,
+            run_dir,
+            manifest,
+            topology.layout(world.Get_size(), cfg.buffers, cfg.learners),
+            cfg,
+            spec,
+            record,
+        )
     if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
         refset = _reference_set(world, cfg, run_dir, spec)
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
@@ -313,9 +328,9 @@ def _check_resources(world, cfg, resumed: bool):
     tensorboard, zstandard), and every rank gets the same verdict (mpirl.run.resources.check);
     then image runs must be able to start learning.  Returns the env spec and the transition
     record dtype."""
+    from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
     from mpirl.run import resources
     from mpirl.run.config import ConfigError
-    from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
 
     spec = resources.check(world, cfg)
     # (not on --resume: the restored memory holds what it had reached)
@@ -326,38 +341,43 @@ def _check_resources(world, cfg, resumed: bool):
             f"memory ~{FRAME_HEADROOM:.0%} below its capacity (more frames per transition "
             "than planned, e.g. short episodes), and sampling would never start while the "
             f"actors wait for it; use --learning-starts at most {most} (or raise "
-            "--replay-capacity)")
+            "--replay-capacity)"
+        )
     return spec, record_dtype(cfg, spec)
 
 
 def _run(world, setup: _Setup) -> int:
     """From here on, any exception on any rank aborts the whole job promptly."""
-    from mpirl.run import failure
-    from mpirl.transport import topology
-    from mpirl.run.checkpoint import Checkpointer, write_allowance_s
-    from mpirl.run.config import to_dict
-    from mpirl.transport.link import resolve_profile
     from mpirl.logs.runlog import RunLog
     from mpirl.replay.build import replay_footprint
+    from mpirl.run import failure
+    from mpirl.run.checkpoint import Checkpointer, write_allowance_s
+    from mpirl.run.config import to_dict
+    from mpirl.transport import topology
+    from mpirl.transport.link import resolve_profile
 
     cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
     rank = world.Get_rank()
     topo = topology.build(world, cfg.buffers, cfg.learners)
-    who = f"rank {rank} ({topo.role}" + (f" of site {topo.place.site})" if topo.place.site >= 0
-                                         else ")")
+    who = f"rank {rank} ({topo.role}" + (
+        f" of site {topo.place.site})" if topo.place.site >= 0 else ")"
+    )
     failure.install(world, who)
     failure.install_fault(topo.role, rank)  # test-only MPIRL_FAULT; inert otherwise
     # a clean stop writes a final checkpoint: its watchdog allows for the replay memory's size
     stop_signal = failure.StopSignal(
-        world, who, grace_s=failure.STOP_GRACE_S + write_allowance_s(replay_footprint(cfg, spec)))
+        world, who, grace_s=failure.STOP_GRACE_S + write_allowance_s(replay_footprint(cfg, spec))
+    )
     hosts = _hostnames(world)
     profile = resolve_profile(cfg)
     versions = _versions()
     if rank == 0:
         _banner(setup, topo, hosts, profile, versions)
     wire = _wire(cfg, spec, setup.record, topo.role)
-    layout = [{"rank": p.rank, "role": p.role, "site": p.site, "host": h}
-              for p, h in zip(topo.places, hosts)]
+    layout = [
+        {"rank": p.rank, "role": p.role, "site": p.site, "host": h}
+        for p, h in zip(topo.places, hosts)
+    ]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
     from mpirl.run.checkpoint import part_name
 
@@ -368,11 +388,19 @@ def _run(world, setup: _Setup) -> int:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    ckpt = Checkpointer(run_dir, name, failure.FAULT, info={
-        "config": to_dict(cfg), "world_size": world.Get_size(),
-        "layout": [{k: x[k] for k in ("rank", "role", "site")} for x in layout]})
-    with RunLog(run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds,
-                resume=part is not None) as log:
+    ckpt = Checkpointer(
+        run_dir,
+        name,
+        failure.FAULT,
+        info={
+            "config": to_dict(cfg),
+            "world_size": world.Get_size(),
+            "layout": [{k: x[k] for k in ("rank", "role", "site")} for x in layout],
+        },
+    )
+    with RunLog(
+        run_dir / f"{name}.h5", attrs, flush_seconds=cfg.flush_seconds, resume=part is not None
+    ) as log:
         ckpt.log = log
         if cfg.tensorboard and (topo.lead or topo.role == "buffer"):  # buffers: a run each
             from mpirl.logs.dashboard import TensorBoardMirror
@@ -396,27 +424,35 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
 
     The learner never talks to actors, nor a buffer to another site.  Tests and benches build
     an `Ends` of fakes instead (tests/fakes.py)."""
+    from mpirl.roles.learner_group import GroupWire
     from mpirl.run import seeds
     from mpirl.transport.inbox import Inbox, SitePort
-    from mpirl.roles.learner_group import GroupWire
     from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
     from mpirl.transport.topology import ACTOR, BUFFER, Ends
 
     me, ends = topo.place, Ends()
     if me.role == ACTOR:
-        ends.site = SitePort(topo.site, Inbox(wire, f"actor rank {me.rank}",
-                                              lambda r: f"buffer of site {me.site}", topo.site))
+        ends.site = SitePort(
+            topo.site,
+            Inbox(wire, f"actor rank {me.rank}", lambda r: f"buffer of site {me.site}", topo.site),
+        )
     elif me.role == BUFFER:
-        ends.site = SitePort(topo.site, Inbox(wire, f"buffer {me.site}",
-                                              lambda r: f"actor (site rank {r})", topo.site))
-        ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg),
-                                 seed=seeds.buffer(cfg.seed, me.rank)["link"])}
+        ends.site = SitePort(
+            topo.site,
+            Inbox(wire, f"buffer {me.site}", lambda r: f"actor (site rank {r})", topo.site),
+        )
+        ends.links = {
+            0: LinkEnd(
+                topo.link, 0, resolve_profile(cfg), seed=seeds.buffer(cfg.seed, me.rank)["link"]
+            )
+        }
         ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
     elif topo.lead:
         n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
         link_seeds = seeds.learner(cfg.seed, n)["link"]
-        ends.links = {b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1])
-                      for b in range(1, n + 1)}
+        ends.links = {
+            b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1]) for b in range(1, n + 1)
+        }
         ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
         k = topo.learners.Get_size() if topo.learners is not None else 1
         ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
@@ -441,9 +477,19 @@ def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
 
         if setup.refset is not None:
             log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
-        summary = Learner(cfg, topo, spec, wire, log, ends, say=lambda s: print(s, flush=True),
-                          stop_signal=stop_signal, ckpt=ckpt, resume=part,
-                          refset=setup.refset).run()
+        summary = Learner(
+            cfg,
+            topo,
+            spec,
+            wire,
+            log,
+            ends,
+            say=lambda s: print(s, flush=True),
+            stop_signal=stop_signal,
+            ckpt=ckpt,
+            resume=part,
+            refset=setup.refset,
+        ).run()
         (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     elif topo.role == "buffer":
         from mpirl.roles.buffer import Buffer
@@ -457,24 +503,30 @@ def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
 
 def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     """Rank 0's start-up lines: what runs where, over which link."""
-    from mpirl.transport import topology
     from mpirl.replay.build import replay_footprint
+    from mpirl.transport import topology
 
     cfg, spec, part, manifest = setup.cfg, setup.spec, setup.part, setup.manifest
     if part is not None:
         c = manifest.get("counters", {})
-        print(f"mpirl: resuming {setup.run_dir} from checkpoint {part.id} "
-              f"({manifest.get('reason', '?')}): {c.get('updates', 0):,} updates, "
-              f"{c.get('env_steps', 0):,} env steps")
-    print(f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
-          f"({profile.describe()}), run folder {setup.run_dir}")
+        print(
+            f"mpirl: resuming {setup.run_dir} from checkpoint {part.id} "
+            f"({manifest.get('reason', '?')}): {c.get('updates', 0):,} updates, "
+            f"{c.get('env_steps', 0):,} env steps"
+        )
+    print(
+        f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
+        f"({profile.describe()}), run folder {setup.run_dir}"
+    )
     print(f"mpirl: MPI library: {versions['mpi_library']}")
     if spec.image:
-        print(f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
-              f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
-              f"{replay_footprint(cfg, spec) / 2**30:.2f} GiB for "
-              f"{cfg.replay_capacity:,} transitions (each frame stored once); link "
-              f"compression {'on (zstd)' if cfg.compress_for(True) else 'off'}")
+        print(
+            f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
+            f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
+            f"{replay_footprint(cfg, spec) / 2**30:.2f} GiB for "
+            f"{cfg.replay_capacity:,} transitions (each frame stored once); link "
+            f"compression {'on (zstd)' if cfg.compress_for(True) else 'off'}"
+        )
     print(topology.format_table(topo.places, hosts))
     for w in topology.placement_warnings(topo.places, hosts, profile.emulated):
         print(f"mpirl: warning: {w}")
@@ -487,25 +539,34 @@ def _wire(cfg, spec, record, role: str | None = None):
     from mpirl.agent import qnet
     from mpirl.transport.wire import Wire
 
-    return Wire(record, qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
-                frame_shape=spec.frame_shape,
-                compress=cfg.compress_for(spec.image) and role != "actor")
+    return Wire(
+        record,
+        qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+        frame_shape=spec.frame_shape,
+        compress=cfg.compress_for(spec.image) and role != "actor",
+    )
 
 
 def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
     """Run-level attributes of this rank's HDF5 file (docs/hdf5.md)."""
+    from mpirl.placement import slurm_info
     from mpirl.run import seeds
     from mpirl.run.config import to_dict
-    from mpirl.placement import slurm_info
 
     rank = world.Get_rank()
-    return {"config_json": json.dumps(to_dict(cfg)), "versions_json": json.dumps(versions),
-            "slurm_json": json.dumps(slurm_info()),
-            "layout_json": json.dumps(layout), "rank": rank, "role": topo.role,
-            "site": topo.place.site, "host": hosts[rank], "world_size": world.Get_size(),
-            "link_profile": profile.describe(),
-            "seeds_json": json.dumps(seeds.of_rank(cfg, topo,
-                                                   None if part is None else part.id))}
+    return {
+        "config_json": json.dumps(to_dict(cfg)),
+        "versions_json": json.dumps(versions),
+        "slurm_json": json.dumps(slurm_info()),
+        "layout_json": json.dumps(layout),
+        "rank": rank,
+        "role": topo.role,
+        "site": topo.place.site,
+        "host": hosts[rank],
+        "world_size": world.Get_size(),
+        "link_profile": profile.describe(),
+        "seeds_json": json.dumps(seeds.of_rank(cfg, topo, None if part is None else part.id)),
+    }
 
 
 def _note_resume(log, part, manifest: dict) -> None:
@@ -514,9 +575,15 @@ def _note_resume(log, part, manifest: dict) -> None:
     from mpirl.run.checkpoint import file_rows
 
     resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
-    resumes.append({"checkpoint": part.id, "reason": manifest.get("reason"), "unix": time.time(),
-                    "rows_at_checkpoint": part.meta.get("log_rows", {}),
-                    "rows_before_resume": file_rows(log.file)})
+    resumes.append(
+        {
+            "checkpoint": part.id,
+            "reason": manifest.get("reason"),
+            "unix": time.time(),
+            "rows_at_checkpoint": part.meta.get("log_rows", {}),
+            "rows_before_resume": file_rows(log.file),
+        }
+    )
     log.set_attrs(resumes_json=json.dumps(resumes))
 
 

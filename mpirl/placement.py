@@ -44,6 +44,7 @@ class PlacementError(ValueError):
 
 # ---- SLURM syntax ---------------------------------------------------------------------------
 
+
 def _split_top(expr: str) -> list[str]:
     """Split on commas and whitespace outside brackets."""
     items, depth, cur = [], 0, []
@@ -51,8 +52,9 @@ def _split_top(expr: str) -> list[str]:
         if ch == "[":
             depth += 1
             if depth > 1:
-                raise PlacementError(f"nodelist {expr!r}: nested '[' is not valid; write "
-                                     "ranges as prefix[01-04,07]")
+                raise PlacementError(
+                    f"nodelist {expr!r}: nested '[' is not valid; write ranges as prefix[01-04,07]"
+                )
         elif ch == "]":
             depth -= 1
             if depth < 0:
@@ -73,15 +75,20 @@ def _expand_group(group: str, expr: str) -> list[str]:
     for part in group.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         if not m:
-            raise PlacementError(f"nodelist {expr!r}: range {part!r} in [{group}] is not N or "
-                                 "N-M with digits; write e.g. node[01-04,07]")
+            raise PlacementError(
+                f"nodelist {expr!r}: range {part!r} in [{group}] is not N or "
+                "N-M with digits; write e.g. node[01-04,07]"
+            )
         lo, hi = m.group(1), m.group(2) or m.group(1)
         if int(hi) < int(lo):
-            raise PlacementError(f"nodelist {expr!r}: range {part!r} runs backwards; write "
-                                 f"{hi}-{lo}")
+            raise PlacementError(
+                f"nodelist {expr!r}: range {part!r} runs backwards; write {hi}-{lo}"
+            )
         if int(hi) - int(lo) >= _MAX_HOSTS:
-            raise PlacementError(f"nodelist {expr!r}: range {part!r} has more than "
-                                 f"{_MAX_HOSTS:,} hosts; check the numbers")
+            raise PlacementError(
+                f"nodelist {expr!r}: range {part!r} has more than "
+                f"{_MAX_HOSTS:,} hosts; check the numbers"
+            )
         width = len(lo)  # SLURM keeps the zero padding of the lower bound: [08-10] -> 08 09 10
         out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
     return out
@@ -107,8 +114,9 @@ def expand_nodelist(expr: str) -> list[str]:
         for combo in itertools.product(*choices):
             hosts.append("".join(combo))
             if len(hosts) > _MAX_HOSTS:
-                raise PlacementError(f"nodelist {expr!r} expands to more than {_MAX_HOSTS:,} "
-                                     "hosts; check the ranges")
+                raise PlacementError(
+                    f"nodelist {expr!r} expands to more than {_MAX_HOSTS:,} hosts; check the ranges"
+                )
     if not hosts:
         raise PlacementError(f"nodelist {expr!r} names no host; pass e.g. 'cloud1,node[01-02]'")
     seen: set[str] = set()
@@ -125,13 +133,15 @@ def expand_counts(expr: str, what: str = "SLURM_TASKS_PER_NODE") -> list[int]:
     for part in expr.replace(" ", "").split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
         if not m:
-            raise PlacementError(f"{what}={expr!r}: {part!r} is not N or N(xK); expected e.g. "
-                                 "'8(x3),4'")
+            raise PlacementError(
+                f"{what}={expr!r}: {part!r} is not N or N(xK); expected e.g. '8(x3),4'"
+            )
         out.extend([int(m.group(1))] * int(m.group(2) or 1))
     return out
 
 
 # ---- the allocation -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Allocation:
@@ -146,8 +156,9 @@ class Allocation:
         return sum(s for _, s in self.edge)
 
 
-def _slots_for(hosts: list[str], env: Mapping[str, str], suffix: str,
-               slots: int | None) -> tuple[list[int], str]:
+def _slots_for(
+    hosts: list[str], env: Mapping[str, str], suffix: str, slots: int | None
+) -> tuple[list[int], str]:
     """Per-host task slots: --slots, else SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE."""
     if slots is not None:
         if slots < 1:
@@ -159,7 +170,8 @@ def _slots_for(hosts: list[str], env: Mapping[str, str], suffix: str,
         if len(counts) != len(hosts):
             raise PlacementError(
                 f"SLURM_TASKS_PER_NODE{suffix}={tpn!r} gives {len(counts)} counts for "
-                f"{len(hosts)} nodes; pass --slots N (tasks per edge host) instead")
+                f"{len(hosts)} nodes; pass --slots N (tasks per edge host) instead"
+            )
         return counts, f"SLURM_TASKS_PER_NODE{suffix}={tpn}"
     ntpn = env.get("SLURM_NTASKS_PER_NODE" + suffix)
     if ntpn:
@@ -167,32 +179,40 @@ def _slots_for(hosts: list[str], env: Mapping[str, str], suffix: str,
         if len(counts) == 1:
             counts *= len(hosts)
         if len(counts) != len(hosts):
-            raise PlacementError(f"SLURM_NTASKS_PER_NODE{suffix}={ntpn!r} does not match "
-                                 f"{len(hosts)} nodes; pass --slots N instead")
+            raise PlacementError(
+                f"SLURM_NTASKS_PER_NODE{suffix}={ntpn!r} does not match "
+                f"{len(hosts)} nodes; pass --slots N instead"
+            )
         return counts, f"SLURM_NTASKS_PER_NODE{suffix}={ntpn}"
     raise PlacementError(
         f"no task count per node (SLURM_TASKS_PER_NODE{suffix} and SLURM_NTASKS_PER_NODE"
-        f"{suffix} are unset); request tasks with #SBATCH --ntasks-per-node=N or pass --slots N")
+        f"{suffix} are unset); request tasks with #SBATCH --ntasks-per-node=N or pass --slots N"
+    )
 
 
 def _pick_cloud(cloud: str | None, default: str, hosts: list[str], where: str) -> str:
     if cloud is None:
         return default
     if cloud not in hosts:
-        raise PlacementError(f"cloud={cloud!r} is not in the allocation ({where}: "
-                             f"{', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}); pass "
-                             "one of these hosts to --cloud")
+        raise PlacementError(
+            f"cloud={cloud!r} is not in the allocation ({where}: "
+            f"{', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}); pass "
+            "one of these hosts to --cloud"
+        )
     return cloud
 
 
-def allocation_from_nodes(nodelist: str, slots: int | Sequence[int],
-                          cloud: str | None = None) -> Allocation:
+def allocation_from_nodes(
+    nodelist: str, slots: int | Sequence[int], cloud: str | None = None
+) -> Allocation:
     """An allocation from a node list by hand: the cloud is ``cloud`` or the first host."""
     hosts = expand_nodelist(nodelist)
     counts = [slots] * len(hosts) if isinstance(slots, int) else list(slots)
     if len(counts) != len(hosts):
-        raise PlacementError(f"{len(counts)} slot counts for {len(hosts)} hosts in {nodelist!r}; "
-                             "give one count per host or a single count for all")
+        raise PlacementError(
+            f"{len(counts)} slot counts for {len(hosts)} hosts in {nodelist!r}; "
+            "give one count per host or a single count for all"
+        )
     if any(c < 1 for c in counts):
         raise PlacementError(f"slots={counts} must all be >= 1")
     c = _pick_cloud(cloud, hosts[0], hosts, f"--nodelist {nodelist}")
@@ -200,8 +220,9 @@ def allocation_from_nodes(nodelist: str, slots: int | Sequence[int],
     return Allocation(c, edge, f"--nodelist {nodelist}")
 
 
-def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | None = None,
-                          slots: int | None = None) -> Allocation:
+def allocation_from_slurm(
+    env: Mapping[str, str] | None = None, cloud: str | None = None, slots: int | None = None
+) -> Allocation:
     """The allocation of the SLURM job this runs in (no scontrol needed).
 
     Heterogeneous job (``SLURM_JOB_NODELIST_HET_GROUP_0``, ``_1``, ... set): the cloud is the
@@ -220,7 +241,8 @@ def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | Non
         if len(groups) < 2:
             raise PlacementError(
                 "heterogeneous job with one component (SLURM_JOB_NODELIST_HET_GROUP_1 is unset); "
-                "add '#SBATCH hetjob' and a second component for the edge, or use a plain job")
+                "add '#SBATCH hetjob' and a second component for the edge, or use a plain job"
+            )
         everyone = [h for grp in groups for h in grp]
         c = _pick_cloud(cloud, groups[0][0], everyone, "SLURM_JOB_NODELIST_HET_GROUP_*")
         edge: list[tuple[str, int]] = []
@@ -228,14 +250,17 @@ def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | Non
         for g, hosts in enumerate(groups[1:], start=1):
             counts, how = _slots_for(hosts, env, f"_HET_GROUP_{g}", slots)
             edge += [(h, n) for h, n in zip(hosts, counts, strict=True) if h != c]
-            src += [f"SLURM_JOB_NODELIST_HET_GROUP_{g}={env[f'SLURM_JOB_NODELIST_HET_GROUP_{g}']}",
-                    how]
+            src += [
+                f"SLURM_JOB_NODELIST_HET_GROUP_{g}={env[f'SLURM_JOB_NODELIST_HET_GROUP_{g}']}",
+                how,
+            ]
         return Allocation(c, tuple(edge), " ".join(src))
     var = "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env else "SLURM_NODELIST"
     if var not in env:
         raise PlacementError(
             "not inside a SLURM job (SLURM_JOB_NODELIST is unset); run this in an sbatch script "
-            "or salloc, or pass the hosts by hand: --nodelist 'cloud1,node[01-02]' --slots 8")
+            "or salloc, or pass the hosts by hand: --nodelist 'cloud1,node[01-02]' --slots 8"
+        )
     hosts = expand_nodelist(env[var])
     counts, how = _slots_for(hosts, env, "", slots)
     c = _pick_cloud(cloud, hosts[0], hosts, var)
@@ -246,12 +271,21 @@ def allocation_from_slurm(env: Mapping[str, str] | None = None, cloud: str | Non
 def slurm_info(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The SLURM job identity worth storing with a run (empty outside SLURM)."""
     env = os.environ if env is None else env
-    keys = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
-            "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_CLUSTER_NAME", "SLURM_HET_SIZE")
+    keys = (
+        "SLURM_JOB_ID",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_RESTART_COUNT",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_PARTITION",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_HET_SIZE",
+    )
     return {k: env[k] for k in keys if k in env}
 
 
 # ---- the plan -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -287,7 +321,8 @@ def require_edge(alloc: Allocation) -> None:
         raise PlacementError(
             f"the allocation has no edge host besides the cloud host {alloc.cloud!r} "
             f"({alloc.source}); request one more node (#SBATCH --nodes=2 or more), or run on "
-            "one node with jobs/single-node.sbatch")
+            "one node with jobs/single-node.sbatch"
+        )
 
 
 def plan(world_size: int, buffers: int, alloc: Allocation, learners: int = 1) -> Plan:
@@ -304,14 +339,19 @@ def plan(world_size: int, buffers: int, alloc: Allocation, learners: int = 1) ->
     require_edge(alloc)
     have = alloc.edge_slots
     if need > have:
-        per = ", ".join(f"{h}:{n}" for h, n in alloc.edge[:6]) + (" ..." if len(alloc.edge) > 6
-                                                                  else "")
-        fix = (f"lower --ntasks to {have + learners}, or "
-               if have + learners >= learners + 2 * buffers else "")
+        per = ", ".join(f"{h}:{n}" for h, n in alloc.edge[:6]) + (
+            " ..." if len(alloc.edge) > 6 else ""
+        )
+        fix = (
+            f"lower --ntasks to {have + learners}, or "
+            if have + learners >= learners + 2 * buffers
+            else ""
+        )
         raise PlacementError(
             f"ntasks={world_size} needs {need} edge slots (every rank but the learners) but the "
             f"edge hosts have {have} ({per}; from {alloc.source}); {fix}request more edge "
-            "nodes or tasks per node (#SBATCH --ntasks-per-node)")
+            "nodes or tasks per node (#SBATCH --ntasks-per-node)"
+        )
     chunks = _best_chunks(world_size, buffers, tuple(n for _, n in alloc.edge), learners)
     # Hand out actual hosts: each capacity class in allocation order.
     pools: dict[int, list[str]] = {}
@@ -338,8 +378,9 @@ def _chunk_score(a: int, b: int, sites: list[tuple[int, int]]) -> tuple[int, int
     return whole, coloc, -(touched > 1), -1
 
 
-def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
-                 learners: int = 1) -> list[tuple[int, int]]:
+def _best_chunks(
+    world_size: int, buffers: int, caps: tuple[int, ...], learners: int = 1
+) -> list[tuple[int, int]]:
     """Best split of ranks K..N-1 into contiguous blocks, one per host: [(capacity, count)].
 
     Dynamic programming over (next rank, hosts left per capacity class). A block ends at a site
@@ -370,7 +411,7 @@ def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
         for k, cap in enumerate(classes):
             if not left[k]:
                 continue
-            rest = left[:k] + (left[k] - 1,) + left[k + 1:]
+            rest = left[:k] + (left[k] - 1,) + left[k + 1 :]
             ends = {min(r + cap, n)} | {b for b in bounds if r < b <= r + cap}
             for e in sorted(ends, reverse=True):
                 sub = best(e, rest)
@@ -390,13 +431,14 @@ def _best_chunks(world_size: int, buffers: int, caps: tuple[int, ...],
 
 # ---- hostfiles ------------------------------------------------------------------------------
 
+
 def describe(p: Plan) -> list[str]:
     """One line per host: which ranks and roles it holds."""
     places = p.places
     out, r = [], 0
     width = max(len(h) for h, _ in p.lines)
     for host, count in p.lines:
-        block = places[r:r + count]
+        block = places[r : r + count]
         ranks = f"rank {r}" if count == 1 else f"ranks {r}-{r + count - 1}"
         parts = []
         n_learners = sum(q.role == LEARNER for q in block)
@@ -428,12 +470,17 @@ def render(p: Plan, fmt: str = "hydra", source: str = "") -> str:
         return "".join(f"{h}\n" for h in p.hosts())
     n_act = p.world_size - p.learners - p.buffers
     who = "1 learner" if p.learners == 1 else f"{p.learners} learners"
-    run = (f"mpirun -f FILE -n {p.world_size}" if fmt == "hydra"
-           else f"mpirun --hostfile FILE -np {p.world_size} --map-by slot")
-    head = [f"# mpirl hostfile ({fmt}): {who} + {p.buffers} buffer(s) + {n_act} actors = "
-            f"{p.world_size} ranks; {run}",
-            "# ranks fill the hosts in file order; -n must equal the slot total "
-            f"({p.world_size}) or ranks wrap back onto the cloud host"]
+    run = (
+        f"mpirun -f FILE -n {p.world_size}"
+        if fmt == "hydra"
+        else f"mpirun --hostfile FILE -np {p.world_size} --map-by slot"
+    )
+    head = [
+        f"# mpirl hostfile ({fmt}): {who} + {p.buffers} buffer(s) + {n_act} actors = "
+        f"{p.world_size} ranks; {run}",
+        "# ranks fill the hosts in file order; -n must equal the slot total "
+        f"({p.world_size}) or ranks wrap back onto the cloud host",
+    ]
     if source:
         head.append(f"# from {source}")
     head += [f"#   {line}" for line in describe(p)]
@@ -454,8 +501,10 @@ def parse_hostfile(text: str) -> list[tuple[str, int]]:
             continue
         m = re.fullmatch(_HYDRA_LINE, line) or re.fullmatch(_OPENMPI_LINE, line)
         if not m:
-            raise PlacementError(f"hostfile line {no} {raw!r} is not 'host:slots' (Hydra) or "
-                                 "'host slots=N' (Open MPI); put comments on lines of their own")
+            raise PlacementError(
+                f"hostfile line {no} {raw!r} is not 'host:slots' (Hydra) or "
+                "'host slots=N' (Open MPI); put comments on lines of their own"
+            )
         out.append((m.group(1), int(m.group(2) or 1)))
     if not out:
         raise PlacementError("the hostfile names no host; add lines such as 'cloud1:1'")
@@ -477,48 +526,82 @@ def check_hosts(hosts: Sequence[str], buffers: int, learners: int = 1) -> list[s
     shared = [p.rank for p in places[learners:] if hosts[p.rank] in cloud]
     if shared:
         which = "learner's host" if learners == 1 else "learners' hosts"
-        out.append(f"the {which} {', '.join(sorted(cloud))} also hold(s) ranks {shared}: the "
-                   "cloud is not alone")
+        out.append(
+            f"the {which} {', '.join(sorted(cloud))} also hold(s) ranks {shared}: the "
+            "cloud is not alone"
+        )
     for s in range(buffers):
         site = [p for p in places if p.site == s]
         apart = [p.rank for p in site[1:] if hosts[p.rank] != hosts[site[0].rank]]
         if apart:
-            out.append(f"site {s}: actors {apart} are not on their buffer's host "
-                       f"{hosts[site[0].rank]} (rank {site[0].rank})")
+            out.append(
+                f"site {s}: actors {apart} are not on their buffer's host "
+                f"{hosts[site[0].rank]} (rank {site[0].rank})"
+            )
     return out
 
 
 # ---- CLI ------------------------------------------------------------------------------------
 
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mpirl.placement",
         description="Write a hostfile that puts the learners (ranks 0..K-1) alone on the cloud "
-                    "host and each site's buffer with its actors on edge hosts. Reads the SLURM "
-                    "allocation from the environment (plain or heterogeneous job) unless "
-                    "--nodelist is given.")
+        "host and each site's buffer with its actors on edge hosts. Reads the SLURM "
+        "allocation from the environment (plain or heterogeneous job) unless "
+        "--nodelist is given.",
+    )
     ap.add_argument("--buffers", type=int, default=1, help="edge sites, as mpirl's --buffers")
-    ap.add_argument("--learners", type=int, default=1,
-                    help="learner ranks on the cloud host, as mpirl's --learners")
-    ap.add_argument("--ntasks", type=int, default=None,
-                    help="MPI world size (mpirun -n); default: 1 + every edge slot")
-    ap.add_argument("--cloud", default=None, help="the learner's host (default: first node of "
-                    "the job, or of component 0 in a heterogeneous job)")
-    ap.add_argument("--format", choices=FORMATS, default="hydra",
-                    help="hydra: 'host:slots' for MPICH mpirun -f; openmpi: 'host slots=N' for "
-                    "Open MPI mpirun --hostfile; slurm: one host per rank for SLURM_HOSTFILE with "
-                    "srun --distribution=arbitrary")
-    ap.add_argument("--nodelist", default=None,
-                    help="hosts by hand instead of SLURM, e.g. 'cloud1,node[01-02]'")
-    ap.add_argument("--slots", type=int, default=None,
-                    help="tasks per edge host (default: SLURM_TASKS_PER_NODE)")
-    ap.add_argument("--check", metavar="HOSTFILE", default=None,
-                    help="instead of writing: print the rank -> role -> host map of HOSTFILE "
-                    "(needs --ntasks) and exit 1 if the layout does not fit edge + cloud")
+    ap.add_argument(
+        "--learners",
+        type=int,
+        default=1,
+        help="learner ranks on the cloud host, as mpirl's --learners",
+    )
+    ap.add_argument(
+        "--ntasks",
+        type=int,
+        default=None,
+        help="MPI world size (mpirun -n); default: 1 + every edge slot",
+    )
+    ap.add_argument(
+        "--cloud",
+        default=None,
+        help="the learner's host (default: first node of "
+        "the job, or of component 0 in a heterogeneous job)",
+    )
+    ap.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="hydra",
+        help="hydra: 'host:slots' for MPICH mpirun -f; openmpi: 'host slots=N' for "
+        "Open MPI mpirun --hostfile; slurm: one host per rank for SLURM_HOSTFILE with "
+        "srun --distribution=arbitrary",
+    )
+    ap.add_argument(
+        "--nodelist", default=None, help="hosts by hand instead of SLURM, e.g. 'cloud1,node[01-02]'"
+    )
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="tasks per edge host (default: SLURM_TASKS_PER_NODE)",
+    )
+    ap.add_argument(
+        "--check",
+        metavar="HOSTFILE",
+        default=None,
+        help="instead of writing: print the rank -> role -> host map of HOSTFILE "
+        "(needs --ntasks) and exit 1 if the layout does not fit edge + cloud",
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON instead")
-    ap.add_argument("--world-size", action="store_true",
-                    help="print the largest world size the allocation holds with the learner "
-                    "alone on the cloud host (1 + every edge slot) and exit")
+    ap.add_argument(
+        "--world-size",
+        action="store_true",
+        help="print the largest world size the allocation holds with the learner "
+        "alone on the cloud host (1 + every edge slot) and exit",
+    )
     return ap
 
 
@@ -543,14 +626,24 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"mpirl.placement: error: {e}\n")
         return 2
     if args.json:
-        print(json.dumps({"world_size": p.world_size, "buffers": p.buffers,
-                          "learners": p.learners,
-                          "lines": p.lines, "hosts": p.hosts()}))
+        print(
+            json.dumps(
+                {
+                    "world_size": p.world_size,
+                    "buffers": p.buffers,
+                    "learners": p.learners,
+                    "lines": p.lines,
+                    "hosts": p.hosts(),
+                }
+            )
+        )
     else:
         sys.stdout.write(render(p, args.format, alloc.source))
-    sys.stderr.write(f"mpirl.placement: {p.world_size} ranks on {len(p.lines)} hosts "
-                     f"(learner on {alloc.cloud}); problems: "
-                     f"{'; '.join(check_hosts(p.hosts(), p.buffers, p.learners)) or 'none'}\n")
+    sys.stderr.write(
+        f"mpirl.placement: {p.world_size} ranks on {len(p.lines)} hosts "
+        f"(learner on {alloc.cloud}); problems: "
+        f"{'; '.join(check_hosts(p.hosts(), p.buffers, p.learners)) or 'none'}\n"
+    )
     return 0
 
 
@@ -559,8 +652,10 @@ def _check(args) -> int:
         with open(args.check) as f:
             entries = parse_hostfile(f.read())
     except OSError as e:
-        raise PlacementError(f"hostfile {args.check!r} cannot be read ({e.strerror}); pass an "
-                             "existing file to --check") from None
+        raise PlacementError(
+            f"hostfile {args.check!r} cannot be read ({e.strerror}); pass an "
+            "existing file to --check"
+        ) from None
     total = sum(n for _, n in entries)
     n = args.ntasks if args.ntasks is not None else total
     hosts = rank_hosts(entries, n)
@@ -573,11 +668,16 @@ def _check(args) -> int:
         print(f"{p_.rank:>5}  {p_.role:<7}  {site:>4}  {h}")
     problems = check_hosts(hosts, args.buffers, args.learners)
     if n > total:
-        problems.insert(0, f"ntasks={n} but the hostfile has {total} slots: ranks wrap back "
-                           f"onto the first hosts; pass -n {total} or add slots")
+        problems.insert(
+            0,
+            f"ntasks={n} but the hostfile has {total} slots: ranks wrap back "
+            f"onto the first hosts; pass -n {total} or add slots",
+        )
     elif n < total:
-        print(f"mpirl.placement: note: ntasks={n} leaves {total - n} of {total} slots empty",
-              file=sys.stderr)
+        print(
+            f"mpirl.placement: note: ntasks={n} leaves {total - n} of {total} slots empty",
+            file=sys.stderr,
+        )
     for msg in problems:
         print(f"mpirl.placement: {msg}", file=sys.stderr)
     return 1 if problems else 0

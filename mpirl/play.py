@@ -79,16 +79,20 @@ def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
         which = "best" if best.is_file() else "latest"
     if which == "best":
         if not best.is_file():
-            raise PlayError(f"{best} does not exist (the run has not finished a greedy evaluation "
-                            "yet); use --checkpoint latest or a checkpoint id")
+            raise PlayError(
+                f"{best} does not exist (the run has not finished a greedy evaluation "
+                "yet); use --checkpoint latest or a checkpoint id"
+            )
         try:
             state = best_model.load(best)
         except Exception as e:  # noqa: BLE001 - unreadable = corrupt, said once
             raise PlayError(f"{best} cannot be read ({type(e).__name__}: {e})") from None
         ev = state["eval"]
-        return state["online"], (f"best.pt: update {ev['update']:,}, env steps "
-                                 f"{ev['env_steps']:,}, eval {ev['ret_mean']:.1f} +- "
-                                 f"{ev['ret_std']:.1f} over {ev['episodes']} episodes")
+        return state["online"], (
+            f"best.pt: update {ev['update']:,}, env steps "
+            f"{ev['env_steps']:,}, eval {ev['ret_mean']:.1f} +- "
+            f"{ev['ret_std']:.1f} over {ev['episodes']} episodes"
+        )
     if which == "latest":
         ckpt_id = None
     elif which.isdigit():
@@ -130,8 +134,13 @@ def _minatar_frames(env):
             self.metadata = {**env.metadata, "render_fps": 15}
             c = env.observation_space.shape[0]
             hues = np.linspace(0, 1, c, endpoint=False)
-            self.palette = np.stack([np.abs(hues * 6 - 3) - 1, 2 - np.abs(hues * 6 - 2),
-                                     2 - np.abs(hues * 6 - 4)], 1).clip(0, 1) * 255
+            self.palette = (
+                np.stack(
+                    [np.abs(hues * 6 - 3) - 1, 2 - np.abs(hues * 6 - 2), 2 - np.abs(hues * 6 - 4)],
+                    1,
+                ).clip(0, 1)
+                * 255
+            )
             self.obs = None
 
         def reset(self, **kw):
@@ -167,17 +176,27 @@ def make_env(cfg: Config, spec, video: str | Path | None = None):
     for var in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):  # pygame renders off-screen, no sound
         os.environ.setdefault(var, "dummy")
     if spec.family == "minatar":
-        env = _minatar_frames(envs.make(cfg.env, kwargs=cfg.env_kwargs,
-                                        wrappers=cfg.wrapper_specs()))
+        env = _minatar_frames(
+            envs.make(cfg.env, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
+        )
     else:
-        env = envs.make(cfg.env, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs(),
-                        render_mode="rgb_array")
-    return RecordVideo(env, str(video), episode_trigger=lambda _: True, name_prefix="mpirl",
-                       disable_logger=True)
+        env = envs.make(
+            cfg.env, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs(), render_mode="rgb_array"
+        )
+    return RecordVideo(
+        env, str(video), episode_trigger=lambda _: True, name_prefix="mpirl", disable_logger=True
+    )
 
 
-def play(env, q, episodes: int, seed: int, max_steps: int = 0, say=print,
-         observations: list | None = None) -> np.ndarray:
+def play(
+    env,
+    q,
+    episodes: int,
+    seed: int,
+    max_steps: int = 0,
+    say=print,
+    observations: list | None = None,
+) -> np.ndarray:
     """Greedy episodes (argmax q); returns their undiscounted returns. Episode i is reset with
     seed + i and cut after max_steps agent steps (0 = the env's own limit); ``observations``
     collects every observation acted on."""
@@ -207,50 +226,80 @@ def export(net, spec, path: str | Path, fmt: str = "torchscript", info: dict | N
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    example = torch.zeros((2, *spec.obs_shape),
-                          dtype=torch.uint8 if spec.image else torch.float32)
+    example = torch.zeros((2, *spec.obs_shape), dtype=torch.uint8 if spec.image else torch.float32)
     if fmt == "torchscript":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit's deprecation notice
             traced = torch.jit.trace(net, example)
-            torch.jit.save(traced, str(path),
-                           _extra_files={"mpirl.json": json.dumps(info or {})})
+            torch.jit.save(traced, str(path), _extra_files={"mpirl.json": json.dumps(info or {})})
         return path
     if fmt != "onnx":
         raise PlayError(f"--format {fmt!r} must be 'torchscript' or 'onnx'")
     missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
     if missing:
-        raise PlayError(f"--format onnx needs {' and '.join(missing)} (the export extra): "
-                        f"{EXPORT_EXTRA}")
+        raise PlayError(
+            f"--format onnx needs {' and '.join(missing)} (the export extra): {EXPORT_EXTRA}"
+        )
     import logging
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (example,), str(path), input_names=["obs"],
-                          output_names=["q_values"], dynamo=True,
-                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+        torch.onnx.export(
+            net,
+            (example,),
+            str(path),
+            input_names=["obs"],
+            output_names=["q_values"],
+            dynamo=True,
+            dynamic_shapes=({0: torch.export.Dim("batch")},),
+        )
     return path
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m mpirl.play", description=__doc__.split("\n\n")[0].rstrip(":"),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+        prog="python -m mpirl.play",
+        description=__doc__.split("\n\n")[0].rstrip(":"),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (--run-dir of the run)")
-    p.add_argument("--checkpoint", default=None, metavar="best|latest|ID",
-                   help="whose weights: RUN_DIR/best.pt, the newest checkpoint or checkpoint ID "
-                   "(default: best if the run has one, else latest)")
-    p.add_argument("--episodes", type=int, default=10, help="greedy episodes to play (0: none, "
-                   "e.g. only --export)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="best|latest|ID",
+        help="whose weights: RUN_DIR/best.pt, the newest checkpoint or checkpoint ID "
+        "(default: best if the run has one, else latest)",
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=10,
+        help="greedy episodes to play (0: none, e.g. only --export)",
+    )
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed SEED + i")
-    p.add_argument("--max-steps", type=int, default=None, help="cut an episode after this many "
-                   "agent steps (default: the run's --eval-max-steps; 0 = the env's own limit)")
-    p.add_argument("--video", default=None, metavar="DIR", help="record every episode as an mp4 "
-                   f"in DIR (gymnasium's RecordVideo; needs {VIDEO_EXTRA})")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="cut an episode after this many "
+        "agent steps (default: the run's --eval-max-steps; 0 = the env's own limit)",
+    )
+    p.add_argument(
+        "--video",
+        default=None,
+        metavar="DIR",
+        help="record every episode as an mp4 "
+        f"in DIR (gymnasium's RecordVideo; needs {VIDEO_EXTRA})",
+    )
     p.add_argument("--export", default=None, metavar="PATH", help="write the Q-network to PATH")
-    p.add_argument("--format", default="torchscript", choices=("torchscript", "onnx"),
-                   help=f"format of --export (onnx needs {EXPORT_EXTRA})")
+    p.add_argument(
+        "--format",
+        default="torchscript",
+        choices=("torchscript", "onnx"),
+        help=f"format of --export (onnx needs {EXPORT_EXTRA})",
+    )
     return p
 
 
@@ -269,34 +318,48 @@ def main(argv: list[str] | None = None) -> int:
         state, source = load_weights(args.run_dir, args.checkpoint)
         net, q = networks(cfg, spec, state)
         shape = "x".join(map(str, spec.obs_shape))
-        print(f"mpirl play: {args.run_dir}: {cfg.env} ({spec.family} observations {shape}, "
-              f"{spec.n_actions} actions); weights from {source}", flush=True)
+        print(
+            f"mpirl play: {args.run_dir}: {cfg.env} ({spec.family} observations {shape}, "
+            f"{spec.n_actions} actions); weights from {source}",
+            flush=True,
+        )
         if args.export:
-            info = {"env": cfg.env, "obs_shape": list(spec.obs_shape),
-                    "obs_dtype": "uint8" if spec.image else "float32",
-                    "n_actions": spec.n_actions, "weights": source}
+            info = {
+                "env": cfg.env,
+                "obs_shape": list(spec.obs_shape),
+                "obs_dtype": "uint8" if spec.image else "float32",
+                "n_actions": spec.n_actions,
+                "weights": source,
+            }
             path = export(net, spec, args.export, args.format, info)
-            print(f"exported {args.format} to {path}: input obs {info['obs_dtype']} [N, {shape}]"
-                  f" -> Q-values float32 [N, {spec.n_actions}]; greedy action = argmax",
-                  flush=True)
+            print(
+                f"exported {args.format} to {path}: input obs {info['obs_dtype']} [N, {shape}]"
+                f" -> Q-values float32 [N, {spec.n_actions}]; greedy action = argmax",
+                flush=True,
+            )
         if args.episodes:
             env = make_env(cfg, spec, args.video)
             max_steps = cfg.eval_max_steps if args.max_steps is None else args.max_steps
             try:
-                rets = play(env, q, args.episodes, args.seed, max_steps,
-                            say=lambda s: print(s, flush=True))
+                rets = play(
+                    env, q, args.episodes, args.seed, max_steps, say=lambda s: print(s, flush=True)
+                )
             finally:
                 env.close()
-            print(f"mean return {rets.mean():.1f} +- {rets.std():.1f} over {args.episodes} "
-                  f"episodes (seed {args.seed}, min {rets.min():.1f}, max {rets.max():.1f})")
+            print(
+                f"mean return {rets.mean():.1f} +- {rets.std():.1f} over {args.episodes} "
+                f"episodes (seed {args.seed}, min {rets.min():.1f}, max {rets.max():.1f})"
+            )
             if args.video:
                 print(f"videos in {args.video}")
     except (PlayError, ConfigError) as e:
         print(f"mpirl play: error: {e}", file=sys.stderr)
         return 2
     except DependencyNotInstalled as e:  # e.g. pygame, to render CartPole for --video
-        print(f"mpirl play: error: {e} (the video extra brings moviepy and pygame: "
-              f"{VIDEO_EXTRA})", file=sys.stderr)
+        print(
+            f"mpirl play: error: {e} (the video extra brings moviepy and pygame: {VIDEO_EXTRA})",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

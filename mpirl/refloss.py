@@ -54,8 +54,19 @@ import numpy as np
 if TYPE_CHECKING:
     from mpirl.run.config import Config
 
-__all__ = ["RefSet", "auto_path", "check_fits", "collect", "content_sha256", "env_key", "load",
-           "reference_loss", "reference_loss_self", "resolve", "save"]
+__all__ = [
+    "RefSet",
+    "auto_path",
+    "check_fits",
+    "collect",
+    "content_sha256",
+    "env_key",
+    "load",
+    "reference_loss",
+    "reference_loss_self",
+    "resolve",
+    "save",
+]
 
 FORMAT = 1
 ARRAYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -97,9 +108,17 @@ def content_sha256(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
-            q: Callable[[np.ndarray], np.ndarray] | None = None, epsilon: float = 1.0,
-            kwargs: dict | None = None, wrappers: list[str] | None = None) -> RefSet:
+def collect(
+    env_id: str,
+    seed: int,
+    size: int,
+    n_step: int,
+    gamma: float,
+    q: Callable[[np.ndarray], np.ndarray] | None = None,
+    epsilon: float = 1.0,
+    kwargs: dict | None = None,
+    wrappers: list[str] | None = None,
+) -> RefSet:
     """``size`` n-step transitions from one env, made with ``kwargs`` and ``wrappers`` (see the
     module docstring). Without ``q`` the policy is uniform random; with it, epsilon-greedy on
     ``q(obs_batch) -> Q values``."""
@@ -121,8 +140,11 @@ def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
     try:
         while len(out) < size:
             explore = q is None or rng.random() < epsilon
-            a = int(rng.integers(n_actions)) if explore else \
-                int(np.argmax(q(np.asarray(obs)[None])[0]))
+            a = (
+                int(rng.integers(n_actions))
+                if explore
+                else int(np.argmax(q(np.asarray(obs)[None])[0]))
+            )
             nxt, r, term, trunc, _ = env.step(a)
             if clip:
                 r = float(np.clip(r, -1.0, 1.0))
@@ -133,11 +155,19 @@ def collect(env_id: str, seed: int, size: int, n_step: int, gamma: float,
     finally:
         env.close()
     out = out[:size]
-    meta = {"format": FORMAT, "env": env_id, "env_kwargs": kwargs, "env_wrappers": wrappers,
-            "seed": int(seed), "size": int(size),
-            "n_step": int(n_step), "gamma": float(gamma),
-            "policy": "random" if q is None else "epsilon-greedy",
-            "epsilon": 1.0 if q is None else float(epsilon), "clip_rewards": clip}
+    meta = {
+        "format": FORMAT,
+        "env": env_id,
+        "env_kwargs": kwargs,
+        "env_wrappers": wrappers,
+        "seed": int(seed),
+        "size": int(size),
+        "n_step": int(n_step),
+        "gamma": float(gamma),
+        "policy": "random" if q is None else "epsilon-greedy",
+        "epsilon": 1.0 if q is None else float(epsilon),
+        "clip_rewards": clip,
+    }
     return RefSet(
         obs=np.stack([np.asarray(t[0]) for t in out]),
         action=np.array([t[1] for t in out], np.int64),
@@ -168,8 +198,10 @@ def load(path: str | Path, sha256: str | None = None) -> RefSet:
         raise ValueError(f"{path}: not a reference set (no {', '.join(missing)})")
     got = content_sha256(arrays)
     if sha256 is not None and got != sha256:
-        raise ValueError(f"{path}: sha256 {got} but {sha256} was expected: the reference set "
-                         "changed; collect it again or point to the original")
+        raise ValueError(
+            f"{path}: sha256 {got} but {sha256} was expected: the reference set "
+            "changed; collect it again or point to the original"
+        )
     meta = json.loads(str(arrays.pop("meta_json")))
     return RefSet(meta=meta, **{k: arrays[k] for k in ARRAYS})
 
@@ -180,13 +212,22 @@ def env_key(kwargs: dict | None, wrappers: list[str] | None) -> str:
     kwargs, wrappers = dict(kwargs or {}), list(wrappers or [])
     if not kwargs and not wrappers:
         return ""
-    text = json.dumps({"env_kwargs": kwargs, "env_wrappers": wrappers}, sort_keys=True,
-                      separators=(",", ":"))
+    text = json.dumps(
+        {"env_kwargs": kwargs, "env_wrappers": wrappers}, sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def auto_path(cache: str | Path, env_id: str, seed: int, size: int, n_step: int,
-              gamma: float, kwargs: dict | None = None, wrappers: list[str] | None = None) -> Path:
+def auto_path(
+    cache: str | Path,
+    env_id: str,
+    seed: int,
+    size: int,
+    n_step: int,
+    gamma: float,
+    kwargs: dict | None = None,
+    wrappers: list[str] | None = None,
+) -> Path:
     """Where ``--reference-set auto`` keeps the set of (env, kwargs, wrappers, seed, size,
     n_step, gamma): kwargs and wrappers as `env_key` (``-e<key>``, only when there are any)."""
     key = env_key(kwargs, wrappers)
@@ -199,20 +240,30 @@ def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec=None) -> None:
     kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.agent.envs.EnvSpec`)
     holds observations of the env's shape and dtype."""
     kwargs = json.loads(json.dumps(dict(cfg.env_kwargs or {})))  # as stored (tuples: lists)
-    want = {"env": cfg.env, "env_kwargs": kwargs,
-            "env_wrappers": cfg.wrapper_specs(), "n_step": cfg.n_step, "gamma": float(cfg.gamma)}
+    want = {
+        "env": cfg.env,
+        "env_kwargs": kwargs,
+        "env_wrappers": cfg.wrapper_specs(),
+        "n_step": cfg.n_step,
+        "gamma": float(cfg.gamma),
+    }
     got = {"env_kwargs": {}, "env_wrappers": [], **rs.meta}  # older sets: collected without
     bad = {k: got.get(k) for k, v in want.items() if got.get(k) != v}
     if bad:
-        raise ValueError(f"reference_set={str(path)!r} was collected with {bad}, the run uses "
-                         f"{ {k: want[k] for k in bad} }: collect one for this run "
-                         "(python -m mpirl.refloss) or pass --reference-set auto")
-    if spec is not None and (rs.obs.shape[1:] != tuple(spec.obs_shape)
-                             or rs.obs.dtype != spec.obs_dtype):
-        raise ValueError(f"reference_set={str(path)!r} holds observations of shape "
-                         f"{rs.obs.shape[1:]} {rs.obs.dtype}, the run's env {cfg.env!r} gives "
-                         f"{tuple(spec.obs_shape)} {np.dtype(spec.obs_dtype)}: collect one for "
-                         "this run (python -m mpirl.refloss) or pass --reference-set auto")
+        raise ValueError(
+            f"reference_set={str(path)!r} was collected with {bad}, the run uses "
+            f"{ {k: want[k] for k in bad} }: collect one for this run "
+            "(python -m mpirl.refloss) or pass --reference-set auto"
+        )
+    if spec is not None and (
+        rs.obs.shape[1:] != tuple(spec.obs_shape) or rs.obs.dtype != spec.obs_dtype
+    ):
+        raise ValueError(
+            f"reference_set={str(path)!r} holds observations of shape "
+            f"{rs.obs.shape[1:]} {rs.obs.dtype}, the run's env {cfg.env!r} gives "
+            f"{tuple(spec.obs_shape)} {np.dtype(spec.obs_dtype)}: collect one for "
+            "this run (python -m mpirl.refloss) or pass --reference-set auto"
+        )
 
 
 def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> tuple[Path, str]:
@@ -232,26 +283,44 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
     kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
         seed = seeds.reference(cfg.seed)
-        path = auto_path(Path(run_dir).resolve().parent / ".refsets", cfg.env, seed,
-                         cfg.reference_size, cfg.n_step, cfg.gamma, kwargs, wrappers)
+        path = auto_path(
+            Path(run_dir).resolve().parent / ".refsets",
+            cfg.env,
+            seed,
+            cfg.reference_size,
+            cfg.n_step,
+            cfg.gamma,
+            kwargs,
+            wrappers,
+        )
         if not path.is_file():
-            rs = collect(cfg.env, seed, cfg.reference_size, cfg.n_step, cfg.gamma,
-                         kwargs=kwargs, wrappers=wrappers)
+            rs = collect(
+                cfg.env,
+                seed,
+                cfg.reference_size,
+                cfg.n_step,
+                cfg.gamma,
+                kwargs=kwargs,
+                wrappers=wrappers,
+            )
             tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
             save(rs, tmp)
             os.replace(tmp, path)
     else:
         path = Path(value)
         if not path.is_file():
-            raise ValueError(f"reference_set={value!r}: no such file; write one with python -m "
-                             "mpirl.refloss or pass --reference-set auto")
+            raise ValueError(
+                f"reference_set={value!r}: no such file; write one with python -m "
+                "mpirl.refloss or pass --reference-set auto"
+            )
     rs = load(path)
     check_fits(rs, path, cfg, spec)
     return path, rs.sha256
 
 
-def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
-                   chunk: int = 4096) -> dict[str, float]:
+def reference_loss(
+    online, target, refset: RefSet, huber_delta: float = 1.0, chunk: int = 4096
+) -> dict[str, float]:
     """The unweighted `mpirl.agent.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
     every transition of ``refset``, in chunks; no gradients, the networks are left as they are.
     Returns the mean Huber loss, the mean |td| and the number of transitions."""
@@ -269,15 +338,20 @@ def reference_loss(online, target, refset: RefSet, huber_delta: float = 1.0,
             act = torch.from_numpy(refset.action[i:j].astype(np.int64))
             rew = torch.from_numpy(refset.reward[i:j].astype(np.float32))
             disc = torch.from_numpy(refset.discount[i:j].astype(np.float32))
-            loss, td = dqn_loss(online, target, obs, act, rew, nxt, disc,
-                                torch.ones(j - i), huber_delta=huber_delta)
+            loss, td = dqn_loss(
+                online, target, obs, act, rew, nxt, disc, torch.ones(j - i), huber_delta=huber_delta
+            )
             loss_sum += float(loss) * (j - i)
             td_sum += float(td.sum())
     return {"loss": loss_sum / n, "td_abs_mean": td_sum / n, "n": n}
 
 
-def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
-                        huber_delta: float = 1.0, chunk: int = 4096) -> dict[str, float]:
+def reference_loss_self(
+    q: Callable[[np.ndarray], np.ndarray],
+    refset: RefSet,
+    huber_delta: float = 1.0,
+    chunk: int = 4096,
+) -> dict[str, float]:
     """`reference_loss` with one network as both online and target, in numpy on any
     ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.agent.qnet.NumpyQ`, or the torch
     CNN behind `mpirl.agent.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
@@ -302,16 +376,23 @@ def reference_loss_self(q: Callable[[np.ndarray], np.ndarray], refset: RefSet,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpirl.refloss",
-                                 description="Collect a held-out reference set (random policy) "
-                                 "and print its sha256.")
+    ap = argparse.ArgumentParser(
+        prog="python -m mpirl.refloss",
+        description="Collect a held-out reference set (random policy) and print its sha256.",
+    )
     ap.add_argument("--env", required=True, help="gymnasium id, as --env of mpirl.main")
-    ap.add_argument("--env-kwargs", default="{}", metavar="JSON",
-                    help="the run's --env-kwargs (a JSON object)")
-    ap.add_argument("--env-wrappers", default="", metavar="M:F,..",
-                    help="the run's --env-wrappers, in order")
-    ap.add_argument("--seed", type=int, required=True,
-                    help="env and policy seed (mpirl.run.seeds.reference(--seed) is the run's own)")
+    ap.add_argument(
+        "--env-kwargs", default="{}", metavar="JSON", help="the run's --env-kwargs (a JSON object)"
+    )
+    ap.add_argument(
+        "--env-wrappers", default="", metavar="M:F,..", help="the run's --env-wrappers, in order"
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        required=True,
+        help="env and policy seed (mpirl.run.seeds.reference(--seed) is the run's own)",
+    )
     ap.add_argument("--size", type=int, default=10_000, help="transitions")
     ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")
     ap.add_argument("--gamma", type=float, required=True, help="the run's --gamma")
@@ -326,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     wrappers = [w.strip() for w in a.env_wrappers.split(",") if w.strip()]
     rs = collect(a.env, a.seed, a.size, a.n_step, a.gamma, kwargs=kwargs, wrappers=wrappers)
     digest = save(rs, a.out)
-    print(f"wrote {a.out}: {len(rs)} transitions of {a.env} (env_kwargs {kwargs}, env_wrappers "
-          f"{wrappers}, seed {a.seed}, n-step {a.n_step}, gamma {a.gamma:g}, random policy), "
-          f"sha256 {digest}")
+    print(
+        f"wrote {a.out}: {len(rs)} transitions of {a.env} (env_kwargs {kwargs}, env_wrappers "
+        f"{wrappers}, seed {a.seed}, n-step {a.n_step}, gamma {a.gamma:g}, random policy), "
+        f"sha256 {digest}"
+    )
     return 0
 
 

@@ -80,14 +80,23 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from mpirl.run.failure import STOP_SIGNALS
 from mpirl.launch import Relay
+from mpirl.run.failure import STOP_SIGNALS
 
-__all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status",
-           "slurm_script"]
+__all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status", "slurm_script"]
 
-TOP_KEYS = {"out", "ranks", "seeds", "launcher", "resume", "export", "flags", "budget", "axes",
-            "slurm"}
+TOP_KEYS = {
+    "out",
+    "ranks",
+    "seeds",
+    "launcher",
+    "resume",
+    "export",
+    "flags",
+    "budget",
+    "axes",
+    "slurm",
+}
 SLURM_KEYS = {"time", "max_parallel", "sbatch", "setup", "job_name"}
 #: set by the sweep for each run: never a fixed flag or an axis
 RESERVED = {"seed", "run_dir", "config", "resume"}
@@ -134,22 +143,30 @@ class Run:
 
 # --- the spec ------------------------------------------------------------------------------------
 
+
 def _flag_name(key: str, where: str) -> str:
     name = key.replace("-", "_")
     if name in RESERVED:
-        raise SpecError(f"{where}: {key!r} is set by the sweep for each run (seeds = [...] for "
-                        "the seeds; folders come from out); remove it")
+        raise SpecError(
+            f"{where}: {key!r} is set by the sweep for each run (seeds = [...] for "
+            "the seeds; folders come from out); remove it"
+        )
     return name
 
 
 def _check_value(v: Any, where: str) -> Any:
     if isinstance(v, bool | int | float | str):
         return v
-    if isinstance(v, list) and v and all(isinstance(x, int | float) and not isinstance(x, bool)
-                                         for x in v):
+    if (
+        isinstance(v, list)
+        and v
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+    ):
         return list(v)
-    raise SpecError(f"{where} = {v!r}: a flag value must be a string, number, boolean or a "
-                    "non-empty list of numbers")
+    raise SpecError(
+        f"{where} = {v!r}: a flag value must be a string, number, boolean or a "
+        "non-empty list of numbers"
+    )
 
 
 def _flags_table(t: Any, where: str) -> dict[str, Any]:
@@ -159,8 +176,9 @@ def _flags_table(t: Any, where: str) -> dict[str, Any]:
     for k, v in t.items():
         name = _flag_name(k, f"[{where}]")
         if name in out:
-            raise SpecError(f"[{where}]: {k!r} is given twice (dashes and underscores are the "
-                            "same flag)")
+            raise SpecError(
+                f"[{where}]: {k!r} is given twice (dashes and underscores are the same flag)"
+            )
         out[name] = _check_value(v, f"[{where}] {k}")
     return out
 
@@ -194,22 +212,31 @@ def _axis(name: str, values: Any) -> list[tuple[str, dict[str, Any]]]:
             if not flags:
                 raise SpecError(f"{where}[{i}] sets no flag")
             if keys is not None and set(flags) != keys:
-                raise SpecError(f"{where}[{i}] sets {sorted(flags)} but {where}[0] sets "
-                                f"{sorted(keys)}: every value of a group axis sets the same flags")
+                raise SpecError(
+                    f"{where}[{i}] sets {sorted(flags)} but {where}[0] sets "
+                    f"{sorted(keys)}: every value of a group axis sets the same flags"
+                )
             keys = set(flags)
-            out.append((label(lab) if lab is not None else
-                        "-".join(label(x) for x in flags.values()), flags))
+            out.append(
+                (
+                    label(lab) if lab is not None else "-".join(label(x) for x in flags.values()),
+                    flags,
+                )
+            )
     elif any(isinstance(v, dict) for v in values):
-        raise SpecError(f"{where}: mix of tables and plain values; use tables for every value "
-                        "(a group of flags) or none")
+        raise SpecError(
+            f"{where}: mix of tables and plain values; use tables for every value "
+            "(a group of flags) or none"
+        )
     else:
         flag = _flag_name(name, "[axes]")
         out = [(label(v), {flag: _check_value(v, f"{where}[{i}]")}) for i, v in enumerate(values)]
     labels = [lab for lab, _ in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
-        raise SpecError(f"{where}: values {dup} repeat (or name the same run folder); each "
-                        "value once")
+        raise SpecError(
+            f"{where}: values {dup} repeat (or name the same run folder); each value once"
+        )
     return out
 
 
@@ -233,33 +260,47 @@ def _load_spec(path: Path) -> Spec:
         raise SpecError(f"{path} is not valid TOML: {e}") from None
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
-        raise SpecError(f"{path}: unknown key(s) {unknown}; a spec has {sorted(TOP_KEYS)} "
-                        "(mpirl flags go in [flags], [budget] or [axes])")
+        raise SpecError(
+            f"{path}: unknown key(s) {unknown}; a spec has {sorted(TOP_KEYS)} "
+            "(mpirl flags go in [flags], [budget] or [axes])"
+        )
     out = data.get("out")
     if not isinstance(out, str) or not out.strip():
-        raise SpecError(f"{path}: out = {out!r}: give the output root, e.g. out = \"runs/sweep\"")
+        raise SpecError(f'{path}: out = {out!r}: give the output root, e.g. out = "runs/sweep"')
     ranks = data.get("ranks", 9)
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 3:
-        raise SpecError(f"{path}: ranks = {ranks!r} must be an integer >= 3 (1 learner, 1 "
-                        "buffer, at least 1 actor)")
+        raise SpecError(
+            f"{path}: ranks = {ranks!r} must be an integer >= 3 (1 learner, 1 "
+            "buffer, at least 1 actor)"
+        )
     seeds = data.get("seeds", [0])
-    if (not isinstance(seeds, list) or not seeds
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    ):
         raise SpecError(f"{path}: seeds = {seeds!r} must be a non-empty list of integers >= 0")
     if len(set(seeds)) != len(seeds):
         raise SpecError(f"{path}: seeds = {seeds!r} repeat a seed")
     launcher = data.get("launcher", list(DEFAULT_LAUNCHER))
-    if not isinstance(launcher, list) or not launcher or not all(isinstance(a, str)
-                                                                  for a in launcher):
-        raise SpecError(f"{path}: launcher = {launcher!r} must be a non-empty list of strings, "
-                        "e.g. [\"mpirun\", \"-n\", \"{ranks}\"]")
+    if (
+        not isinstance(launcher, list)
+        or not launcher
+        or not all(isinstance(a, str) for a in launcher)
+    ):
+        raise SpecError(
+            f"{path}: launcher = {launcher!r} must be a non-empty list of strings, "
+            'e.g. ["mpirun", "-n", "{ranks}"]'
+        )
     resume = data.get("resume", False)
     if not isinstance(resume, bool):
         raise SpecError(f"{path}: resume = {resume!r} must be true or false")
     export = data.get("export")
     if export is not None and not (isinstance(export, str) and export.strip()):
-        raise SpecError(f"{path}: export = {export!r} must be a folder, e.g. "
-                        "export = \"docs/results/data/my-sweep\"")
+        raise SpecError(
+            f"{path}: export = {export!r} must be a folder, e.g. "
+            'export = "docs/results/data/my-sweep"'
+        )
     flags = _flags_table(data.get("flags", {}), "flags")
     budget = _flags_table(data.get("budget", {}), "budget")
     axes_t = data.get("axes", {})
@@ -267,12 +308,16 @@ def _load_spec(path: Path) -> Spec:
         raise SpecError(f"{path}: [axes] must be a table of axis = [values]")
     axes = {name: _axis(name, v) for name, v in axes_t.items()}
     seen: dict[str, str] = {}
-    for where, names in [("[flags]", flags), ("[budget]", budget),
-                         *((f"[axes] {a}", set(vs[0][1])) for a, vs in axes.items())]:
+    for where, names in [
+        ("[flags]", flags),
+        ("[budget]", budget),
+        *((f"[axes] {a}", set(vs[0][1])) for a, vs in axes.items()),
+    ]:
         for n in names:
             if n in seen:
-                raise SpecError(f"{path}: flag {n!r} is set in {seen[n]} and in {where}; set it "
-                                "in one place")
+                raise SpecError(
+                    f"{path}: flag {n!r} is set in {seen[n]} and in {where}; set it in one place"
+                )
             seen[n] = where
     slurm = data.get("slurm", {})
     if not isinstance(slurm, dict):
@@ -281,8 +326,9 @@ def _load_spec(path: Path) -> Spec:
     if bad:
         raise SpecError(f"{path}: unknown key(s) {bad} in [slurm]; it has {sorted(SLURM_KEYS)}")
     if "time" in slurm and not (isinstance(slurm["time"], str) and slurm["time"].strip()):
-        raise SpecError(f"{path}: [slurm] time = {slurm['time']!r} must be a SLURM time string, "
-                        "e.g. \"00:30:00\"")
+        raise SpecError(
+            f'{path}: [slurm] time = {slurm["time"]!r} must be a SLURM time string, e.g. "00:30:00"'
+        )
     mp = slurm.get("max_parallel")
     if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool) or mp < 1):
         raise SpecError(f"{path}: [slurm] max_parallel = {mp!r} must be an integer >= 1")
@@ -290,14 +336,26 @@ def _load_spec(path: Path) -> Spec:
         v = slurm.get(key, [])
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise SpecError(f"{path}: [slurm] {key} = {v!r} must be a list of strings")
-    if "job_name" in slurm and not (isinstance(slurm["job_name"], str)
-                                    and re.fullmatch(r"[A-Za-z0-9._-]+", slurm["job_name"])):
-        raise SpecError(f"{path}: [slurm] job_name = {slurm['job_name']!r} must be letters, "
-                        "digits, '.', '_' or '-'")
-    return Spec(path=path, out=Path(out), ranks=ranks, seeds=tuple(seeds),
-                launcher=tuple(launcher), resume=resume,
-                export=Path(export) if export else None, flags=flags, budget=budget, axes=axes,
-                slurm=slurm)
+    if "job_name" in slurm and not (
+        isinstance(slurm["job_name"], str) and re.fullmatch(r"[A-Za-z0-9._-]+", slurm["job_name"])
+    ):
+        raise SpecError(
+            f"{path}: [slurm] job_name = {slurm['job_name']!r} must be letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return Spec(
+        path=path,
+        out=Path(out),
+        ranks=ranks,
+        seeds=tuple(seeds),
+        launcher=tuple(launcher),
+        resume=resume,
+        export=Path(export) if export else None,
+        flags=flags,
+        budget=budget,
+        axes=axes,
+        slurm=slurm,
+    )
 
 
 def expand(spec: Spec) -> list[Run]:
@@ -339,12 +397,18 @@ def check(spec: Spec, runs: list[Run]) -> list[str]:
     from mpirl.transport.topology import LayoutError
 
     known = {f.name for f in dataclasses.fields(Config)}
-    where = {**{n: "[flags]" for n in spec.flags}, **{n: "[budget]" for n in spec.budget},
-             **{n: f"[axes] {a}" for a, vs in spec.axes.items() for n in vs[0][1]}}
+    where = {
+        **{n: "[flags]" for n in spec.flags},
+        **{n: "[budget]" for n in spec.budget},
+        **{n: f"[axes] {a}" for a, vs in spec.axes.items() for n in vs[0][1]},
+    }
     unknown = [n for n in where if n not in known]
     if unknown:  # one line per flag, not per run
-        return [f"--{n.replace('_', '-')} (in {where[n]}): not an option of this mpirl "
-                "(python -m mpirl.main --help)" for n in unknown]
+        return [
+            f"--{n.replace('_', '-')} (in {where[n]}): not an option of this mpirl "
+            "(python -m mpirl.main --help)"
+            for n in unknown
+        ]
     problems: dict[str, list[str]] = {}  # message -> the runs it applies to
     seen = set()
     for r in runs:
@@ -366,11 +430,14 @@ def check(spec: Spec, runs: list[Run]) -> list[str]:
         if msg is not None:
             cell = ", ".join(f"{k}={v}" for k, v in r.cell.items()) or "no axes"
             problems.setdefault(msg, []).append(f"run {r.index} ({cell})")
-    return [f"{who[0]}{f' and {len(who) - 1} more' if len(who) > 1 else ''}: {msg}"
-            for msg, who in problems.items()]
+    return [
+        f"{who[0]}{f' and {len(who) - 1} more' if len(who) > 1 else ''}: {msg}"
+        for msg, who in problems.items()
+    ]
 
 
 # --- runs -----------------------------------------------------------------------------------
+
 
 def run_status(run_dir: Path) -> str:
     """'done' (summary.json, not stopped by a signal), 'todo' (no folder or an empty one),
@@ -438,18 +505,32 @@ def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
             loads.append(os.getloadavg()[0])
         stop.proc = None
     loads.append(os.getloadavg()[0])
-    record = {"index": run.index, "seed": run.seed, "cell": run.cell, "command": cmd,
-              "returncode": rc, "start_unix": t0, "end_unix": time.time(),
-              "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-              "loadavg_1min": {"samples": len(loads), "min": min(loads), "max": max(loads),
-                               "mean": sum(loads) / len(loads),
-                               "every_s": LOAD_SAMPLE_S},
-              "spec": str(spec.path)}
+    record = {
+        "index": run.index,
+        "seed": run.seed,
+        "cell": run.cell,
+        "command": cmd,
+        "returncode": rc,
+        "start_unix": t0,
+        "end_unix": time.time(),
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "loadavg_1min": {
+            "samples": len(loads),
+            "min": min(loads),
+            "max": max(loads),
+            "mean": sum(loads) / len(loads),
+            "every_s": LOAD_SAMPLE_S,
+        },
+        "spec": str(spec.path),
+    }
     if run.run_dir.is_dir():
         (run.run_dir / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
     verdict = "ok" if rc == 0 else f"FAILED (exit {rc}; see {log_path})"
-    say(f"[{run.index}] {run.run_dir}: {verdict}, {time.time() - t0:.0f} s, "
-        f"load {min(loads):.1f}-{max(loads):.1f}")
+    say(
+        f"[{run.index}] {run.run_dir}: {verdict}, {time.time() - t0:.0f} s, "
+        f"load {min(loads):.1f}-{max(loads):.1f}"
+    )
     if rc == 0 and spec.export is not None:
         export_run(spec, run, say)
     return rc
@@ -459,13 +540,22 @@ def export_run(spec: Spec, run: Run, say=print) -> None:
     """Merge a finished run's row and curves into ``spec.export`` (analysis.export, in its own
     process: mpirl does not import analysis/), so the rows to commit grow run by run."""
     # cells are named from the folders below out's parent: out = "runs/x/cell=A" names cell=A
-    cmd = [sys.executable, "-m", "analysis.export", str(spec.out.parent),
-           "--run", str(run.run_dir), "--into", str(spec.export)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "analysis.export",
+        str(spec.out.parent),
+        "--run",
+        str(run.run_dir),
+        "--into",
+        str(spec.export),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     say(f"[{run.index}] " + (p.stdout.strip() or p.stderr.strip()))
 
 
 # --- SLURM ------------------------------------------------------------------------------------
+
 
 def slurm_script(spec: Spec, n_runs: int) -> str:
     """An sbatch array script: task I runs ``python -m mpirl.sweep SPEC --index I``."""
@@ -499,8 +589,7 @@ def slurm_script(spec: Spec, n_runs: int) -> str:
         "export HYDRA_LAUNCHER=fork",
         "# exec: SLURM's TERM reaches the sweep, which relays it to the launcher as USR1 (see",
         "# mpirl.launch); every rank then writes its part of a final checkpoint",
-        f'exec python -m mpirl.sweep {shlex.quote(str(spec.path))} --index '
-        '"$SLURM_ARRAY_TASK_ID"',
+        f'exec python -m mpirl.sweep {shlex.quote(str(spec.path))} --index "$SLURM_ARRAY_TASK_ID"',
         "",
     ]
     return "\n".join(lines)
@@ -508,32 +597,44 @@ def slurm_script(spec: Spec, n_runs: int) -> str:
 
 # --- command line -----------------------------------------------------------------------------
 
+
 def _dry_run(spec: Spec, runs: list[Run]) -> None:
-    shape = " x ".join([f"{len(spec.seeds)} seeds"]
-                       + [f"{len(v)} {a}" for a, v in spec.axes.items()])
+    shape = " x ".join(
+        [f"{len(spec.seeds)} seeds"] + [f"{len(v)} {a}" for a, v in spec.axes.items()]
+    )
     print(f"# {spec.path}: {len(runs)} runs ({shape}), {spec.ranks} ranks each, out {spec.out}")
     counts: dict[str, int] = {}
     for r in runs:
         st = run_status(r.run_dir)
         counts[st] = counts.get(st, 0) + 1
-        what = {"done": "done (skipped)", "todo": "todo",
-                "resumable": "resume" if spec.resume else "incomplete (set aside, rerun)",
-                "incomplete": "incomplete (set aside, rerun)"}[st]
+        what = {
+            "done": "done (skipped)",
+            "todo": "todo",
+            "resumable": "resume" if spec.resume else "incomplete (set aside, rerun)",
+            "incomplete": "incomplete (set aside, rerun)",
+        }[st]
         print(f"[{r.index}] {what}  {r.run_dir}")
         print(f"    {shlex.join(r.command(spec, python='python'))}")
     print("# " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpirl.sweep", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m mpirl.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("spec", help="the sweep spec (TOML)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true",
-                      help="list every run (index, status, folder, command); run nothing")
+    mode.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list every run (index, status, folder, command); run nothing",
+    )
     mode.add_argument("--index", type=int, metavar="I", help="run only run I (0-based)")
-    mode.add_argument("--slurm", action="store_true",
-                      help="print the sbatch array script (one task per run)")
+    mode.add_argument(
+        "--slurm", action="store_true", help="print the sbatch array script (one task per run)"
+    )
     ap.add_argument("--write", metavar="FILE", help="with --slurm: write the script to FILE")
     a = ap.parse_args(argv)
     if a.write and not a.slurm:
@@ -550,8 +651,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry_run:
         _dry_run(spec, runs)
     if problems:
-        print(f"mpirl.sweep: error: {spec.path}: mpirl rejects these flags:",
-              *problems, sep="\n  ", file=sys.stderr)
+        print(
+            f"mpirl.sweep: error: {spec.path}: mpirl rejects these flags:",
+            *problems,
+            sep="\n  ",
+            file=sys.stderr,
+        )
         return 2
     if a.dry_run:
         return 0
@@ -564,8 +669,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(text)
         return 0
     if a.index is not None and not 0 <= a.index < len(runs):
-        print(f"mpirl.sweep: error: --index {a.index}: {spec.path} has runs 0-{len(runs) - 1}",
-              file=sys.stderr)
+        print(
+            f"mpirl.sweep: error: --index {a.index}: {spec.path} has runs 0-{len(runs) - 1}",
+            file=sys.stderr,
+        )
         return 2
     todo = [runs[a.index]] if a.index is not None else runs
     spec.out.mkdir(parents=True, exist_ok=True)
@@ -573,8 +680,11 @@ def main(argv: list[str] | None = None) -> int:
     if not copy.exists():
         shutil.copyfile(spec.path, copy)
     elif copy.read_bytes() != spec.path.read_bytes():
-        print(f"mpirl.sweep: note: {spec.path} differs from {copy}, the spec this output root "
-              "was started with; runs are matched by their folder names", file=sys.stderr)
+        print(
+            f"mpirl.sweep: note: {spec.path} differs from {copy}, the spec this output root "
+            "was started with; runs are matched by their folder names",
+            file=sys.stderr,
+        )
     stop = Relay()  # SIGTERM/SIGINT: a clean stop of the running run, start no further run
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     failed = []
@@ -588,12 +698,14 @@ def main(argv: list[str] | None = None) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     if stop.signal is not None:
-        print(f"mpirl.sweep: stopped by {signal.Signals(stop.signal).name}; rerun the same "
-              "command to continue", file=sys.stderr)
+        print(
+            f"mpirl.sweep: stopped by {signal.Signals(stop.signal).name}; rerun the same "
+            "command to continue",
+            file=sys.stderr,
+        )
         return 128 + stop.signal
     if failed:
-        print(f"mpirl.sweep: {len(failed)} of {len(todo)} run(s) failed: {failed}",
-              file=sys.stderr)
+        print(f"mpirl.sweep: {len(failed)} of {len(todo)} run(s) failed: {failed}", file=sys.stderr)
         return 1
     return 0
 

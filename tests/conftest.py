@@ -13,6 +13,7 @@ Markers (pyproject.toml): ``slow`` (left out by default) and ``mpi`` (starts mpi
 uses one of the module fixtures in `MPI_FIXTURES` (each runs an mpirun job the module's tests
 share) is marked ``mpi`` here.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,5 +46,6 @@ def run_wire() -> Callable:
 @pytest.fixture
 def tests_on_path() -> dict[str, str]:
     """``{"PYTHONPATH": tests folder + what was there}``, for run_mpirl(..., env=...)."""
-    return {"PYTHONPATH": os.pathsep.join(
-        x for x in (str(TESTS), os.environ.get("PYTHONPATH")) if x)}
+    return {
+        "PYTHONPATH": os.pathsep.join(x for x in (str(TESTS), os.environ.get("PYTHONPATH")) if x)
+    }

@@ -3,6 +3,7 @@ roles wired to them: what `mpirl.main.connect` builds for a real run, without MP
 
 Used by the tests and by bench/learner_loop.py (which puts this folder on ``sys.path``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,8 +29,14 @@ class ScriptedLink:
 
     latest_rate_bps, latest_replaced = float("nan"), 0
 
-    def __init__(self, peer: int, script: Callable | None = None, inbox=(), log: list | None = None,
-                 feed: Callable[[], list] | None = None):
+    def __init__(
+        self,
+        peer: int,
+        script: Callable | None = None,
+        inbox=(),
+        log: list | None = None,
+        feed: Callable[[], list] | None = None,
+    ):
         self.peer, self.script, self.inbox = peer, script, list(inbox)
         self.log, self.feed = log, feed
         self.sent, self.received = LinkStats(), LinkStats()
@@ -97,8 +104,9 @@ def learner_topo(buffers: int) -> SimpleNamespace:
 def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
     """A buffer's ends: ``link`` toward the learner, ``site`` (default: a one-rank site with no
     actors, on COMM_SELF)."""
-    site = site or SitePort(MPI.COMM_SELF, Inbox(wire, "buffer 0", lambda r: f"actor {r}",
-                                                 MPI.COMM_SELF))
+    site = site or SitePort(
+        MPI.COMM_SELF, Inbox(wire, "buffer 0", lambda r: f"actor {r}", MPI.COMM_SELF)
+    )
     return Ends(site=site, links={0: link}, inbox=Inbox(wire, "buffer 0", lambda r: "the learner"))
 
 
@@ -119,8 +127,16 @@ def make_learner(cfg, spec, wire, log, links: dict, **kw):
     """A `mpirl.roles.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
     from mpirl.roles.learner import Learner
 
-    return Learner(cfg, learner_topo(len(links)), spec, wire, log, learner_ends(wire, links),
-                   say=kw.pop("say", lambda s: None), **kw)
+    return Learner(
+        cfg,
+        learner_topo(len(links)),
+        spec,
+        wire,
+        log,
+        learner_ends(wire, links),
+        say=kw.pop("say", lambda s: None),
+        **kw,
+    )
 
 
 def make_buffer(cfg, spec, wire, log, link=None, **kw):

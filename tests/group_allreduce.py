@@ -1,6 +1,7 @@
 """Run under `mpirun -n K`: K learners with AllreduceSync, each on its own batch, against one
 lone learner (rank 0) on the K batches concatenated; rank 0 prints the largest parameter
 difference and the Adam state's as JSON (used by tests/test_learner_group.py)."""
+
 import dataclasses
 import json
 import sys
@@ -10,9 +11,9 @@ import torch
 from mpi4py import MPI
 
 from mpirl.agent import envs
-from mpirl.run.config import Config
-from mpirl.roles.learner_group import AllreduceSync, bcast_weights
 from mpirl.agent.train_step import TrainStep
+from mpirl.roles.learner_group import AllreduceSync, bcast_weights
+from mpirl.run.config import Config
 from mpirl.transport.wire import transition_dtype
 
 comm = MPI.COMM_WORLD
@@ -51,9 +52,15 @@ for u in range(UPDATES):
         lone.step(rec, w)
 if rank == 0:
     diff = max(float((a - b).abs().max()) for a, b in zip(group.params, lone.params))
-    tdiff = max(float((a - b).abs().max()) for a, b in zip(group.target.parameters(),
-                                                           lone.target.parameters()))
-    moved = max(float((a - b).abs().max()) for a, b in zip(
-        group.params, TrainStep(cfg, spec).params))
-    print(json.dumps({"param_diff": diff, "target_diff": tdiff, "moved": moved,
-                      "updates": group.updates}))
+    tdiff = max(
+        float((a - b).abs().max())
+        for a, b in zip(group.target.parameters(), lone.target.parameters())
+    )
+    moved = max(
+        float((a - b).abs().max()) for a, b in zip(group.params, TrainStep(cfg, spec).params)
+    )
+    print(
+        json.dumps(
+            {"param_diff": diff, "target_diff": tdiff, "moved": moved, "updates": group.updates}
+        )
+    )

@@ -1,6 +1,7 @@
 """The images extra's modules for tests/test_images*.py: skip those tests when the extra is not
 installed, unless MPIRL_REQUIRE_IMAGES=1 (set by .ci/run), where an import that fails is an
 error: in CI a broken or missing dependency must not turn the image tests into silent skips."""
+
 from __future__ import annotations
 
 import importlib
@@ -21,5 +22,8 @@ def require() -> None:
         try:
             importlib.import_module(name)
         except Exception as e:  # ImportError, or a module that breaks while importing
-            pytest.fail(f"MPIRL_REQUIRE_IMAGES is set but {name} does not import "
-                        f"({type(e).__name__}: {e}); pip install -e \".[images]\"", pytrace=False)
+            pytest.fail(
+                f"MPIRL_REQUIRE_IMAGES is set but {name} does not import "
+                f'({type(e).__name__}: {e}); pip install -e ".[images]"',
+                pytrace=False,
+            )

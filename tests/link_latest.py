@@ -2,6 +2,7 @@
 slow emulated link, then a STOP; rank 1 times what arrives.  Prints JSON on rank 0 (used by
 tests/test_weights_link.py).  Rank 1 keeps receiving after the STOP, as a buffer does, until
 rank 0 has flushed its link: the weights waiting in the slot enter the wire after the STOP."""
+
 import json
 import sys
 import time
@@ -31,9 +32,17 @@ if rank == 0:
     comm.Send([np.array([t_stop]), MPI.DOUBLE], dest=1, tag=99)
     got = np.empty(2)
     comm.Recv([got, MPI.DOUBLE], source=1, tag=98)
-    print(json.dumps({"posted": posted, "most_waiting_bytes": most,
-                      "replaced": link.latest_replaced, "stop_delay_s": got[0] - t_stop,
-                      "weights_received": int(got[1])}))
+    print(
+        json.dumps(
+            {
+                "posted": posted,
+                "most_waiting_bytes": most,
+                "replaced": link.latest_replaced,
+                "stop_delay_s": got[0] - t_stop,
+                "weights_received": int(got[1]),
+            }
+        )
+    )
 else:
     weights, t_stop_arrived = 0, None
     while t_stop_arrived is None or not comm.Iprobe(source=0, tag=99):  # 0 has flushed

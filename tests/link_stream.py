@@ -1,5 +1,6 @@
 """Run under `mpirun -n 2`: stream messages over an emulated link in both directions and print
 what arrived when, as JSON on rank 0 (used by tests/test_link_emulation.py)."""
+
 import json
 import sys
 import time

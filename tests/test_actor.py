@@ -3,6 +3,7 @@ a one-rank communicator steps real CartPole envs, its EXPERIENCE messages are ca
 transition is checked against the n-step transitions `mpirl.agent.nstep.NStep` builds from the same
 env steps (recorded by a wrapper), with the initial priorities recomputed from the actor's
 network."""
+
 from collections import Counter
 from types import SimpleNamespace
 
@@ -12,11 +13,11 @@ import pytest
 from fakes import RecordingPort
 from mpi4py import MPI
 
+from mpirl.agent.envs import inspect
+from mpirl.agent.nstep import NStep
+from mpirl.logs.runlog import RunLog
 from mpirl.roles import actor as actor_mod
 from mpirl.run.config import Config
-from mpirl.agent.envs import inspect
-from mpirl.logs.runlog import RunLog
-from mpirl.agent.nstep import NStep
 from mpirl.transport.topology import layout
 from mpirl.transport.wire import Tag
 
@@ -41,8 +42,13 @@ class _Record(gym.Wrapper):
 
 @pytest.mark.parametrize("n_step", [1, 3])
 def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, run_wire, n_step):
-    cfg = Config(n_step=n_step, envs_per_actor=3, actor_chunk=16, hidden=(16,),
-                 env_kwargs={"max_episode_steps": 12})  # truncations as well as terminations
+    cfg = Config(
+        n_step=n_step,
+        envs_per_actor=3,
+        actor_chunk=16,
+        hidden=(16,),
+        env_kwargs={"max_episode_steps": 12},
+    )  # truncations as well as terminations
     spec, wire = run_wire(cfg, inspect(cfg.env), role="actor")
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
     with RunLog(tmp_path / "actor-2.h5", {}, flush_seconds=60) as log:
@@ -67,8 +73,15 @@ def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, run_wire,
         m = wire.unpack(buf, tag)
         rec = m.arrays["records"]
         for i in range(m.count):
-            got[(rec["obs"][i].tobytes(), int(rec["action"][i]), round(float(rec["reward"][i]), 5),
-                 rec["next_obs"][i].tobytes(), round(float(rec["discount"][i]), 5))] += 1
+            got[
+                (
+                    rec["obs"][i].tobytes(),
+                    int(rec["action"][i]),
+                    round(float(rec["reward"][i]), 5),
+                    rec["next_obs"][i].tobytes(),
+                    round(float(rec["discount"][i]), 5),
+                )
+            ] += 1
         # the initial priority, recomputed: |R + discount * max_a Q(s') - Q(s, a)|
         q_s = a.q(rec["obs"])[np.arange(m.count), rec["action"]]
         want = np.abs(rec["reward"] + rec["discount"] * a.q(rec["next_obs"]).max(axis=1) - q_s)
@@ -79,8 +92,15 @@ def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, run_wire,
         ns = NStep(n_step, cfg.gamma)
         for obs, act, r, nxt, term, trunc in steps:
             for t in ns.push(obs, act, r, nxt, term, trunc):
-                expected[(t[0].astype(np.float32).tobytes(), t[1], round(t[2], 5),
-                          np.asarray(t[3], np.float32).tobytes(), round(t[4], 5))] += 1
+                expected[
+                    (
+                        t[0].astype(np.float32).tobytes(),
+                        t[1],
+                        round(t[2], 5),
+                        np.asarray(t[3], np.float32).tobytes(),
+                        round(t[4], 5),
+                    )
+                ] += 1
     assert sum(len(s) for s in recorded) == a.env_steps == 1200
     assert any(s[5] for steps in recorded for s in steps)  # a truncation happened
     assert any(s[4] for steps in recorded for s in steps)  # and a termination

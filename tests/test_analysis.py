@@ -1,5 +1,6 @@
 """analysis/: tables, ratios, plots and report from short REAL runs of both placements, also while
 a writer still holds a file open, without summary.json, and with fields cut by a kill."""
+
 from __future__ import annotations
 
 import ast
@@ -24,10 +25,29 @@ from analysis.runs import find_runs, load_run, read_h5
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None  # the optional analysis extra
-SHORT = ["--max-seconds", "8", "--target-return", "none", "--flush-seconds", "1",
-         "--progress-seconds", "2", "--hidden", "32", "32", "--learning-starts", "200",
-         "--eval-every", "100", "--eval-episodes", "3", "--reference-set", "auto",
-         "--reference-size", "500"]
+SHORT = [
+    "--max-seconds",
+    "8",
+    "--target-return",
+    "none",
+    "--flush-seconds",
+    "1",
+    "--progress-seconds",
+    "2",
+    "--hidden",
+    "32",
+    "32",
+    "--learning-starts",
+    "200",
+    "--eval-every",
+    "100",
+    "--eval-episodes",
+    "3",
+    "--reference-set",
+    "auto",
+    "--reference-size",
+    "500",
+]
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +57,9 @@ def experiment(tmp_path_factory) -> Path:
     dirs = {"learner": exp / "existing", "buffer": exp / "proposed" / "seed0"}
 
     def one(replay_at: str):
-        return run_mpirl(3, "--replay-at", replay_at, "--run-dir", str(dirs[replay_at]), *SHORT,
-                         timeout=120)
+        return run_mpirl(
+            3, "--replay-at", replay_at, "--run-dir", str(dirs[replay_at]), *SHORT, timeout=120
+        )
 
     with ThreadPoolExecutor(2) as pool:  # both at once: the test suite's time, not CPU, is short
         done = dict(zip(dirs, pool.map(one, dirs), strict=True))
@@ -60,21 +81,36 @@ def _copy_run(src: Path, dst: Path) -> Path:
 
 # --- no mpirl in analysis/ -----------------------------------------------------------------------
 
+
 def test_analysis_never_imports_mpirl():
     for path in sorted((ROOT / "analysis").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if path.name == "to_tensorboard.py":  # the live mirror's mapping, mpirl.logs.dashboard
                 names = [n for n in names if n != "mpirl.logs.dashboard"]
-            assert not any(n == "mpirl" or n.startswith("mpirl.") for n in names), \
+            assert not any(n == "mpirl" or n.startswith("mpirl.") for n in names), (
                 f"{path.name} imports {names}"
-    code = ("import sys; sys.modules['mpirl'] = None\n"  # any import of mpirl now fails
-            "import analysis.compare, analysis.schema, analysis.plots, analysis.metrics\n"
-            "analysis.compare.main(['--help'])")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       check=False, timeout=60)
+            )
+    code = (
+        "import sys; sys.modules['mpirl'] = None\n"  # any import of mpirl now fails
+        "import analysis.compare, analysis.schema, analysis.plots, analysis.metrics\n"
+        "analysis.compare.main(['--help'])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert p.returncode == 0 and "EXPERIMENT_DIR" in p.stdout, p.stderr
 
 
@@ -86,6 +122,7 @@ def test_transfer_kinds_are_the_wire_tags():
 
 
 # --- the after-convergence window (pure) ---------------------------------------------------------
+
 
 def test_settle_index_finds_the_plateau_or_falls_back():
     rng = np.random.default_rng(0)
@@ -107,14 +144,17 @@ def test_settle_index_finds_the_plateau_or_falls_back():
 
 # --- tables, ratios, plots on real runs ----------------------------------------------------------
 
+
 def test_table_has_one_profile_two_placements_and_every_row(experiment, compared):
     profiles, out = compared
     assert len(find_runs(experiment)) == 2
     assert len(profiles) == 1
     p = profiles[0]
     assert p.label == "CartPole-v1, link none"
-    assert [g.label for g in p.groups] == ["existing (replay_at=learner)",
-                                           "proposed (replay_at=buffer)"]
+    assert [g.label for g in p.groups] == [
+        "existing (replay_at=learner)",
+        "proposed (replay_at=buffer)",
+    ]
     lines = p.table.splitlines()
     header = lines[0]
     assert "proposed / existing" in header and "paper (proposed / existing)" in header
@@ -126,8 +166,10 @@ def test_table_has_one_profile_two_placements_and_every_row(experiment, compared
     # the computed cells (existing, proposed, ratio) against the metrics computed by hand from
     # the files; the paper's figures only in the last column
     he, hp = _hand(experiment / "existing"), _hand(experiment / "proposed" / "seed0")
-    for key, start in (("train_loss_conv", "training loss after convergence"),
-                       ("prio_held_conv", "transferred priority after convergence: held")):
+    for key, start in (
+        ("train_loss_conv", "training loss after convergence"),
+        ("prio_held_conv", "transferred priority after convergence: held"),
+    ):
         cells = _cells(next(r for r in rows if r.startswith(f"| {start}")))
         assert len(cells) == 5, cells
         assert cells[1].endswith(" (n=1)") and cells[2].endswith(" (n=1)"), cells
@@ -169,8 +211,9 @@ def _hand(run_dir: Path) -> dict:
     after = x["t"] >= t[start]
     return {
         "train_loss_conv": float(np.mean(loss[start:].astype("f8"))),
-        "prio_held_conv": float(np.sum(x["priority_mean"][after] * x["n"][after])
-                                / np.sum(x["n"][after])),
+        "prio_held_conv": float(
+            np.sum(x["priority_mean"][after] * x["n"][after]) / np.sum(x["n"][after])
+        ),
         "link_bytes_per_update": (summary["link_bytes_in"] + summary["link_bytes_out"])
         / summary["updates"],
     }
@@ -187,8 +230,7 @@ def test_ratios_are_computed_from_the_data(experiment, compared):
         assert P.ratio(proposed, existing, key) == pytest.approx(want, rel=1e-6), key
     row = next(r for r in profiles[0].table.splitlines() if "held by sender" in r)
     ratio_cell = row.strip("| ").split(" | ")[3]
-    assert float(ratio_cell) == pytest.approx(hp["prio_held_conv"] / he["prio_held_conv"],
-                                              rel=5e-3)
+    assert float(ratio_cell) == pytest.approx(hp["prio_held_conv"] / he["prio_held_conv"], rel=5e-3)
 
 
 @pytest.mark.skipif(not HAVE_MPL, reason="matplotlib not installed: pip install -e '.[analysis]'")
@@ -206,9 +248,14 @@ def test_plots_are_written(compared):
 def test_cli_writes_report_into_the_default_folder(experiment, tmp_path):
     exp = tmp_path / "exp"
     shutil.copytree(experiment, exp)
-    p = subprocess.run([sys.executable, "-m", "analysis.compare", str(exp), "--no-plots",
-                        "--target", "5"], cwd=ROOT, capture_output=True, text=True,
-                       check=False, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "analysis.compare", str(exp), "--no-plots", "--target", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert "| training loss after convergence" in p.stdout
     assert (exp / "analysis" / "report.md").exists()
@@ -248,6 +295,7 @@ def test_loop_start_is_the_recorded_attribute_else_the_estimate(experiment, tmp_
 
 
 # --- runs that are not finished ------------------------------------------------------------------
+
 
 def test_run_without_summary_json(experiment, tmp_path):
     run = _copy_run(experiment / "existing", tmp_path / "exp" / "r")
@@ -313,8 +361,13 @@ def test_reads_a_run_while_the_writer_holds_its_file_open(experiment, tmp_path):
     (run / "summary.json").unlink()
     src = run / "learner.h5"
     src.rename(run / "finished.h5")
-    w = subprocess.Popen([sys.executable, "-c", WRITER, str(run / "finished.h5"), str(src)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    w = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(run / "finished.h5"), str(src)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert w.stdout.readline().strip() == "flushed"
         with h5py.File(run / "finished.h5", "r") as f:
@@ -337,6 +390,7 @@ def test_reads_a_run_while_the_writer_holds_its_file_open(experiment, tmp_path):
 
 
 # --- metrics defined the same way in both placements (issue 14, item 3) -----------------------
+
 
 def test_reference_loss_and_arrival_subsample_are_logged_alike(experiment):
     """Both placements: the same reference set contents (hash checked), a finite reference loss
@@ -362,6 +416,7 @@ def test_reference_loss_and_arrival_subsample_are_logged_alike(experiment):
 
 # --- the schema doc ------------------------------------------------------------------------------
 
+
 def test_schema_markdown_and_docs_cover_every_dataset(experiment):
     from analysis.schema import describe_run
 
@@ -373,8 +428,11 @@ def test_schema_markdown_and_docs_cover_every_dataset(experiment):
     docs = (ROOT / "docs" / "hdf5.md").read_text()
     sections = {sec.split("`")[1]: sec for sec in docs.split("\n### ")[1:]}
     missing = []
-    for label, name in (("learner.h5", "learner.h5"), ("buffer-<site>.h5", "buffer-0.h5"),
-                        ("actor-<rank>.h5", "actor-2.h5")):
+    for label, name in (
+        ("learner.h5", "learner.h5"),
+        ("buffer-<site>.h5", "buffer-0.h5"),
+        ("actor-<rank>.h5", "actor-2.h5"),
+    ):
         streams = {part.split("`")[0]: part for part in sections.get(label, "").split("**`/")[1:]}
         with h5py.File(run / name, "r") as f:
             for g in f.values():

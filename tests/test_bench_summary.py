@@ -1,13 +1,15 @@
 """The benches' own output. bench/time_to_target.py's summary: a seed that never reached the
 target is reported and counted, never dropped (NaN used to vanish from statistics.median,
 depending on the order). bench/learner_loop.py's dry run."""
+
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 spec = importlib.util.spec_from_file_location(
-    "time_to_target", Path(__file__).resolve().parents[1] / "bench" / "time_to_target.py")
+    "time_to_target", Path(__file__).resolve().parents[1] / "bench" / "time_to_target.py"
+)
 ttt = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ttt)
 
@@ -32,9 +34,11 @@ def test_a_failed_seed_moves_the_median_in_any_order(order):
 
 
 def test_table_lists_failures_and_never_divides_by_a_missing_median():
-    results = {"mpirl buffer": [ok(20.0, 1e5), failed("max_seconds after 600 s"), ok(30.0, 2e5)],
-               "mpirl learner": [failed(), ok(40.0), failed()],
-               "SB3 DQN": [ok(100.0), ok(110.0), ok(120.0)]}
+    results = {
+        "mpirl buffer": [ok(20.0, 1e5), failed("max_seconds after 600 s"), ok(30.0, 2e5)],
+        "mpirl learner": [failed(), ok(40.0), failed()],
+        "SB3 DQN": [ok(100.0), ok(110.0), ok(120.0)],
+    }
     table = ttt.summary_table(results, [0, 1, 2])
     rows = {ln.split(" | ")[0][2:]: ln for ln in table.splitlines() if ln.startswith("| ")}
     assert "| 2/3 | 30.0 | 20, not reached, 30 | 200,000 | 0.27 |" in rows["mpirl buffer"]
@@ -44,8 +48,11 @@ def test_table_lists_failures_and_never_divides_by_a_missing_median():
     assert "- mpirl buffer, seed 1: not reached (max_seconds after 600 s)" in table
     assert sum(ln.startswith("- mpirl learner, seed ") for ln in table.splitlines()) == 2
     sb3_failed = dict(results, **{"SB3 DQN": [failed(), failed(), ok(5.0)]})
-    row = next(ln for ln in ttt.summary_table(sb3_failed, [0, 1, 2]).splitlines()
-               if ln.startswith("| mpirl buffer"))
+    row = next(
+        ln
+        for ln in ttt.summary_table(sb3_failed, [0, 1, 2]).splitlines()
+        if ln.startswith("| mpirl buffer")
+    )
     assert row.endswith("n/a (the reference median seed did not reach the target) |")
 
 
@@ -58,9 +65,14 @@ def test_learner_loop_bench_dry_run():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run([sys.executable, str(root / "bench" / "learner_loop.py"), "--dry-run",
-                        "--steps"], capture_output=True, text=True, timeout=300, cwd=root,
-                       check=False)
+    p = subprocess.run(
+        [sys.executable, str(root / "bench" / "learner_loop.py"), "--dry-run", "--steps"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     median = re.search(r"\| median \| ([\d,]+) \| ([\d,]+) \| \*\*([\d.]+)\*\* \|", p.stdout)
     assert median, p.stdout

@@ -3,6 +3,7 @@ the live memory a chunk at a time: neither needs a second copy of a memory of gi
 documented 1M-transition Pong memory is 8.45 GB).  tracemalloc counts numpy's buffers, so its
 peak is the extra memory a checkpoint or a restore takes; the resume is also measured as the
 process's peak RSS."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirl.run import checkpoint as ck
 from mpirl.replay import FrameReplay, PrioritizedReplay
+from mpirl.run import checkpoint as ck
 from mpirl.transport.wire import transition_dtype
 
 
@@ -67,10 +68,13 @@ def test_checkpoint_peak_memory_is_a_fraction_of_the_ring(tmp_path, make):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    print(f"{make.__name__}: ring {ring / 2**20:.1f} MiB, peak extra while saving "
-          f"{peak / 2**20:.1f} MiB")
-    assert peak < ring / 8, f"a checkpoint took {peak / 2**20:.1f} MiB beside a " \
-                            f"{ring / 2**20:.1f} MiB ring"
+    print(
+        f"{make.__name__}: ring {ring / 2**20:.1f} MiB, peak extra while saving "
+        f"{peak / 2**20:.1f} MiB"
+    )
+    assert peak < ring / 8, (
+        f"a checkpoint took {peak / 2**20:.1f} MiB beside a {ring / 2**20:.1f} MiB ring"
+    )
     # what was written is what the manifest says, and restores the same memory
     path = tmp_path / ck.DIRNAME / "000001" / "buffer-0.npz"
     want = part["files"]["buffer-0.npz"]
@@ -128,10 +132,13 @@ def test_resume_peak_memory_is_a_fraction_of_the_ring(tmp_path, make):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    print(f"{make.__name__}: ring {ring / 2**20:.1f} MiB, peak extra while restoring "
-          f"{peak / 2**20:.1f} MiB")
-    assert peak < ring / 8, f"a resume took {peak / 2**20:.1f} MiB beside a " \
-                            f"{ring / 2**20:.1f} MiB ring"
+    print(
+        f"{make.__name__}: ring {ring / 2**20:.1f} MiB, peak extra while restoring "
+        f"{peak / 2**20:.1f} MiB"
+    )
+    assert peak < ring / 8, (
+        f"a resume took {peak / 2**20:.1f} MiB beside a {ring / 2**20:.1f} MiB ring"
+    )
     _same_memory(back, memory)
 
 
@@ -170,18 +177,28 @@ def test_resume_peak_rss_is_the_memory_plus_a_chunk(tmp_path):
     _saved(tmp_path, memory)
     del memory
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", RESUME_RSS, str(tmp_path)], capture_output=True,
-                       text=True, env=env, timeout=300, check=False)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", RESUME_RSS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     empty, restored, peak = (int(x) * 1024 for x in p.stdout.split())
-    print(f"RSS: {empty / 2**20:.1f} MiB with the memory built empty, {restored / 2**20:.1f} "
-          f"MiB restored, peak {peak / 2**20:.1f} MiB: {(peak - empty) / 2**20:.1f} MiB for "
-          f"the resume ({ring / 2**20:.1f} MiB ring, chunks of {COPY_BYTES / 2**20:.0f} MiB)")
-    assert peak - empty < ring + 3 * COPY_BYTES, \
-        f"the resume of a {ring / 2**20:.1f} MiB ring peaked {(peak - empty) / 2**20:.1f} MiB " \
+    print(
+        f"RSS: {empty / 2**20:.1f} MiB with the memory built empty, {restored / 2**20:.1f} "
+        f"MiB restored, peak {peak / 2**20:.1f} MiB: {(peak - empty) / 2**20:.1f} MiB for "
+        f"the resume ({ring / 2**20:.1f} MiB ring, chunks of {COPY_BYTES / 2**20:.0f} MiB)"
+    )
+    assert peak - empty < ring + 3 * COPY_BYTES, (
+        f"the resume of a {ring / 2**20:.1f} MiB ring peaked {(peak - empty) / 2**20:.1f} MiB "
         "above the memory built empty"
+    )
 
 
 def test_part_checksum_is_taken_while_writing(tmp_path, monkeypatch):
@@ -195,8 +212,11 @@ def test_part_checksum_is_taken_while_writing(tmp_path, monkeypatch):
         raise AssertionError(f"write_part read {path} back to hash it")
 
     monkeypatch.setattr(ck, "_sha256", read_back)
-    arrays = {"a": np.arange(10_000, dtype=np.float64)[::3], "b": np.zeros((0, 4), np.uint8),
-              "c": np.array(7, np.int64)}
+    arrays = {
+        "a": np.arange(10_000, dtype=np.float64)[::3],
+        "b": np.zeros((0, 4), np.uint8),
+        "c": np.array(7, np.int64),
+    }
     part = ck.write_part(tmp_path, 3, "learner", {}, arrays, {"w": torch.arange(5.0)})
     d = tmp_path / ck.DIRNAME / "000003"
     for fname, want in part["files"].items():
@@ -214,9 +234,9 @@ def test_checkpoint_time_limits_grow_with_the_memory():
     ~340 s at that rate, which the fixed 120 s limit turned into an abort."""
     pytest.importorskip("ale_py")
     from mpirl.agent import envs
-    from mpirl.run.config import Config
-    from mpirl.roles.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
     from mpirl.replay.build import replay_footprint
+    from mpirl.roles.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
+    from mpirl.run.config import Config
 
     cfg = Config(env="ALE/Pong-v5", replay_capacity=1_000_000)
     spec = envs.inspect(cfg.env)

@@ -10,23 +10,41 @@ def test_defaults_valid():
 
 
 def test_cli_values():
-    cfg = parse(["--replay-at", "learner", "--hidden", "32", "32", "--target-return", "none",
-                 "--no-dueling", "--max-seconds", "10"])
+    cfg = parse(
+        [
+            "--replay-at",
+            "learner",
+            "--hidden",
+            "32",
+            "32",
+            "--target-return",
+            "none",
+            "--no-dueling",
+            "--max-seconds",
+            "10",
+        ]
+    )
     assert cfg.replay_at == "learner" and cfg.hidden == (32, 32)
     assert cfg.target_return == float("inf") and cfg.max_seconds == 10.0  # disabled
     assert parse([]).target_return is None  # default: the env's threshold
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--batch-size", "0"], "batch_size=0 must be an integer > 0"),
-    (["--gamma", "1.5"], "gamma=1.5"),
-    (["--replay-capacity", "10", "--batch-size", "64"], "batch_size=64 must be <= replay_capacity=10"),
-    (["--link", "moon"], "link='moon'"),
-    (["--lr", "-1"], "lr=-1.0 must be > 0"),
-    (["--hidden", "0"], "hidden=(0,)"),
-    (["--arrival-sample", "-1"], "arrival_sample=-1 must be an integer >= 0"),
-    (["--reference-size", "0"], "reference_size=0 must be an integer > 0"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--batch-size", "0"], "batch_size=0 must be an integer > 0"),
+        (["--gamma", "1.5"], "gamma=1.5"),
+        (
+            ["--replay-capacity", "10", "--batch-size", "64"],
+            "batch_size=64 must be <= replay_capacity=10",
+        ),
+        (["--link", "moon"], "link='moon'"),
+        (["--lr", "-1"], "lr=-1.0 must be > 0"),
+        (["--hidden", "0"], "hidden=(0,)"),
+        (["--arrival-sample", "-1"], "arrival_sample=-1 must be an integer >= 0"),
+        (["--reference-size", "0"], "reference_size=0 must be an integer > 0"),
+    ],
+)
 def test_bad_values(argv, match):
     with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
         parse(argv)
@@ -81,11 +99,14 @@ def test_env_kwargs_and_wrappers_from_cli_toml_and_stored(tmp_path):
     assert parse([]).env_kwargs is None and parse([]).wrapper_specs() == []
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--env-kwargs", "{n: 3}"], "env_kwargs='{n: 3}' is not valid JSON"),
-    (["--env-kwargs", "[3]"], "must be a JSON object"),
-    (["--env-wrappers", "no_colon"], "'no_colon' must be 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--env-kwargs", "{n: 3}"], "env_kwargs='{n: 3}' is not valid JSON"),
+        (["--env-kwargs", "[3]"], "must be a JSON object"),
+        (["--env-wrappers", "no_colon"], "'no_colon' must be 'module:function'"),
+    ],
+)
 def test_bad_env_options(argv, match):
     with pytest.raises(ConfigError, match=match.replace("[", r"\[")):
         parse(argv)
@@ -101,9 +122,11 @@ def test_weights_flags(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("weights_every = 50\n")
     assert parse(["--config", str(toml)]).weights_every_fixed() == 50
-    for argv, match in [(["--weights-every", "0"], "weights_every='0'"),
-                        (["--weights-every", "often"], "weights_every='often'"),
-                        (["--weights-link-share", "1.5"], "weights_link_share=1.5"),
-                        (["--weights-keyframe-every", "0"], "weights_keyframe_every=0")]:
+    for argv, match in [
+        (["--weights-every", "0"], "weights_every='0'"),
+        (["--weights-every", "often"], "weights_every='often'"),
+        (["--weights-link-share", "1.5"], "weights_link_share=1.5"),
+        (["--weights-keyframe-every", "0"], "weights_keyframe_every=0"),
+    ]:
         with pytest.raises(ConfigError, match=match):
             parse(argv)

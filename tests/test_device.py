@@ -1,5 +1,6 @@
 """The learner's device (--device, --amp), the prefetching train step, the evaluation runners and
 bench/gpu.py.  Everything here runs on CPU; the CUDA tests skip cleanly without a GPU."""
+
 from __future__ import annotations
 
 import copy
@@ -12,10 +13,10 @@ import pytest
 import torch
 from mpirun import run_mpirl
 
-from mpirl.run import checkpoint as ck
-from mpirl.run.config import Config, ConfigError, parse, to_dict
 from mpirl.agent.envs import inspect
 from mpirl.agent.train_step import TrainStep
+from mpirl.run import checkpoint as ck
+from mpirl.run.config import Config, ConfigError, parse, to_dict
 from mpirl.transport.wire import transition_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,8 +54,10 @@ def test_config_checks_device_and_amp():
 
 def test_resume_may_move_the_learner_to_another_device(tmp_path):
     stored = to_dict(parse(["--device", "cuda", "--amp", "bf16"]))
-    cfg = parse(["--resume", str(tmp_path), "--device", "cpu", "--amp", "off", "--evaluator",
-                 "inline"], stored=stored)
+    cfg = parse(
+        ["--resume", str(tmp_path), "--device", "cpu", "--amp", "off", "--evaluator", "inline"],
+        stored=stored,
+    )
     assert (cfg.device, cfg.amp, cfg.evaluator) == ("cpu", "off", "inline")
 
 
@@ -98,8 +101,9 @@ def _cuda_tagged_save(monkeypatch):
     import torch.serialization as ser
 
     real = ser.location_tag
-    monkeypatch.setattr(ser, "location_tag",
-                        lambda storage: "cuda:0" if real(storage) == "cpu" else real(storage))
+    monkeypatch.setattr(
+        ser, "location_tag", lambda storage: "cuda:0" if real(storage) == "cpu" else real(storage)
+    )
 
 
 def test_checkpoint_written_on_a_gpu_resumes_on_cpu(tmp_path, monkeypatch):
@@ -110,8 +114,12 @@ def test_checkpoint_written_on_a_gpu_resumes_on_cpu(tmp_path, monkeypatch):
     a = _step()
     for rec, w in data[:2]:
         a.step(rec, w)
-    state = {"online": a.online.state_dict(), "target": a.target.state_dict(),
-             "optimizer": a.opt.state_dict(), "torch_rng": torch.get_rng_state()}
+    state = {
+        "online": a.online.state_dict(),
+        "target": a.target.state_dict(),
+        "optimizer": a.opt.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
     with monkeypatch.context() as m:
         _cuda_tagged_save(m)
         ck.write_part(tmp_path, 1, "learner", {"updates": 2}, None, state)
@@ -148,16 +156,17 @@ def test_evaluation_runners_agree(kind):
     sys.path.insert(0, str(ROOT / "bench"))
     from evaluation import balancing_params
 
-    from mpirl.roles.evaluation import make_runner
     from mpirl.agent.qnet import n_params
+    from mpirl.roles.evaluation import make_runner
 
     cfg = Config(eval_episodes=3)
     spec = inspect(cfg.env)
     r = make_runner(kind, cfg, spec)
     try:
         got = []
-        for rnd, flat in enumerate([balancing_params(cfg.hidden),
-                                    np.zeros(n_params(4, 2, cfg.hidden, False), np.float32)]):
+        for rnd, flat in enumerate(
+            [balancing_params(cfg.hidden), np.zeros(n_params(4, 2, cfg.hidden, False), np.float32)]
+        ):
             r.request(flat, rnd, 100 * rnd, 7)
             assert r.busy
             with pytest.raises(RuntimeError, match="in flight"):
@@ -189,14 +198,21 @@ def test_evaluation_runners_agree(kind):
 @pytest.mark.mpi
 def test_gpu_bench_dry_run():
     """bench/gpu.py --dry-run: the CUDA bench's code paths on CPU (tiny counts)."""
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--dry-run"],
-                       capture_output=True, text=True, timeout=400, cwd=ROOT, check=False)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "| Nature CNN (Atari 4x84x84) | 32 |" in p.stdout
     assert "### Pipeline runs" in p.stdout
 
 
 # ---- CUDA only ---------------------------------------------------------------------------------
+
 
 @CUDA
 @pytest.mark.parametrize("amp", ["off", "bf16"])
@@ -208,8 +224,9 @@ def test_cuda_train_step_follows_cpu(amp):
         lb, _ = b.step(rec, w)
     tol = 1e-4 if amp == "off" else 5e-2
     np.testing.assert_allclose(lb, la, rtol=tol * 10, atol=tol)
-    np.testing.assert_allclose(b.online.flat_params(), a.online.flat_params(), rtol=tol * 10,
-                               atol=tol)
+    np.testing.assert_allclose(
+        b.online.flat_params(), a.online.flat_params(), rtol=tol * 10, atol=tol
+    )
 
 
 @CUDA
@@ -218,8 +235,12 @@ def test_cpu_checkpoint_resumes_on_cuda(tmp_path):
     a = _step()
     for rec, w in data[:2]:
         a.step(rec, w)
-    state = {"online": a.online.state_dict(), "target": a.target.state_dict(),
-             "optimizer": a.opt.state_dict(), "torch_rng": torch.get_rng_state()}
+    state = {
+        "online": a.online.state_dict(),
+        "target": a.target.state_dict(),
+        "optimizer": a.opt.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
     ck.write_part(tmp_path, 1, "learner", {"updates": 2}, None, state)
     ck.write_manifest(tmp_path, 1, ["learner"], {"config": {}, "world_size": 3, "layout": []})
     part = ck.load_part(tmp_path, ck.select(tmp_path)[0], "learner")
@@ -237,8 +258,20 @@ def test_cpu_checkpoint_resumes_on_cuda(tmp_path):
 @pytest.mark.mpi
 @CUDA
 def test_cuda_end_to_end(tmp_path):
-    p = run_mpirl(3, "--device", "cuda", "--run-dir", str(tmp_path / "run"), "--max-seconds",
-                  "10", "--target-return", "none", "--learning-starts", "200", timeout=180)
+    p = run_mpirl(
+        3,
+        "--device",
+        "cuda",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--max-seconds",
+        "10",
+        "--target-return",
+        "none",
+        "--learning-starts",
+        "200",
+        timeout=180,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "learner on cuda" in p.stdout
     import h5py

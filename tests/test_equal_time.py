@@ -1,5 +1,6 @@
 """analysis.equal_time: docs/results.md's equal-wall-time section from committed rows, on
 synthetic rows whose effects are known, so every branch of the Plan's rule is reached."""
+
 from __future__ import annotations
 
 import csv
@@ -14,21 +15,53 @@ from analysis.export import CURVE_FIELDS, GRID, RUN_FIELDS
 SEEDS = range(20)
 
 
-def _rows(cell, arm, rng, *, loss=1.0, prio=1.0, auc=100.0, noise=0.05, P=12000.0, U=187.5,
-          seeds=SEEDS, target=475.0, reach_t=50.0, P_req=None, U_req=None):
+def _rows(
+    cell,
+    arm,
+    rng,
+    *,
+    loss=1.0,
+    prio=1.0,
+    auc=100.0,
+    noise=0.05,
+    P=12000.0,
+    U=187.5,
+    seeds=SEEDS,
+    target=475.0,
+    reach_t=50.0,
+    P_req=None,
+    U_req=None,
+):
     out = []
     for s in seeds:
         jitter = lambda: math.exp(noise * rng.standard_normal())  # noqa: E731
-        out.append({"run": f"runs/x/{cell}/replay_at={arm}/seed{s}", "cell": cell,
-                    "replay_at": arm, "seed": s, "T": 90.0, "P": P, "U": U, "rho": U * 64 / P,
-                    "P_requested": P_req or P, "U_requested": U_req or U,
-                    "delivered_fraction": 0.5 if arm == "learner" else "",
-                    "train_loss": loss * jitter(), "train_loss_unweighted": loss * jitter(),
-                    "prio_td_held": prio * jitter(), "prio_held": prio * jitter(),
-                    "arrival_td": prio * jitter(), "auc_return": auc * jitter(),
-                    "final_return": auc * jitter(), "return_per_mb": auc * jitter(),
-                    "target": target, "reached": int(reach_t < 90),
-                    "time_to_target_s": min(reach_t * jitter(), 90.0), "load_max": 1.5})
+        out.append(
+            {
+                "run": f"runs/x/{cell}/replay_at={arm}/seed{s}",
+                "cell": cell,
+                "replay_at": arm,
+                "seed": s,
+                "T": 90.0,
+                "P": P,
+                "U": U,
+                "rho": U * 64 / P,
+                "P_requested": P_req or P,
+                "U_requested": U_req or U,
+                "delivered_fraction": 0.5 if arm == "learner" else "",
+                "train_loss": loss * jitter(),
+                "train_loss_unweighted": loss * jitter(),
+                "prio_td_held": prio * jitter(),
+                "prio_held": prio * jitter(),
+                "arrival_td": prio * jitter(),
+                "auc_return": auc * jitter(),
+                "final_return": auc * jitter(),
+                "return_per_mb": auc * jitter(),
+                "target": target,
+                "reached": int(reach_t < 90),
+                "time_to_target_s": min(reach_t * jitter(), 90.0),
+                "load_max": 1.5,
+            }
+        )
     return out
 
 
@@ -45,49 +78,73 @@ def _write(tmp_path, rows):
         for r in rows:
             for k in range(GRID + 1):
                 t = 90.0 * k / GRID
-                w.writerow({"run": r["run"], "t": t, "return": min(t * 5, 500), "link_mb": t,
-                            "train_loss": 1.0, "prio_td_held": 1.0})
+                w.writerow(
+                    {
+                        "run": r["run"],
+                        "t": t,
+                        "return": min(t * 5, 500),
+                        "link_mb": t,
+                        "train_loss": 1.0,
+                        "prio_td_held": 1.0,
+                    }
+                )
     return data
 
 
 @pytest.fixture
 def page(tmp_path):
     rng = np.random.default_rng(0)
-    rows = (_rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng, loss=0.26, prio=1.5)
-            + _rows("cell=B", "learner", rng, U=46.875)
-            + _rows("cell=B", "buffer", rng, loss=1.5, prio=4.0, U=30.0, U_req=46.875,
-                    auc=150.0, reach_t=30.0)
-            + _rows("cell=C", "learner", rng, loss=1.5, U=23.4)
-            + _rows("cell=M", "learner", rng, noise=0.5, P=4500, U=17.6, seeds=range(10),
-                    target=math.nan)
-            + _rows("cell=M", "buffer", rng, noise=0.5, P=4500, U=17.6, seeds=range(10),
-                    target=math.nan))
+    rows = (
+        _rows("cell=A", "learner", rng)
+        + _rows("cell=A", "buffer", rng, loss=0.26, prio=1.5)
+        + _rows("cell=B", "learner", rng, U=46.875)
+        + _rows(
+            "cell=B",
+            "buffer",
+            rng,
+            loss=1.5,
+            prio=4.0,
+            U=30.0,
+            U_req=46.875,
+            auc=150.0,
+            reach_t=30.0,
+        )
+        + _rows("cell=C", "learner", rng, loss=1.5, U=23.4)
+        + _rows(
+            "cell=M", "learner", rng, noise=0.5, P=4500, U=17.6, seeds=range(10), target=math.nan
+        )
+        + _rows(
+            "cell=M", "buffer", rng, noise=0.5, P=4500, U=17.6, seeds=range(10), target=math.nan
+        )
+    )
     data = _write(tmp_path, rows)
     return E.section(data), data
 
 
 def test_the_rule_gives_each_outcome(page):
     text, _ = page
+
     def line(prefix):
         return next(ln for ln in text.splitlines() if ln.startswith(prefix))
 
     assert line("| cell=A | training loss (0.26)").endswith("| matches the paper |")
     assert line("| cell=A | transferred priority").endswith(
-        "| same direction, smaller than the paper |")
+        "| same direction, smaller than the paper |"
+    )
     assert line("| cell=B | training loss (0.26)").endswith("| opposite direction |")
     assert line("| cell=B | transferred priority").endswith("| matches the paper |")
     assert line("| cell=M | training loss (0.26)").endswith("| inconclusive at n = 10 |")
     assert "Confirmatory family F: 6 tests" in text
     assert text.startswith("**training loss (paper 0.26x): reproduced.**")
-    assert "**transferred priority (|td|+eps) (paper 3.92x): not reproduced (same direction" \
-        in text
+    assert "**transferred priority (|td|+eps) (paper 3.92x): not reproduced (same direction" in text
 
 
 def test_marks_control_survival_and_map(page):
     text, _ = page
     # cell B's proposed placement did not hold its U (30 of 46.9): marked
-    assert "Marked: achieved rates miss the requested ones by more than 10%:** proposed U 30" \
-        in text
+    assert (
+        "Marked: achieved rates miss the requested ones by more than 10%:** proposed U 30" in text
+    )
     assert "#### cell=A" in text and "Marked" not in text.split("#### cell=A")[1].split("####")[0]
     # C's proposed arm is B's: the control compares against B's proposed runs
     assert "in cell C (equal)" in text

@@ -1,4 +1,5 @@
 """Bad input: one clear line from one rank, naming the value and the fix; non-zero exit; no hang."""
+
 import json
 from pathlib import Path
 
@@ -20,10 +21,16 @@ CASES = [
     # the user's own env (tests/toy_env.py, importable from the tests folder)
     (3, ["--env", "no_such_pkg.envs:Foo-v0"], "cannot import module 'no_such_pkg.envs'"),
     (3, ["--env-kwargs", '{"n": 3,}'], "is not valid JSON"),
-    (3, ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"colour": 1}'],
-     "takes no keyword argument 'colour'"),
-    (3, ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"continuous": true}'],
-     "needs a Discrete action space"),
+    (
+        3,
+        ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"colour": 1}'],
+        "takes no keyword argument 'colour'",
+    ),
+    (
+        3,
+        ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"continuous": true}'],
+        "needs a Discrete action space",
+    ),
     (3, ["--env-wrappers", "toy_env:NOT_CALLABLE"], "'toy_env:NOT_CALLABLE' is not callable"),
     (3, ["--env-wrappers", "toy_env:plus_one,nowhere:fn"], "cannot import module 'nowhere'"),
 ]
@@ -36,8 +43,8 @@ def config_error(n: int, *argv: str) -> str:
     (`mpirl.run.resources.local_row`, every rank on this host) and the verdict all of them reach
     from the gathered rows.  "" when the configuration passes."""
     from mpirl.run import resources
-    from mpirl.transport import topology
     from mpirl.run.config import ConfigError, parse
+    from mpirl.transport import topology
 
     try:
         cfg = parse(list(argv))
@@ -109,10 +116,27 @@ def test_sigterm_stops_cleanly(tmp_path):
     from mpirun import mpirun_cmd, stop_signal, wait_for_training
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([*mpirun_cmd(4), sys.executable, "-m", "mpirl.main",
-                             "--run-dir", str(run), "--max-seconds", "120", "--progress-seconds",
-                             "1", "--target-return", "none", "--hidden", "16"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *mpirun_cmd(4),
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--run-dir",
+            str(run),
+            "--max-seconds",
+            "120",
+            "--progress-seconds",
+            "1",
+            "--target-return",
+            "none",
+            "--hidden",
+            "16",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_training(proc, run)
     proc.send_signal(stop_signal())  # SIGTERM; Open MPI: SIGUSR1
     out, err = proc.communicate(timeout=60)
@@ -154,6 +178,7 @@ def test_sigterm_stops_cleanly(tmp_path):
 
 # ---- --resume: the same contract (one line from rank 0, non-zero exit, no hang) ---------------
 
+
 def _fake_run(path, world_size: int, garbage_part: str | None = None):
     """A run folder with a checkpoint written by mpirl.run.checkpoint, without running anything."""
     import numpy as np
@@ -174,10 +199,18 @@ def _fake_run(path, world_size: int, garbage_part: str | None = None):
         part = json.loads(f.with_suffix(".json").read_text())
         part["files"][f.name] = {"bytes": f.stat().st_size, "sha256": ck._sha256(f)}
         f.with_suffix(".json").write_text(json.dumps(part))
-    ck.write_manifest(path, 1, names, {
-        "config": to_dict(parse(["--hidden", "32", "32"])), "world_size": world_size,
-        "layout": [{"rank": p.rank, "role": p.role, "site": p.site} for p in places],
-        "reason": "test", "counters": {}})
+    ck.write_manifest(
+        path,
+        1,
+        names,
+        {
+            "config": to_dict(parse(["--hidden", "32", "32"])),
+            "world_size": world_size,
+            "layout": [{"rank": p.rank, "role": p.role, "site": p.site} for p in places],
+            "reason": "test",
+            "counters": {},
+        },
+    )
     return path
 
 
@@ -186,7 +219,12 @@ RESUME_CASES = [
     (3, "missing", [], "no such run folder"),
     (3, "empty", [], "has no complete checkpoint"),
     (3, "fake3", ["--lr", "0.1"], "only --max-seconds, --max-env-steps"),
-    (3, "fake4", [], "checkpointed by 4 ranks (1 learner, 1 buffer(s), 2 actors) and this job has 3"),
+    (
+        3,
+        "fake4",
+        [],
+        "checkpointed by 4 ranks (1 learner, 1 buffer(s), 2 actors) and this job has 3",
+    ),
     (3, "corrupt", [], "no usable checkpoint"),
     (3, "garbage", [], "rank 1: checkpoint 1: buffer-0's files cannot be read"),
 ]

@@ -1,5 +1,6 @@
 """The evaluation child process (--evaluator process): the learner hands it weights without
 waiting for it, and it runs outside the MPI job that started the learner."""
+
 import json
 import os
 import time
@@ -7,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from mpirl.roles.evaluation import ProcessRunner, child_environ
 from mpirl.agent.qnet import n_params
+from mpirl.roles.evaluation import ProcessRunner, child_environ
 
 HIDDEN = (1024, 1024)  # 4.2 MB of float32 weights for CartPole's 4 inputs: 67 pipe buffers
 # a user's env module, as the README describes; importing it (in the child only) records the
 # environment it sees and takes SLOW_S seconds, as importing torch and building Atari envs do
-MODULE = '''
+MODULE = """
 import json, os, time
 import gymnasium as gym
 with open(os.environ["MPIRL_TEST_SEEN"], "w") as f:
@@ -21,19 +22,29 @@ with open(os.environ["MPIRL_TEST_SEEN"], "w") as f:
 time.sleep(float(os.environ["MPIRL_TEST_SLOW_S"]))
 gym.register("MpirlSlowPole-v0", max_episode_steps=20,
              entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv")
-'''
+"""
 
 
 def _settings(env: str) -> dict:
-    return {"reference": None, "env": env, "episodes": 2, "seed": 0, "max_steps": 0,
-            "hidden": list(HIDDEN), "dueling": False, "kwargs": {}, "wrappers": []}
+    return {
+        "reference": None,
+        "env": env,
+        "episodes": 2,
+        "seed": 0,
+        "max_steps": 0,
+        "hidden": list(HIDDEN),
+        "dueling": False,
+        "kwargs": {},
+        "wrappers": [],
+    }
 
 
 @pytest.fixture
 def user_env(tmp_path, monkeypatch):
     (tmp_path / "slow_user_env.py").write_text(MODULE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        x for x in (str(tmp_path), os.environ.get("PYTHONPATH")) if x))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(x for x in (str(tmp_path), os.environ.get("PYTHONPATH")) if x)
+    )
     monkeypatch.setenv("MPIRL_TEST_SEEN", str(tmp_path / "seen.json"))
     return tmp_path
 
@@ -48,8 +59,7 @@ def _result(runner, timeout: float):
     raise AssertionError(f"no evaluation result within {timeout} s")
 
 
-def test_weights_reach_a_child_still_starting_without_holding_the_learner(user_env,
-                                                                          monkeypatch):
+def test_weights_reach_a_child_still_starting_without_holding_the_learner(user_env, monkeypatch):
     """4.2 MB of weights to a child that reads them only after 3 s of start-up: `request`
     returns at once (a blocking pipe write waits those 3 s), and the round is still played."""
     monkeypatch.setenv("MPIRL_TEST_SLOW_S", "3")
@@ -84,11 +94,21 @@ def test_close_ends_a_child_that_never_reads(user_env, monkeypatch):
     assert not r._writer.is_alive()
 
 
-LAUNCHER = {"PMI_RANK": "0", "PMI_SIZE": "3", "PMI_FD": "9", "PMI_HOSTNAME": "vm",
-            "MPI_LOCALNRANKS": "3", "MPI_LOCALRANKID": "0", "HYDRA_CONTROL_FD": "7",
-            "MPIR_CVAR_CH3_NOLOCAL": "1", "OMPI_COMM_WORLD_RANK": "0",
-            "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "0", "PMIX_NAMESPACE": "prterun-vm-1@1",
-            "PRTE_MCA_ess": "pmi"}
+LAUNCHER = {
+    "PMI_RANK": "0",
+    "PMI_SIZE": "3",
+    "PMI_FD": "9",
+    "PMI_HOSTNAME": "vm",
+    "MPI_LOCALNRANKS": "3",
+    "MPI_LOCALRANKID": "0",
+    "HYDRA_CONTROL_FD": "7",
+    "MPIR_CVAR_CH3_NOLOCAL": "1",
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "3",
+    "PMIX_RANK": "0",
+    "PMIX_NAMESPACE": "prterun-vm-1@1",
+    "PRTE_MCA_ess": "pmi",
+}
 
 
 def test_child_runs_outside_the_launchers_job(user_env, monkeypatch):
@@ -111,15 +131,15 @@ def test_child_runs_outside_the_launchers_job(user_env, monkeypatch):
     assert child_environ({"PMIX_X": "1", "SLURM_JOB_ID": "4"}) == {"SLURM_JOB_ID": "4"}
 
 
-MPI_MODULE = '''
+MPI_MODULE = """
 import sys
 from mpi4py import MPI
 print(f"env module: MPI size {MPI.COMM_WORLD.Get_size()}", file=sys.stderr)
 import gymnasium as gym
 gym.register("MpirlMpiPole-v0", max_episode_steps=20,
              entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv")
-'''
-DRIVER = '''
+"""
+DRIVER = """
 import time, numpy as np
 from mpi4py import MPI
 from mpirl.roles.evaluation import ProcessRunner
@@ -132,7 +152,7 @@ while (res := r.poll()) is None:
     time.sleep(0.02)
 r.close()
 print("returns", res.returns.tolist())
-'''
+"""
 
 
 @pytest.mark.mpi
@@ -147,9 +167,19 @@ def test_a_users_env_module_may_import_mpi4py_under_mpirun(tmp_path):
 
     (tmp_path / "mpi_user_env.py").write_text(MPI_MODULE)
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        x for x in (str(tmp_path), os.environ.get("PYTHONPATH")) if x)}
-    p = subprocess.run([*mpirun_cmd(1), sys.executable, str(tmp_path / "driver.py")],
-                       check=False, capture_output=True, text=True, timeout=120, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            x for x in (str(tmp_path), os.environ.get("PYTHONPATH")) if x
+        ),
+    }
+    p = subprocess.run(
+        [*mpirun_cmd(1), sys.executable, str(tmp_path / "driver.py")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "env module: MPI size 1" in p.stderr and "returns [" in p.stdout, p.stdout + p.stderr

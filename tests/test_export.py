@@ -1,5 +1,6 @@
 """analysis.export: the equal-wall-time design's per-run rows and curves, computed by hand on a
 small synthetic run (tests/test_paper_metrics.write_run), and merged across sittings."""
+
 from __future__ import annotations
 
 import csv
@@ -15,15 +16,23 @@ from analysis.runs import load_run
 
 def _run(path, **kw):
     u = np.arange(1, 101)
-    xf = {"t": np.array([2.0, 6.0, 8.0]), "update": np.array([20, 60, 80]),
-          "n": np.array([100, 10, 30]), "kind": np.array([5, 5, 5]),
-          "nbytes": np.array([1000, 1000, 1000]), "priority_mean": np.array([9.0, 1.0, 2.0]),
-          "priority_td_mean": np.array([90.0, 1.0, 3.0]),
-          "priority_median": np.ones(3), "priority_p90": np.ones(3),
-          "arrival_td_mean": np.array([9.0, 2.0, 4.0]), "arrival_priority_mean": np.ones(3),
-          "arrival_n": np.array([64, 10, 30])}
+    xf = {
+        "t": np.array([2.0, 6.0, 8.0]),
+        "update": np.array([20, 60, 80]),
+        "n": np.array([100, 10, 30]),
+        "kind": np.array([5, 5, 5]),
+        "nbytes": np.array([1000, 1000, 1000]),
+        "priority_mean": np.array([9.0, 1.0, 2.0]),
+        "priority_td_mean": np.array([90.0, 1.0, 3.0]),
+        "priority_median": np.ones(3),
+        "priority_p90": np.ones(3),
+        "arrival_td_mean": np.array([9.0, 2.0, 4.0]),
+        "arrival_priority_mean": np.ones(3),
+        "arrival_n": np.array([64, 10, 30]),
+    }
     path = write_run(path, transfers=xf, hit_t=6.0, **kw)
     import h5py
+
     with h5py.File(path / "learner.h5", "r+") as f:
         f["updates/loss_unweighted"] = np.where(u >= 50, 7.0, 1.0)
         f["evals/reference_q_sq_mean"] = np.where(np.arange(1.0, 11.0) >= 5, 4.0, 1.0)
@@ -33,8 +42,9 @@ def _run(path, **kw):
 
 
 def test_run_row_by_hand(tmp_path):
-    run = load_run(_run(tmp_path / "x" / "bw=1" / "replay_at=buffer" / "seed3",
-                        replay_at="buffer", seed=3))
+    run = load_run(
+        _run(tmp_path / "x" / "bw=1" / "replay_at=buffer" / "seed3", replay_at="buffer", seed=3)
+    )
     r = X.run_row(run, tmp_path / "x")
     assert r["cell"] == "bw=1" and r["seed"] == 3 and r["T"] == 10.0
     # requested rates from the config: unpaced here (no layout, no pacing flags)
@@ -56,8 +66,9 @@ def test_run_row_by_hand(tmp_path):
 
 
 def test_not_reached_is_censored_at_T(tmp_path):
-    run = load_run(write_run(tmp_path / "r", replay_at="learner", seed=0, hit_t=None,
-                             max_seconds=8.0))
+    run = load_run(
+        write_run(tmp_path / "r", replay_at="learner", seed=0, hit_t=None, max_seconds=8.0)
+    )
     r = X.run_row(run, tmp_path)
     assert r["T"] == 8.0 and not r["reached"] and r["time_to_target_s"] == 8.0
     assert r["auc_return"] == 100.0 and r["evals"] == 8
@@ -65,8 +76,9 @@ def test_not_reached_is_censored_at_T(tmp_path):
 
 def test_held_return_and_auc():
     te, ret = np.array([2.0, 5.0]), np.array([10.0, 30.0])
-    np.testing.assert_array_equal(X.held_return(te, ret, np.array([0, 2, 4.9, 5, 9])),
-                                  [10, 10, 10, 30, 30])
+    np.testing.assert_array_equal(
+        X.held_return(te, ret, np.array([0, 2, 4.9, 5, 9])), [10, 10, 10, 30, 30]
+    )
     assert X.auc(te, ret, 10.0) == pytest.approx((5 * 10 + 5 * 30) / 10)
     assert X.auc(te, ret, 4.0) == 10.0
 
@@ -93,10 +105,15 @@ def test_requested_rates_come_from_the_config_and_layout(tmp_path):
 
     import h5py
 
-    path = write_run(tmp_path / "r", replay_at="learner", seed=0,
-                     config={"actor_steps_per_s": 3000, "learner_updates_per_s": 46.875})
+    path = write_run(
+        tmp_path / "r",
+        replay_at="learner",
+        seed=0,
+        config={"actor_steps_per_s": 3000, "learner_updates_per_s": 46.875},
+    )
     layout = [{"rank": 0, "role": "learner"}, {"rank": 1, "role": "buffer"}] + [
-        {"rank": r, "role": "actor"} for r in range(2, 6)]
+        {"rank": r, "role": "actor"} for r in range(2, 6)
+    ]
     with h5py.File(path / "learner.h5", "r+") as f:
         f.attrs["layout_json"] = json.dumps(layout)
     r = X.run_row(load_run(path), tmp_path)

@@ -4,6 +4,7 @@ one message naming the rank and its role; the survivors' HDF5 files stay readabl
 Faults are injected with the test-only hook ``MPIRL_FAULT=ROLE:RANK:SECONDS[:ACTION]``
 (mpirl.run.failure.Fault), SECONDS after that rank's role loop started.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,24 +15,44 @@ import h5py
 import pytest
 from mpirun import run_mpirl
 
-ARGS = ["--max-seconds", "60", "--hidden", "32", "32", "--target-return", "none",
-        "--progress-seconds", "0", "--flush-seconds", "1"]
+ARGS = [
+    "--max-seconds",
+    "60",
+    "--hidden",
+    "32",
+    "32",
+    "--target-return",
+    "none",
+    "--progress-seconds",
+    "0",
+    "--flush-seconds",
+    "1",
+]
 ABORT_WITHIN_S = 10.0  # measured: 6-30 ms after a raise, about 0.2 s after a SIGKILL
 
 
 def _fault(n: int, spec: str, tmp_path):
-    p = run_mpirl(n, "--run-dir", str(tmp_path / "run"), *ARGS, timeout=120,
-                  env={"MPIRL_FAULT": spec, "MPIRL_TRACEBACK": "0"})
+    p = run_mpirl(
+        n,
+        "--run-dir",
+        str(tmp_path / "run"),
+        *ARGS,
+        timeout=120,
+        env={"MPIRL_FAULT": spec, "MPIRL_TRACEBACK": "0"},
+    )
     ended = time.time()
     m = re.search(r"injected fault: \w+ at unix (\d+\.\d+)", p.stderr)
     return p, (ended - float(m.group(1))) if m else None
 
 
-@pytest.mark.parametrize("spec, who", [
-    ("learner:0:1", "rank 0 (learner)"),
-    ("buffer:1:1", "rank 1 (buffer of site 0)"),
-    ("actor:2:1", "rank 2 (actor of site 0)"),
-])
+@pytest.mark.parametrize(
+    "spec, who",
+    [
+        ("learner:0:1", "rank 0 (learner)"),
+        ("buffer:1:1", "rank 1 (buffer of site 0)"),
+        ("actor:2:1", "rank 2 (actor of site 0)"),
+    ],
+)
 @pytest.mark.mpi
 def test_exception_in_any_role_aborts_the_job(tmp_path, spec, who):
     p, took = _fault(3, spec, tmp_path)
@@ -48,8 +69,12 @@ def test_sigkilled_rank_ends_the_job_and_files_stay_readable(tmp_path):
     assert p.returncode != 0 and took is not None and took < ABORT_WITHIN_S, (took, p.stderr)
     killed_at = float(re.search(r"at unix (\d+\.\d+)", p.stderr).group(1))
     run = tmp_path / "run"
-    for name, stream in [("learner.h5", "updates"), ("buffer-0.h5", "site"),
-                         ("actor-3.h5", "episodes"), ("actor-2.h5", "episodes")]:
+    for name, stream in [
+        ("learner.h5", "updates"),
+        ("buffer-0.h5", "site"),
+        ("actor-3.h5", "episodes"),
+        ("actor-2.h5", "episodes"),
+    ]:
         with h5py.File(run / name, "r") as f:  # plain h5py, default arguments
             assert json.loads(f.attrs["config_json"])["hidden"] == [32, 32]
             t = f[stream]["t"][()]
@@ -67,32 +92,46 @@ def test_mismatched_message_is_rejected_naming_rank_and_message(tmp_path):
     assert p.returncode != 0
     failed = [x for x in p.stderr.splitlines() if " failed: " in x]
     assert len(failed) == 1, p.stderr
-    assert failed[0].startswith("mpirl: rank 1 (buffer of site 0) failed: WireError: message "
-                                "with tag 1 from actor (site rank 1): wire version 99")
+    assert failed[0].startswith(
+        "mpirl: rank 1 (buffer of site 0) failed: WireError: message "
+        "with tag 1 from actor (site rank 1): wire version 99"
+    )
 
 
-@pytest.mark.parametrize("forced, who", [
-    ("1:memory", "rank 1 (buffer of site 0)"),
-    ("2:env", "rank 2 (actor of site 0)"),
-])
+@pytest.mark.parametrize(
+    "forced, who",
+    [
+        ("1:memory", "rank 1 (buffer of site 0)"),
+        ("2:env", "rank 2 (actor of site 0)"),
+    ],
+)
 @pytest.mark.mpi
 def test_a_host_check_failing_on_one_nonzero_rank_ends_the_job_with_one_message(
-        tmp_path, forced, who):
+    tmp_path, forced, who
+):
     """MPIRL_FAULT_CHECK=RANK:CHECK fails one check on one rank only (mpirl.run.resources): rank 0
     says so once, naming the rank, its host and the check, and every rank exits at once (no
     rank left waiting in a collective for one that gave up)."""
     import socket
 
-    p = run_mpirl(3, "--run-dir", str(tmp_path / "run"), *ARGS, timeout=120,
-                  env={"MPIRL_FAULT_CHECK": forced, "MPIRL_TRACEBACK": "0"})
+    p = run_mpirl(
+        3,
+        "--run-dir",
+        str(tmp_path / "run"),
+        *ARGS,
+        timeout=120,
+        env={"MPIRL_FAULT_CHECK": forced, "MPIRL_TRACEBACK": "0"},
+    )
     ended = time.time()
     assert p.returncode == 2, p.stderr
     errors = [x for x in p.stderr.splitlines() if x.startswith("mpirl: error:")]
     check = forced.split(":")[1]
     assert len(errors) == 1 and errors[0].startswith(
-        f"mpirl: error: {who} on host {socket.gethostname()}: {check}: "), p.stderr
-    at = float(re.search(r"injected check failure: \w+ on rank \d+ at unix (\d+\.\d+)",
-                         p.stderr).group(1))
+        f"mpirl: error: {who} on host {socket.gethostname()}: {check}: "
+    ), p.stderr
+    at = float(
+        re.search(r"injected check failure: \w+ on rank \d+ at unix (\d+\.\d+)", p.stderr).group(1)
+    )
     assert ended - at < ABORT_WITHIN_S, (ended - at, p.stderr)
     assert "Traceback" not in p.stderr and "BAD TERMINATION" not in p.stdout + p.stderr
     assert not (tmp_path / "run").exists()  # checked before the run folder is made

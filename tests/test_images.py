@@ -4,6 +4,7 @@ Skipped cleanly without the images extra (``pip install -e ".[images]"``), faile
 MPIRL_REQUIRE_IMAGES=1 (CI); the error a missing extra gives is tested in test_envs.py, which
 runs either way.
 """
+
 import images_extra
 import numpy as np
 import pytest
@@ -109,7 +110,7 @@ def _wrapped_frame_replay():
     rec, table, obs, nxt = _atari_transitions(steps=300)
     mem = FrameReplay(120, 4, (1, 84, 84), 1.05, seed=0)
     for k in range(0, len(rec), 30):
-        r, f = compact(rec[k:k + 30], table)
+        r, f = compact(rec[k : k + 30], table)
         mem.add(r, np.arange(len(r)) + 1.0, f)
     return mem, rec, table, obs, nxt
 
@@ -131,7 +132,7 @@ def test_frame_replay_samples_true_stacks_and_retires_before_overwriting():
 
 def test_frame_replay_memory_figure():
     from mpirl.agent.frames import frames_per_transition
-    from mpirl.replay import frame_footprint_bytes, footprint_bytes
+    from mpirl.replay import footprint_bytes, frame_footprint_bytes
     from mpirl.transport.wire import transition_dtype
 
     # By hand (docs/images.md): an actor message of 64 transitions from 4 env streams carries,
@@ -147,15 +148,19 @@ def test_frame_replay_memory_figure():
     assert dedup == 1_443_750 * 7056 + 80 * 1_000_000 + trees + scratch == 10_304_654_432
     # --actor-chunk 256: r = 1.05 * (1 + 24 / 256) = 1.1484375 -> 1,148,438 frames (8.2 GB)
     r256 = frames_per_transition(4, 3, 4, 256)
-    assert frame_footprint_bytes(1_000_000, 4, (1, 84, 84), r256) \
-        == 1_148_438 * 7056 + 80 * 1_000_000 + trees + scratch == 8_220_932_960
+    assert (
+        frame_footprint_bytes(1_000_000, 4, (1, 84, 84), r256)
+        == 1_148_438 * 7056 + 80 * 1_000_000 + trees + scratch
+        == 8_220_932_960
+    )
     # whole transitions: obs and next_obs 4 * 84 * 84 B each + action 8 + reward 4 + discount 4
     naive = footprint_bytes(1_000_000, transition_dtype((4, 84, 84), np.uint8))
     assert naive == (2 * 28_224 + 16) * 1_000_000 + trees + scratch == 56_501_554_432
 
 
-@pytest.mark.parametrize("shape, n_actions", [((4, 84, 84), 6), ((4, 10, 10), 3),
-                                              ((10, 10, 10), 6)])
+@pytest.mark.parametrize(
+    "shape, n_actions", [((4, 84, 84), 6), ((4, 10, 10), 3), ((10, 10, 10), 6)]
+)
 @pytest.mark.parametrize("dueling", [False, True])
 def test_cnn_actor_forward_equals_learner_forward(shape, n_actions, dueling):
     import torch
@@ -199,7 +204,7 @@ def test_image_wire_layout_and_compression_round_trip(iwire):
     td = np.arange(len(rec), dtype=np.float32)
     # EXPERIENCE (inside a site): never compressed; nframes i8[1] right after the header
     e = iwire.experience(rec, td, [3.0], env_steps=9, seq=1, frames=table)
-    h = e[:HEADER.itemsize].view(HEADER)[0]
+    h = e[: HEADER.itemsize].view(HEADER)[0]
     assert int(h["kind"]) == Tag.EXPERIENCE
     assert e[40:48].view("<i8")[0] == len(table)
     m = iwire.unpack(e, Tag.EXPERIENCE)
@@ -209,7 +214,7 @@ def test_image_wire_layout_and_compression_round_trip(iwire):
     # FORWARD over the link: FLAG_ZSTD in the high byte of kind, raw_nbytes, zstd frame
     f = iwire.forward(rec, td, seq=4, frames=table)
     raw = iwire.last_raw_nbytes
-    h = f[:HEADER.itemsize].view(HEADER)[0]
+    h = f[: HEADER.itemsize].view(HEADER)[0]
     assert int(h["kind"]) == Tag.FORWARD | FLAG_ZSTD and int(h["count"]) == len(rec)
     assert f[40:48].view("<i8")[0] == raw - HEADER.itemsize
     assert f.nbytes < raw / 10  # Atari frames compress well (Pong: ~100x)
@@ -231,8 +236,14 @@ def test_batch_compressed_round_trip(iwire):
 
     rec, table, _, _ = _atari_transitions(steps=40)
     n = len(rec)
-    s = Sample(indices=np.arange(n), generations=np.arange(n) + 5, weights=np.ones(n),
-               priorities=np.full(n, 0.5), records=rec, frames=table)
+    s = Sample(
+        indices=np.arange(n),
+        generations=np.arange(n) + 5,
+        weights=np.ones(n),
+        priorities=np.full(n, 0.5),
+        records=rec,
+        frames=table,
+    )
     m = iwire.unpack(iwire.batch(s, batch_id=2, t_send=1.25), Tag.BATCH)
     assert m.a == 1.25 and m.raw_nbytes > 0
     np.testing.assert_array_equal(m.arrays["generations"], s.generations)

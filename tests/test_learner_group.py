@@ -1,4 +1,5 @@
 """The learner group's pure parts and its allreduce under real mpirun."""
+
 import json
 import subprocess
 import sys
@@ -6,16 +7,21 @@ import sys
 import pytest
 from mpirun import mpirun_cmd
 
-from mpirl.run.config import ConfigError, parse
 from mpirl.roles.learner_group import GTag, body, header, pack, parse_straggle
+from mpirl.run.config import ConfigError, parse
 from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
 @pytest.mark.mpi
 def test_allreduce_equals_one_learner_on_the_concatenated_batches():
     """3 learners (a mean hard-wired to 2 learners shows here, not with 2), 5 updates."""
-    p = subprocess.run([*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5"],
-                       capture_output=True, text=True, timeout=240, check=False)
+    p = subprocess.run(
+        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["updates"] == 5

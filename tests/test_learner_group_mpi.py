@@ -2,6 +2,7 @@
 below 100 to 200; random play scores ~22), in every --learner-sync mode and both placements with
 -m slow; a killed non-lead learner ends the job; a group checkpoint resumes with every learner's
 part."""
+
 import json
 import re
 import time
@@ -10,7 +11,6 @@ import h5py
 import numpy as np
 import pytest
 from mpirun import run_mpirl
-
 
 # Each run is 5 ranks (2 learners, 1 buffer, 2 actors) learning to 200 on 2 cores (10-40 s): the
 # default mode (gba) in the default placement (buffer) runs in every suite, the other five pairs
@@ -24,16 +24,39 @@ pytestmark = pytest.mark.mpi
 TARGET = 200
 
 
-@pytest.mark.parametrize("sync, replay_at", [
-    ("gba", "buffer"), pytest.param("gba", "learner", marks=SLOW),
-    pytest.param("allreduce", "buffer", marks=SLOW),
-    pytest.param("allreduce", "learner", marks=SLOW), pytest.param("async", "buffer", marks=SLOW),
-    pytest.param("async", "learner", marks=SLOW)])
+@pytest.mark.parametrize(
+    "sync, replay_at",
+    [
+        ("gba", "buffer"),
+        pytest.param("gba", "learner", marks=SLOW),
+        pytest.param("allreduce", "buffer", marks=SLOW),
+        pytest.param("allreduce", "learner", marks=SLOW),
+        pytest.param("async", "buffer", marks=SLOW),
+        pytest.param("async", "learner", marks=SLOW),
+    ],
+)
 def test_two_learners_learn_cartpole(tmp_path, sync, replay_at):
     run_dir = tmp_path / "run"
-    p = run_mpirl(5, "--learners", "2", "--learner-sync", sync, "--replay-at", replay_at,
-                  "--target-return", str(TARGET), "--max-seconds", "240", "--run-dir",
-                  str(run_dir), "--seed", "1", "--progress-seconds", "0", timeout=420)
+    p = run_mpirl(
+        5,
+        "--learners",
+        "2",
+        "--learner-sync",
+        sync,
+        "--replay-at",
+        replay_at,
+        "--target-return",
+        str(TARGET),
+        "--max-seconds",
+        "240",
+        "--run-dir",
+        str(run_dir),
+        "--seed",
+        "1",
+        "--progress-seconds",
+        "0",
+        timeout=420,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "target_return", p.stdout[-3000:]
@@ -51,10 +74,24 @@ def test_two_learners_learn_cartpole(tmp_path, sync, replay_at):
 
 
 def test_killed_non_lead_learner_ends_the_job(tmp_path):
-    p = run_mpirl(5, "--learners", "2", "--run-dir", str(tmp_path / "run"), "--max-seconds",
-                  "60", "--hidden", "32", "32", "--target-return", "none", "--progress-seconds",
-                  "0", timeout=120, env={"MPIRL_FAULT": "learner:1:3:kill",
-                                         "MPIRL_TRACEBACK": "0"})
+    p = run_mpirl(
+        5,
+        "--learners",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--max-seconds",
+        "60",
+        "--hidden",
+        "32",
+        "32",
+        "--target-return",
+        "none",
+        "--progress-seconds",
+        "0",
+        timeout=120,
+        env={"MPIRL_FAULT": "learner:1:3:kill", "MPIRL_TRACEBACK": "0"},
+    )
     ended = time.time()
     assert p.returncode != 0
     m = re.search(r"injected fault: kill at unix (\d+\.\d+)", p.stderr)
@@ -65,10 +102,32 @@ def test_killed_non_lead_learner_ends_the_job(tmp_path):
 
 def test_group_checkpoint_resumes_with_every_learners_part(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--hidden", "32", "32", "--target-return", "none", "--progress-seconds", "0",
-            "--learning-starts", "200"]
-    p = run_mpirl(5, "--learners", "2", "--learner-sync", "allreduce", "--replay-at", "learner",
-                  "--max-updates", "120", "--run-dir", str(run_dir), *args, timeout=180)
+    args = [
+        "--hidden",
+        "32",
+        "32",
+        "--target-return",
+        "none",
+        "--progress-seconds",
+        "0",
+        "--learning-starts",
+        "200",
+    ]
+    p = run_mpirl(
+        5,
+        "--learners",
+        "2",
+        "--learner-sync",
+        "allreduce",
+        "--replay-at",
+        "learner",
+        "--max-updates",
+        "120",
+        "--run-dir",
+        str(run_dir),
+        *args,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     part = json.loads(next(run_dir.glob("checkpoint/*/learner-1.json")).read_text())
     assert part["meta"]["updates"] == 120 and part["meta"]["replay"]["inserted"] > 0

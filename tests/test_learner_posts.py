@@ -1,12 +1,13 @@
 """What the learner posts to each buffer and trains on, recorded step by step: the real learner
 loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffers."""
+
 import numpy as np
 from fakes import ScriptedLink, make_learner, wire_of
 
-from mpirl.roles import learner_rows
-from mpirl.run.config import Config
 from mpirl.logs.runlog import RunLog
 from mpirl.replay import Sample
+from mpirl.roles import learner_rows
+from mpirl.run.config import Config
 from mpirl.transport.wire import Tag
 
 
@@ -14,8 +15,14 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
     """replay_at=learner: a buffer's last FORWARD arrives in the same turn as its DONE (it
     hands over its queue, then says DONE).  The learner owes a token for that FORWARD; it must
     not post it after the DONE it sends back: the buffer has left and never receives it."""
-    cfg = Config(replay_at="learner", buffers=2, hidden=(16,), max_env_steps=100,
-                 progress_seconds=0, target_return=float("nan"))
+    cfg = Config(
+        replay_at="learner",
+        buffers=2,
+        hidden=(16,),
+        max_env_steps=100,
+        progress_seconds=0,
+        target_return=float("nan"),
+    )
     spec, wire = wire_of(cfg)
     record = wire.record
 
@@ -25,19 +32,23 @@ def test_learner_placement_posts_nothing_to_a_buffer_after_its_done(tmp_path):
     def on_post(link, tag):
         if tag == Tag.STOP:  # the buffer forwards what it still holds, then says DONE
             tail = [forward(1)] if link.peer == 1 else []
-            link.inbox += tail + [(Tag.STATS, wire.stats([], 100, 0)),
-                                  (Tag.DONE, wire.done(100, 0))]
+            link.inbox += tail + [
+                (Tag.STATS, wire.stats([], 100, 0)),
+                (Tag.DONE, wire.done(100, 0)),
+            ]
 
     posts = []
-    links = {1: ScriptedLink(1, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))], posts),
-             2: ScriptedLink(2, on_post, [(Tag.STATS, wire.stats([], 60, 0))], posts)}
+    links = {
+        1: ScriptedLink(1, on_post, [forward(0), (Tag.STATS, wire.stats([], 60, 0))], posts),
+        2: ScriptedLink(2, on_post, [(Tag.STATS, wire.stats([], 60, 0))], posts),
+    }
     with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
         summary = make_learner(cfg, spec, wire, log, links).run()
     assert summary["stop_reason"] == "max_env_steps"
     for b in (1, 2):
         mine = [tag for peer, tag in posts if peer == b]
         assert mine.count(Tag.DONE) == 1 and Tag.STOP in mine, mine
-        after = mine[mine.index(Tag.DONE) + 1:]
+        after = mine[mine.index(Tag.DONE) + 1 :]
         assert not after, f"posted to buffer {b - 1} after its DONE: {[t.name for t in after]}"
 
 
@@ -45,17 +56,30 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
     """replay_at=buffer, 2 sites: each buffer divides its importance weights by its own max
     weight (BATCH.b); the learner trains every site's batch on the scale of the largest max
     weight, so a transition's weight is (N P(i))^-beta of its site over one common figure."""
-    cfg = Config(replay_at="buffer", buffers=2, hidden=(16,), max_env_steps=100,
-                 progress_seconds=0, target_return=float("nan"))
+    cfg = Config(
+        replay_at="buffer",
+        buffers=2,
+        hidden=(16,),
+        max_env_steps=100,
+        progress_seconds=0,
+        target_return=float("nan"),
+    )
     spec, wire = wire_of(cfg)
     record = wire.record
-    site_w = {1: np.linspace(0.1, 1, 8, dtype=np.float32),
-              2: np.linspace(0.5, 1, 8, dtype=np.float32)}
+    site_w = {
+        1: np.linspace(0.1, 1, 8, dtype=np.float32),
+        2: np.linspace(0.5, 1, 8, dtype=np.float32),
+    }
     site_max = {1: 4.0, 2: 1.5}  # max weights of the two memories
 
     def batch(b):
-        s = Sample(indices=np.arange(8), generations=np.arange(8), weights=site_w[b],
-                   priorities=np.ones(8), records=np.zeros(8, record))
+        s = Sample(
+            indices=np.arange(8),
+            generations=np.arange(8),
+            weights=site_w[b],
+            priorities=np.ones(8),
+            records=np.zeros(8, record),
+        )
         return Tag.BATCH, wire.batch(s, 0, 0.0, max_weight=site_max[b])
 
     def on_post(link, tag):
@@ -70,13 +94,16 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
         lrn = make_learner(cfg, spec, wire, log, links)
         put = lrn.trainer.put  # where a batch's weights enter the train step
         lrn.trainer.put = lambda records, weights, frames=None: (
-            trained.append(np.array(weights)), put(records, weights, frames))[1]
+            trained.append(np.array(weights)),
+            put(records, weights, frames),
+        )[1]
         lrn.run()
     assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
     top = max(site_max.values())
     for got, b in zip(trained, (1, 2)):
-        np.testing.assert_allclose(got, site_w[b] * site_max[b] / top, rtol=1e-6,
-                                   err_msg=f"site {b - 1}'s weights")
+        np.testing.assert_allclose(
+            got, site_w[b] * site_max[b] / top, rtol=1e-6, err_msg=f"site {b - 1}'s weights"
+        )
 
 
 def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
@@ -84,15 +111,26 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
     memory it was sampled from (BATCH.b), so the learner's rescale is exactly 1, however many
     batches wait.  Two batches queued in one turn, max weights 2 then 5: the older one must not
     be scaled by 2 / 5 (the newer batch's figure)."""
-    cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), max_env_steps=100,
-                 progress_seconds=0, target_return=float("nan"))
+    cfg = Config(
+        replay_at="buffer",
+        buffers=1,
+        hidden=(16,),
+        max_env_steps=100,
+        progress_seconds=0,
+        target_return=float("nan"),
+    )
     spec, wire = wire_of(cfg)
     record = wire.record
     w = np.linspace(0.1, 1, 8, dtype=np.float32)
 
     def batch(max_weight, batch_id):
-        s = Sample(indices=np.arange(8), generations=np.arange(8), weights=w,
-                   priorities=np.ones(8), records=np.zeros(8, record))
+        s = Sample(
+            indices=np.arange(8),
+            generations=np.arange(8),
+            weights=w,
+            priorities=np.ones(8),
+            records=np.zeros(8, record),
+        )
         return Tag.BATCH, wire.batch(s, batch_id, 0.0, max_weight=max_weight)
 
     updates = []
@@ -111,7 +149,9 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
         lrn = make_learner(cfg, spec, wire, log, links)
         put = lrn.trainer.put  # where a batch's weights enter the train step
         lrn.trainer.put = lambda records, weights, frames=None: (
-            trained.append(np.array(weights)), put(records, weights, frames))[1]
+            trained.append(np.array(weights)),
+            put(records, weights, frames),
+        )[1]
         lrn.run()
     assert len(trained) == 2
     for i, got in enumerate(trained):
@@ -128,8 +168,11 @@ def test_priority_spread_is_numpys_linear_percentile():
     for n in (1, 2, 7, 64, 256):
         p = rng.random(n).astype(np.float32) ** 3
         got = learner_rows.spread(p)
-        np.testing.assert_allclose([got["priority_median"], got["priority_p90"]],
-                                   np.percentile(p.astype(np.float64), (50, 90)), rtol=1e-6)
+        np.testing.assert_allclose(
+            [got["priority_median"], got["priority_p90"]],
+            np.percentile(p.astype(np.float64), (50, 90)),
+            rtol=1e-6,
+        )
     assert np.isnan(learner_rows.spread(np.zeros(0, np.float32))["priority_p90"])
 
 
@@ -157,21 +200,36 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
             want_u.append((i, float(i) / 10, learner_rows.small_mean(td), 0.4, huber.mean()))
             arrival = {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
             if sub is not None:
-                arrival = {"arrival_td_mean": learner_rows.small_mean(sub),
-                           "arrival_priority_mean": learner_rows.small_mean((sub + eps) ** alpha),
-                           "arrival_n": len(sub)}
-            want_b.append({"buffer": i % 3, "update": i, "kind": int(Tag.BATCH), "n": n,
-                           "nbytes": 1000 + i, "raw_nbytes": 2000 + i,
-                           "priority_mean": learner_rows.small_mean(pr), **learner_rows.spread(pr),
-                           "priority_td_mean": np.mean(pr.astype(np.float64) ** (1 / alpha)),
-                           **arrival, "window": i % 5})
+                arrival = {
+                    "arrival_td_mean": learner_rows.small_mean(sub),
+                    "arrival_priority_mean": learner_rows.small_mean((sub + eps) ** alpha),
+                    "arrival_n": len(sub),
+                }
+            want_b.append(
+                {
+                    "buffer": i % 3,
+                    "update": i,
+                    "kind": int(Tag.BATCH),
+                    "n": n,
+                    "nbytes": 1000 + i,
+                    "raw_nbytes": 2000 + i,
+                    "priority_mean": learner_rows.small_mean(pr),
+                    **learner_rows.spread(pr),
+                    "priority_td_mean": np.mean(pr.astype(np.float64) ** (1 / alpha)),
+                    **arrival,
+                    "window": i % 5,
+                }
+            )
             if i == 100:
                 log.flush()  # a flush in the middle hands over what is held
                 assert log.file["updates/update"].shape[0] == 101
     import h5py
+
     with h5py.File(tmp_path / "learner.h5", "r") as f:
-        u = {k: f["updates"][k][()] for k in ("update", "loss", "td_abs_mean", "beta",
-                                              "loss_unweighted")}
+        u = {
+            k: f["updates"][k][()]
+            for k in ("update", "loss", "td_abs_mean", "beta", "loss_unweighted")
+        }
         b = {k: f["transfers"][k][()] for k in want_b[0]}
         t = f["updates/t"][()]
     assert len(u["update"]) == len(want_u) and len(b["n"]) == len(want_b)
@@ -188,13 +246,25 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
     last and best evaluation.  The learner now waits for it after the final checkpoint."""
     import h5py
 
-    cfg = Config(replay_at="buffer", hidden=(16,), max_updates=1, eval_every=1,
-                 eval_episodes=2, evaluator="thread", progress_seconds=0,
-                 target_return=float("nan"))
+    cfg = Config(
+        replay_at="buffer",
+        hidden=(16,),
+        max_updates=1,
+        eval_every=1,
+        eval_episodes=2,
+        evaluator="thread",
+        progress_seconds=0,
+        target_return=float("nan"),
+    )
     spec, wire = wire_of(cfg)
     record = wire.record
-    s = Sample(indices=np.arange(8), generations=np.arange(8), weights=np.ones(8, np.float32),
-               priorities=np.ones(8, np.float32), records=np.zeros(8, record))
+    s = Sample(
+        indices=np.arange(8),
+        generations=np.arange(8),
+        weights=np.ones(8, np.float32),
+        priorities=np.ones(8, np.float32),
+        records=np.zeros(8, record),
+    )
 
     def on_post(link, tag):
         if tag == Tag.STOP:

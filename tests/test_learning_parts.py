@@ -1,4 +1,5 @@
 """The Q-network (torch and numpy agree) and the DQN loss."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +17,9 @@ def test_numpy_forward_matches_torch(dueling):
     q = NumpyQ(4, 3, (16, 8), dueling)
     q.load(flat)
     x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
-    np.testing.assert_allclose(q(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        q(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_numpy_q_rejects_wrong_size():
@@ -39,8 +41,17 @@ def test_double_dqn_loss_by_hand():
     obs = torch.tensor([[0.0]])
     nxt = torch.tensor([[1.0]])
     # online picks action 0 at s'=1 (3.0 > 0.5); target values it at 30 -> y = 1 + 0.5 * 30 = 16
-    loss, td = dqn_loss(online, target, obs, torch.tensor([1]), torch.tensor([1.0]), nxt,
-                        torch.tensor([0.5]), torch.tensor([2.0]), huber_delta=1.0)
+    loss, td = dqn_loss(
+        online,
+        target,
+        obs,
+        torch.tensor([1]),
+        torch.tensor([1.0]),
+        nxt,
+        torch.tensor([0.5]),
+        torch.tensor([2.0]),
+        huber_delta=1.0,
+    )
     assert td.item() == pytest.approx(14.0)  # |2 - 16|
     assert loss.item() == pytest.approx(2.0 * (14.0 - 0.5))  # weighted Huber, linear part
     loss.backward()
@@ -52,8 +63,16 @@ def test_terminal_discount_zero_ignores_bootstrap():
     online = torch.nn.Linear(2, 2)
     target = torch.nn.Linear(2, 2)
     obs = torch.zeros(3, 2)
-    _, td = dqn_loss(online, target, obs, torch.zeros(3, dtype=torch.long), torch.ones(3),
-                     torch.randn(3, 2) * 100, torch.zeros(3), torch.ones(3))
+    _, td = dqn_loss(
+        online,
+        target,
+        obs,
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3),
+        torch.randn(3, 2) * 100,
+        torch.zeros(3),
+        torch.ones(3),
+    )
     q = online(obs)[:, 0]
     np.testing.assert_allclose(td.numpy(), (q - 1).abs().detach().numpy(), rtol=1e-6)
 
@@ -61,9 +80,9 @@ def test_terminal_discount_zero_ignores_bootstrap():
 def test_train_step_runs_standalone():
     """The learner's train step without MPI (bench/overheads.py times it so): it learns from a
     batch of structured transition records, and sync_target copies the online network."""
-    from mpirl.run.config import Config
     from mpirl.agent.envs import inspect
     from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
     from mpirl.transport.wire import transition_dtype
 
     cfg = Config(hidden=(16,), lr=1e-2)
@@ -124,13 +143,15 @@ def test_learner_train_step_does_not_import_dynamo():
     if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4):
         pytest.skip(f"torch {torch.__version__}: not checked before 2.4")
 
-    code = ("import sys, numpy as np\n"
-            "from mpirl.run.config import Config\nfrom mpirl.agent.envs import inspect\n"
-            "from mpirl.agent.train_step import TrainStep\nfrom mpirl.transport.wire import transition_dtype\n"
-            "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
-            "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
-            "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
-            "print('torch._dynamo' in sys.modules)\n")
+    code = (
+        "import sys, numpy as np\n"
+        "from mpirl.run.config import Config\nfrom mpirl.agent.envs import inspect\n"
+        "from mpirl.agent.train_step import TrainStep\nfrom mpirl.transport.wire import transition_dtype\n"
+        "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
+        "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
+        "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
@@ -190,8 +211,9 @@ def test_adam_falls_back_to_torch_optim_adam(how):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _ADAM_FALLBACK, how], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _ADAM_FALLBACK, how], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -218,8 +240,9 @@ def _grads_by_hand(step, rec, weights):
 
     online, target = copy.deepcopy(step.online), copy.deepcopy(step.target)
     obs, act, rew, nxt, disc = _batch_tensors(torch, rec)
-    loss, _ = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.from_numpy(weights),
-                       step.huber_delta)
+    loss, _ = dqn_loss(
+        online, target, obs, act, rew, nxt, disc, torch.from_numpy(weights), step.huber_delta
+    )
     loss.backward()
     return [p.grad.clone() for p in online.parameters()]
 
@@ -229,15 +252,15 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
     """grad_clip 0.5: TD errors in the Huber loss's linear part with importance weights of 100
     give a gradient norm far above it, which the update scales (same direction) to norm 0.5
     before Adam sees it; a gradient below the clip is left as it is."""
-    from mpirl.run.config import Config
     from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
 
     spec, rec = _cartpole_batch(reward=reward)
     w = np.full(len(rec), weight, np.float32)
     torch.manual_seed(0)
     step = TrainStep(Config(hidden=(16,), grad_clip=0.5), spec)
     raw = _grads_by_hand(step, rec, w)
-    norm = float(torch.sqrt(sum((g ** 2).sum() for g in raw)))
+    norm = float(torch.sqrt(sum((g**2).sum() for g in raw)))
     step.step(rec, w)
     want = [g * (0.5 / norm) for g in raw] if clipped else raw
     assert (norm > 50) if clipped else (norm < 0.5), norm
@@ -245,7 +268,7 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
     if clipped:
-        assert float(torch.sqrt(sum((g ** 2).sum() for g in got))) == pytest.approx(0.5, rel=1e-4)
+        assert float(torch.sqrt(sum((g**2).sum() for g in got))) == pytest.approx(0.5, rel=1e-4)
     # Adam took the clipped gradient: its first moment after one step is (1 - beta1) * g
     state = step.opt.state_dict()["state"]
     for i, e in enumerate(want):
@@ -253,8 +276,8 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
 
 
 def test_grad_clip_zero_leaves_gradients_alone():
-    from mpirl.run.config import Config
     from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
 
     spec, rec = _cartpole_batch(reward=1000.0)
     w = np.full(len(rec), 100.0, np.float32)
@@ -269,8 +292,8 @@ def test_grad_clip_zero_leaves_gradients_alone():
 def test_target_network_copied_exactly_every_target_update():
     """target_update 3: the target holds the online network of update 3, 6, 9, ... and does not
     change in between; a resumed step counter keeps the cadence (next copy at 12 from 10)."""
-    from mpirl.run.config import Config
     from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
 
     spec, rec = _cartpole_batch()
     w = np.ones(len(rec), np.float32)

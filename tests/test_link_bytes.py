@@ -1,12 +1,13 @@
 """experiments/link_bytes.py: the bytes per transition a sweep's bandwidth is calibrated with."""
+
 import importlib.util
 from pathlib import Path
 
 import pytest
 
-from mpirl.run.config import Config
 from mpirl.agent.envs import inspect
 from mpirl.replay.build import record_dtype
+from mpirl.run.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 

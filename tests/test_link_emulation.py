@@ -1,10 +1,10 @@
 """What the emulated link delivers matches the model, in both directions, over real MPI."""
+
 import json
 import subprocess
 import sys
 
 import pytest
-
 from mpirun import mpirun_cmd
 
 
@@ -12,9 +12,20 @@ from mpirun import mpirun_cmd
 @pytest.mark.parametrize("lat_ms, mbps", [(20.0, 40.0), (5.0, 200.0)])
 def test_latency_and_bandwidth_hold(lat_ms, mbps):
     size, count = 50_000, 40  # 2 MB: 400 ms at 40 Mb/s, 80 ms at 200 Mb/s
-    p = subprocess.run([*mpirun_cmd(2), sys.executable, "tests/link_stream.py",
-                        str(lat_ms), str(mbps), str(size), str(count)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            *mpirun_cmd(2),
+            sys.executable,
+            "tests/link_stream.py",
+            str(lat_ms),
+            str(mbps),
+            str(size),
+            str(count),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.strip().splitlines()[-1])
     tx = size * 8 / (mbps * 1e6)

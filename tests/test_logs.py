@@ -284,7 +284,7 @@ def test_memory_stays_flat_while_a_long_run_logs(tmp_path: Path) -> None:
         from mpirl.logs.runlog import Field, RunLog
         def rss():
             return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
-        with RunLog({str(tmp_path / 'grow.h5')!r}, {{}}, flush_seconds=3600) as log:
+        with RunLog({str(tmp_path / "grow.h5")!r}, {{}}, flush_seconds=3600) as log:
             u = log.stream("u", [Field(n, "f8", "", "") for n in "abcd"])
             x = log.stream("x", [Field(n, "f8", "", "") for n in "abcdefgh"])
             for i in range(400_001):
@@ -373,10 +373,17 @@ def test_checkpoint_counts_held_rows_and_puts_them_on_disk(tmp_path: Path) -> No
     kill just after a checkpoint, within --flush-seconds, loses no row from before it."""
     from mpirl.run import checkpoint as ck
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_CHECKPOINT, str(tmp_path)],
-                       capture_output=True, text=True, env=env, timeout=120, check=False)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_CHECKPOINT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     part = json.loads((ck.root(tmp_path) / "000001" / "learner.json").read_text())
     counted = part["meta"]["log_rows"]

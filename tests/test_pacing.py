@@ -10,13 +10,13 @@ import time
 import h5py
 import numpy as np
 import pytest
+from mpirun import run_mpirl
 
 from analysis import metrics as M
 from analysis.runs import load_run
-from mpirl.run.config import ConfigError, parse
 from mpirl.logs.runlog import read_stream
+from mpirl.run.config import ConfigError, parse
 from mpirl.transport.pacing import TokenBucket
-from mpirun import run_mpirl
 
 
 class FakeClock:
@@ -28,6 +28,7 @@ class FakeClock:
 
 
 # --- the token bucket (pure) ----------------------------------------------------------------------
+
 
 def test_bucket_holds_its_rate_and_lateness_does_not_accumulate():
     clock = FakeClock()
@@ -68,9 +69,15 @@ def test_bucket_ready_at_and_wait_sleep_instead_of_spinning():
 
 # --- configuration --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flag,value", [("--actor-steps-per-s", "-1"),
-                                        ("--learner-updates-per-s", "nan"),
-                                        ("--learner-updates-per-s", "inf")])
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--actor-steps-per-s", "-1"),
+        ("--learner-updates-per-s", "nan"),
+        ("--learner-updates-per-s", "inf"),
+    ],
+)
 def test_bad_rate_is_one_clear_error(flag, value):
     with pytest.raises(ConfigError, match=rf"{flag[2:].replace('-', '_')}=.* must be a rate >= 0"):
         parse([flag, value])
@@ -87,6 +94,7 @@ def test_max_updates_is_a_budget_resume_may_change():
 
 
 # --- the fixed window (pure, and on a run's files) -------------------------------------------------
+
 
 def test_fixed_window_is_updates_half_to_budget():
     u = np.arange(1, 101)
@@ -107,12 +115,34 @@ RHO = U * BATCH / (S * ACTORS)  # 3.2
 
 
 def _common(run_dir) -> list[str]:
-    return ["--run-dir", str(run_dir), "--env", "CartPole-v1", "--hidden", "32",
-            "--progress-seconds", "1", "--checkpoint-seconds", "0", "--target-return", "none",
-            "--replay-ratio", "0", "--learning-starts", "100", "--batch-size", str(BATCH),
-            "--actor-chunk", "16",  # env steps are reported per chunk: fine-grained counts
-            "--actor-steps-per-s", str(S), "--learner-updates-per-s", str(U), "--eval-every",
-            "10000"]
+    return [
+        "--run-dir",
+        str(run_dir),
+        "--env",
+        "CartPole-v1",
+        "--hidden",
+        "32",
+        "--progress-seconds",
+        "1",
+        "--checkpoint-seconds",
+        "0",
+        "--target-return",
+        "none",
+        "--replay-ratio",
+        "0",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        str(BATCH),
+        "--actor-chunk",
+        "16",  # env steps are reported per chunk: fine-grained counts
+        "--actor-steps-per-s",
+        str(S),
+        "--learner-updates-per-s",
+        str(U),
+        "--eval-every",
+        "10000",
+    ]
 
 
 def _achieved(p: dict) -> tuple[float, float, float]:
@@ -136,8 +166,17 @@ def _check_logged_rho(p: dict) -> None:
 @pytest.mark.mpi
 def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path):
     run_dir = tmp_path / "paced"
-    r = run_mpirl(2 + ACTORS, *_common(run_dir), "--replay-at", "buffer", "--max-updates", "120",
-                  "--max-seconds", "60", timeout=240)
+    r = run_mpirl(
+        2 + ACTORS,
+        *_common(run_dir),
+        "--replay-at",
+        "buffer",
+        "--max-updates",
+        "120",
+        "--max-seconds",
+        "60",
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "max_updates" and summary["updates"] == 120
@@ -145,8 +184,10 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
         p = read_stream(f, "progress")
         assert int(read_stream(f, "updates")["update"][-1]) == 120
     rate_p, rate_u, rho = _achieved(p)
-    print(f"requested P {S * ACTORS:.0f}/s U {U:.0f}/s rho {RHO:.2f}; "
-          f"achieved P {rate_p:.1f}/s U {rate_u:.2f}/s rho {rho:.3f}")
+    print(
+        f"requested P {S * ACTORS:.0f}/s U {U:.0f}/s rho {RHO:.2f}; "
+        f"achieved P {rate_p:.1f}/s U {rate_u:.2f}/s rho {rho:.3f}"
+    )
     assert rate_p == pytest.approx(S * ACTORS, rel=0.1)
     assert rate_u == pytest.approx(U, rel=0.1)
     assert rho == pytest.approx(RHO, rel=0.1)
@@ -170,7 +211,8 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
     assert m["train_loss"] == pytest.approx(float(np.mean(upd["loss"][want])), rel=1e-6)
     sel = (xf["update"] >= 60) & (xf["update"] <= 120)
     assert m["prio_held"] == pytest.approx(
-        float(np.average(xf["priority_mean"][sel], weights=xf["n"][sel])), rel=1e-5)
+        float(np.average(xf["priority_mean"][sel], weights=xf["n"][sel])), rel=1e-5
+    )
     assert np.isfinite(m["train_loss_conv"])  # the settle rule stays beside it
 
 
@@ -178,10 +220,25 @@ def test_pacing_holds_the_requested_rates_and_max_updates_stops_exactly(tmp_path
 def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_fraction(tmp_path):
     run_dir = tmp_path / "drop"
     # ~12.5 kB/s toward the learner (~200 CartPole transitions/s) against P = 400/s
-    r = run_mpirl(2 + ACTORS, *_common(run_dir), "--replay-at", "learner", "--max-seconds", "8",
-                  "--forward-overflow", "drop-oldest", "--link", "wan-100m-30ms",
-                  "--bandwidth-mbps", "0.1", "--forward-chunk", "64", "--forward-credits", "2",
-                  timeout=240)
+    r = run_mpirl(
+        2 + ACTORS,
+        *_common(run_dir),
+        "--replay-at",
+        "learner",
+        "--max-seconds",
+        "8",
+        "--forward-overflow",
+        "drop-oldest",
+        "--link",
+        "wan-100m-30ms",
+        "--bandwidth-mbps",
+        "0.1",
+        "--forward-chunk",
+        "64",
+        "--forward-credits",
+        "2",
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     with h5py.File(run_dir / "learner.h5", "r", locking=False) as f:
@@ -190,14 +247,17 @@ def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_f
         site = read_stream(f, "site")
         attrs = {k: int(f.attrs[k]) for k in ("inserted", "forwarded", "forward_dropped")}
     rate_p, rate_u, rho = _achieved(p)
-    print(f"requested P {S * ACTORS:.0f}/s U {U:.0f}/s; achieved P {rate_p:.1f}/s "
-          f"U {rate_u:.2f}/s rho {rho:.3f}; delivered {summary['delivered_fraction']:.3f}")
+    print(
+        f"requested P {S * ACTORS:.0f}/s U {U:.0f}/s; achieved P {rate_p:.1f}/s "
+        f"U {rate_u:.2f}/s rho {rho:.3f}; delivered {summary['delivered_fraction']:.3f}"
+    )
     assert rate_p == pytest.approx(S * ACTORS, rel=0.1)  # P holds: actors are not throttled
     assert rate_u == pytest.approx(U, rel=0.1)
     _check_logged_rho(p)
     # the buffer's counters add up in every row, and some production was dropped
-    assert (site["inserted"] == site["forwarded"] + site["forward_dropped"]
-            + site["forward_queue"]).all()
+    assert (
+        site["inserted"] == site["forwarded"] + site["forward_dropped"] + site["forward_queue"]
+    ).all()
     assert attrs["forward_dropped"] > 0
     assert attrs["inserted"] == attrs["forwarded"] + attrs["forward_dropped"]  # queue drained
     # delivered < 1, the same at the learner (env steps) and at the buffer (its inserts)
@@ -211,10 +271,28 @@ def test_drop_oldest_under_a_slow_link_keeps_production_and_logs_the_delivered_f
 @pytest.mark.mpi
 def test_max_updates_continues_with_resume_and_never_overshoots(tmp_path):
     run_dir = tmp_path / "budget"
-    base = ["--env", "CartPole-v1", "--hidden", "16", "--progress-seconds", "0",
-            "--target-return", "none", "--learning-starts", "100", "--eval-every", "10000",
-            "--learner-updates-per-s", "50", "--max-seconds", "60",
-            "--replay-at", "learner", "--replay-ratio", "0"]  # resumed: a batch in turn one
+    base = [
+        "--env",
+        "CartPole-v1",
+        "--hidden",
+        "16",
+        "--progress-seconds",
+        "0",
+        "--target-return",
+        "none",
+        "--learning-starts",
+        "100",
+        "--eval-every",
+        "10000",
+        "--learner-updates-per-s",
+        "50",
+        "--max-seconds",
+        "60",
+        "--replay-at",
+        "learner",
+        "--replay-ratio",
+        "0",
+    ]  # resumed: a batch in turn one
     r = run_mpirl(3, "--run-dir", str(run_dir), *base, "--max-updates", "40", timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     for budget, want in (("70", 70), ("70", 70)):  # the second: reached already

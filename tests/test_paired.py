@@ -1,5 +1,6 @@
 """analysis.paired (t-intervals on paired log ratios, Holm, the decision rule) and
 analysis.verdict (docs/results.md's generated sections equal what the committed data give)."""
+
 import math
 
 import numpy as np
@@ -55,9 +56,11 @@ def test_figure_outcome_follows_the_rule():
     paper_loss, paper_prio = 0.26, 3.92
     assert figure_outcome(_ratio(math.log(0.26)), 1e-6, paper_loss, 6) == MATCHES
     assert figure_outcome(_ratio(math.log(0.8)), 1e-6, paper_loss, 6).startswith(
-        "same direction, smaller")
+        "same direction, smaller"
+    )
     assert figure_outcome(_ratio(math.log(10.0)), 1e-6, paper_prio, 6).startswith(
-        "same direction, larger")
+        "same direction, larger"
+    )
     assert figure_outcome(_ratio(math.log(1.5)), 1e-6, paper_loss, 6) == OPPOSITE
     # Holm's p decides, not the unadjusted one
     r = _ratio(math.log(0.26))

@@ -31,33 +31,40 @@ def _clear_slurm(monkeypatch):
 
 # ---- node lists ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("expr, hosts", [
-    ("cloud1", ["cloud1"]),
-    ("node[01-03,07],cloud1", ["node01", "node02", "node03", "node07", "cloud1"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),
-    ("n[08-10]", ["n08", "n09", "n10"]),
-    ("n[001-002]", ["n001", "n002"]),
-    ("a[1-2],b[3,5-6]", ["a1", "a2", "b3", "b5", "b6"]),
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("gpu[1-2].site", ["gpu1.site", "gpu2.site"]),
-    ("a b\tc", ["a", "b", "c"]),
-    ("cn[1-2], big1", ["cn1", "cn2", "big1"]),
-])
+
+@pytest.mark.parametrize(
+    "expr, hosts",
+    [
+        ("cloud1", ["cloud1"]),
+        ("node[01-03,07],cloud1", ["node01", "node02", "node03", "node07", "cloud1"]),
+        ("n[8-10]", ["n8", "n9", "n10"]),
+        ("n[08-10]", ["n08", "n09", "n10"]),
+        ("n[001-002]", ["n001", "n002"]),
+        ("a[1-2],b[3,5-6]", ["a1", "a2", "b3", "b5", "b6"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("gpu[1-2].site", ["gpu1.site", "gpu2.site"]),
+        ("a b\tc", ["a", "b", "c"]),
+        ("cn[1-2], big1", ["cn1", "cn2", "big1"]),
+    ],
+)
 def test_expand_nodelist(expr, hosts):
     assert pl.expand_nodelist(expr) == hosts
 
 
-@pytest.mark.parametrize("expr, words", [
-    ("node[1-3", "never closed"),
-    ("node1-3]", r"without '\['"),
-    ("node[3-1]", "backwards"),
-    ("node[a-b]", "not N or N-M"),
-    ("node[]", "empty brackets"),
-    ("n[[1]]", "nested"),
-    ("a,a", "twice"),
-    ("", "names no host"),
-    ("n[0-99999999]", "more than"),
-])
+@pytest.mark.parametrize(
+    "expr, words",
+    [
+        ("node[1-3", "never closed"),
+        ("node1-3]", r"without '\['"),
+        ("node[3-1]", "backwards"),
+        ("node[a-b]", "not N or N-M"),
+        ("node[]", "empty brackets"),
+        ("n[[1]]", "nested"),
+        ("a,a", "twice"),
+        ("", "names no host"),
+        ("n[0-99999999]", "more than"),
+    ],
+)
 def test_expand_nodelist_errors(expr, words):
     with pytest.raises(PlacementError, match=words) as e:
         pl.expand_nodelist(expr)
@@ -73,6 +80,7 @@ def test_expand_counts():
 
 # ---- plans --------------------------------------------------------------------------------------
 
+
 def _alloc(nodelist: str, slots) -> pl.Allocation:
     return pl.allocation_from_nodes(nodelist, slots)
 
@@ -80,8 +88,8 @@ def _alloc(nodelist: str, slots) -> pl.Allocation:
 def _assert_edge_cloud(p: pl.Plan, cloud: str) -> list[str]:
     hosts = p.hosts()
     assert len(hosts) == p.world_size == sum(n for _, n in p.lines)
-    assert hosts[0] == cloud and hosts.count(cloud) == 1           # the learner alone
-    assert len({h for h, _ in p.lines}) == len(p.lines)            # each host named once
+    assert hosts[0] == cloud and hosts.count(cloud) == 1  # the learner alone
+    assert len({h for h, _ in p.lines}) == len(p.lines)  # each host named once
     return hosts
 
 
@@ -100,8 +108,8 @@ def test_two_sites_one_per_edge_host(n):
     places = layout(n, 2)
     for s in range(2):
         site_hosts = {hosts[q.rank] for q in places if q.site == s}
-        assert len(site_hosts) == 1                                 # buffer with its actors
-    assert hosts[places[1].rank] != hosts[-1]                       # and the sites apart
+        assert len(site_hosts) == 1  # buffer with its actors
+    assert hosts[places[1].rank] != hosts[-1]  # and the sites apart
     assert pl.check_hosts(hosts, 2) == []
 
 
@@ -140,6 +148,7 @@ def _brute_best(n, b, caps):
     sites = pl._sites(n, b)
     best = None
     for order in set(itertools.permutations(caps)):
+
         def rec(r, i, acc):
             nonlocal best
             if r == n:
@@ -151,16 +160,21 @@ def _brute_best(n, b, caps):
             for e in range(r + 1, min(r + order[i], n) + 1):
                 sc = pl._chunk_score(r, e, sites)
                 rec(e, i + 1, tuple(x + y for x, y in zip(acc, sc)))
+
         rec(1, 0, (0, 0, 0, 0))
     return best
 
 
-@pytest.mark.parametrize("n, b, caps", [
-    (n, b, caps)
-    for caps in [(4, 4), (3, 5), (2, 2, 3), (6,), (5, 3), (2, 4, 4), (3, 3, 3)]
-    for n in range(3, 1 + sum(caps) + 1)
-    for b in (1, 2, 3) if n >= 1 + 2 * b
-])
+@pytest.mark.parametrize(
+    "n, b, caps",
+    [
+        (n, b, caps)
+        for caps in [(4, 4), (3, 5), (2, 2, 3), (6,), (5, 3), (2, 4, 4), (3, 3, 3)]
+        for n in range(3, 1 + sum(caps) + 1)
+        for b in (1, 2, 3)
+        if n >= 1 + 2 * b
+    ],
+)
 def test_plan_is_as_good_as_brute_force(n, b, caps):
     chunks = pl._best_chunks(n, b, caps)
     sites = pl._sites(n, b)
@@ -181,6 +195,7 @@ def test_every_rank_placed_many_shapes():
 
 
 # ---- hostfiles ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", pl.FORMATS)
 def test_render_parse_round_trip(fmt):
@@ -214,11 +229,14 @@ def test_hostfile_example():
     entries = pl.parse_hostfile(text)
     assert sum(n for _, n in entries) == 9
     hosts = pl.rank_hosts(entries, 9)
-    assert hosts[0] == entries[0][0] and hosts.count(hosts[0]) == 1   # rank 0 alone on the cloud
+    assert hosts[0] == entries[0][0] and hosts.count(hosts[0]) == 1  # rank 0 alone on the cloud
     assert pl.check_hosts(hosts, 2) == []
     # The Open MPI lines in its comments say the same.
-    ompi = "\n".join(line.lstrip("#").strip() for line in text.splitlines()
-                     if "slots=" in line and line.lstrip("#").strip().split()[0].isalnum())
+    ompi = "\n".join(
+        line.lstrip("#").strip()
+        for line in text.splitlines()
+        if "slots=" in line and line.lstrip("#").strip().split()[0].isalnum()
+    )
     assert pl.rank_hosts(pl.parse_hostfile(ompi), 9) == hosts
     # And the generator writes the same lines for the same hosts.
     p = pl.plan(9, 2, _alloc(",".join(h for h, _ in entries), 4))
@@ -226,8 +244,9 @@ def test_hostfile_example():
 
 
 def test_check_cli(capsys, tmp_path):
-    assert pl.main(["--check", str(ROOT / "hostfile.example"), "--buffers", "2",
-                    "--ntasks", "9"]) == 0
+    assert (
+        pl.main(["--check", str(ROOT / "hostfile.example"), "--buffers", "2", "--ntasks", "9"]) == 0
+    )
     assert "learner" in capsys.readouterr().out
     bad = tmp_path / "bad"
     bad.write_text("a:9\n")
@@ -237,6 +256,7 @@ def test_check_cli(capsys, tmp_path):
 
 
 # ---- the SLURM environment ----------------------------------------------------------------------
+
 
 def test_plain_job_env(monkeypatch, capsys):
     _clear_slurm(monkeypatch)
@@ -267,13 +287,13 @@ def test_plain_job_uneven_tasks(monkeypatch):
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "6(x2),5")
     alloc = pl.allocation_from_slurm()
     assert alloc.edge == (("n2", 6), ("n3", 5))
-    p = pl.plan(12, 2, alloc)   # sites of 6 and 5 ranks
+    p = pl.plan(12, 2, alloc)  # sites of 6 and 5 ranks
     assert pl.check_hosts(p.hosts(), 2) == []
 
 
 def test_hetjob_env(monkeypatch, capsys):
     _clear_slurm(monkeypatch)
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "big1,e[1-2]")   # the het groups take precedence
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "big1,e[1-2]")  # the het groups take precedence
     monkeypatch.setenv("SLURM_HET_SIZE", "2")
     monkeypatch.setenv("SLURM_JOB_NODELIST_HET_GROUP_0", "big1")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE_HET_GROUP_0", "1")
@@ -281,7 +301,7 @@ def test_hetjob_env(monkeypatch, capsys):
     monkeypatch.setenv("SLURM_TASKS_PER_NODE_HET_GROUP_1", "8(x2)")
     alloc = pl.allocation_from_slurm()
     assert alloc.cloud == "big1" and alloc.edge == (("e1", 8), ("e2", 8))
-    assert pl.main(["--buffers", "2"]) == 0                     # --ntasks defaults to 1 + 16
+    assert pl.main(["--buffers", "2"]) == 0  # --ntasks defaults to 1 + 16
     hosts = pl.rank_hosts(pl.parse_hostfile(capsys.readouterr().out), 17)
     assert hosts == ["big1"] + ["e1"] * 8 + ["e2"] * 8
 
@@ -308,16 +328,26 @@ def test_slurm_info(monkeypatch):
 
 # ---- errors name the value and the fix ----------------------------------------------------------
 
-@pytest.mark.parametrize("env, kwargs, words", [
-    ({}, {}, "not inside a SLURM job.*--nodelist"),
-    ({"SLURM_JOB_NODELIST": "n[1-3]"}, {}, "no task count per node.*--ntasks-per-node"),
-    ({"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "8(x2)"}, {},
-     "gives 2 counts for 3 nodes.*--slots"),
-    ({"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "8(x3)"}, {"cloud": "x9"},
-     "cloud='x9' is not in the allocation.*--cloud"),
-    ({"SLURM_JOB_NODELIST_HET_GROUP_0": "c"}, {}, "one component.*hetjob"),
-    ({"SLURM_JOB_NODELIST": "n[1-2]"}, {"slots": 0}, "slots=0"),
-])
+
+@pytest.mark.parametrize(
+    "env, kwargs, words",
+    [
+        ({}, {}, "not inside a SLURM job.*--nodelist"),
+        ({"SLURM_JOB_NODELIST": "n[1-3]"}, {}, "no task count per node.*--ntasks-per-node"),
+        (
+            {"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "8(x2)"},
+            {},
+            "gives 2 counts for 3 nodes.*--slots",
+        ),
+        (
+            {"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "8(x3)"},
+            {"cloud": "x9"},
+            "cloud='x9' is not in the allocation.*--cloud",
+        ),
+        ({"SLURM_JOB_NODELIST_HET_GROUP_0": "c"}, {}, "one component.*hetjob"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]"}, {"slots": 0}, "slots=0"),
+    ],
+)
 def test_env_errors(monkeypatch, env, kwargs, words):
     _clear_slurm(monkeypatch)
     for k, v in env.items():
@@ -327,8 +357,11 @@ def test_env_errors(monkeypatch, env, kwargs, words):
 
 
 def test_too_few_slots_says_how_many():
-    with pytest.raises(PlacementError, match=r"ntasks=20 needs 19 edge slots.*have 16.*"
-                                             r"lower --ntasks to 17"):
+    with pytest.raises(
+        PlacementError,
+        match=r"ntasks=20 needs 19 edge slots.*have 16.*"
+        r"lower --ntasks to 17",
+    ):
         pl.plan(20, 2, _alloc("c,e[1-2]", 8))
 
 
@@ -352,6 +385,7 @@ def test_cli_errors_exit_2(monkeypatch, capsys):
 
 # ---- real Hydra: the generated file places ranks as planned ------------------------------------
 
+
 @pytest.mark.mpi
 def test_hydra_fills_generated_hostfile(tmp_path):
     mpirun = Path(sys.executable).with_name("mpirun")
@@ -363,9 +397,12 @@ def test_hydra_fills_generated_hostfile(tmp_path):
     p = pl.plan(9, 2, _alloc(f"localhost,127.0.0.1,{me}", 4))
     hf = tmp_path / "hostfile"
     hf.write_text(pl.render(p, "hydra", "test"))
-    out = subprocess.run([str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c",
-                          'echo "$PMI_RANK $PMI_HOSTNAME"'],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c", 'echo "$PMI_RANK $PMI_HOSTNAME"'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     # The one launcher limitation this test cannot help: Hydra takes one of the three names for
     # a remote host and starts its proxy there with ssh, which is missing or refused (measured:
     # "execvp error on file ssh", "ssh: Could not resolve hostname", each followed by this line).
@@ -378,6 +415,7 @@ def test_hydra_fills_generated_hostfile(tmp_path):
 
 
 # ---- job scripts --------------------------------------------------------------------------------
+
 
 def test_job_scripts_exist():
     names = {j.name for j in JOBS}
@@ -392,41 +430,81 @@ def test_job_script_syntax_and_contract(job):
     r = subprocess.run([bash, "-n", str(job)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = job.read_text()
-    for needed in ("#SBATCH --time=", "#SBATCH --requeue", "#SBATCH --signal=B:TERM@",
-                   "SLURM_RESTART_COUNT", "--resume", "source .venv/bin/activate", "srun",
-                   "mpirun", "--run-dir", "--max-seconds"):
+    for needed in (
+        "#SBATCH --time=",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:TERM@",
+        "SLURM_RESTART_COUNT",
+        "--resume",
+        "source .venv/bin/activate",
+        "srun",
+        "mpirun",
+        "--run-dir",
+        "--max-seconds",
+    ):
         assert needed in text, f"{job.name} lacks {needed!r}"
     # Every #SBATCH line comes before the first command (sbatch stops reading there).
     lines = text.splitlines()
-    first_cmd = next(i for i, line in enumerate(lines[1:], 1)
-                     if line.strip() and not line.lstrip().startswith("#"))
+    first_cmd = next(
+        i
+        for i, line in enumerate(lines[1:], 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    )
     assert all(i < first_cmd for i, line in enumerate(lines) if line.startswith("#SBATCH"))
 
 
 def _dry(job: str, tmp_path, env: dict, *args) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    base.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                MPIRL_DRY_RUN="1", RUN_ROOT=str(tmp_path / "runs"), **env)
-    return subprocess.run(["bash", str(ROOT / "jobs" / job), *args], capture_output=True,
-                          text=True, env=base, cwd=ROOT, timeout=60)
+    base.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        MPIRL_DRY_RUN="1",
+        RUN_ROOT=str(tmp_path / "runs"),
+        **env,
+    )
+    return subprocess.run(
+        ["bash", str(ROOT / "jobs" / job), *args],
+        capture_output=True,
+        text=True,
+        env=base,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def test_edge_cloud_dry_run(tmp_path):
-    r = _dry("edge-cloud.sbatch", tmp_path, {
-        "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "ec", "SLURM_RESTART_COUNT": "2",
-        "SLURM_JOB_NODELIST": "cn[01-03]", "SLURM_TASKS_PER_NODE": "8(x3)"})
+    r = _dry(
+        "edge-cloud.sbatch",
+        tmp_path,
+        {
+            "SLURM_JOB_ID": "42",
+            "SLURM_JOB_NAME": "ec",
+            "SLURM_RESTART_COUNT": "2",
+            "SLURM_JOB_NODELIST": "cn[01-03]",
+            "SLURM_TASKS_PER_NODE": "8(x3)",
+        },
+    )
     assert r.returncode == 0, r.stderr
-    assert f"+ mpirun -f {tmp_path}/runs/ec-42-r2.hostfile -n 17 python -m mpirl.main " \
-           f"--buffers 2" in r.stdout
+    assert (
+        f"+ mpirun -f {tmp_path}/runs/ec-42-r2.hostfile -n 17 python -m mpirl.main "
+        f"--buffers 2" in r.stdout
+    )
     assert f"--run-dir {tmp_path}/runs/ec-42-r2" in r.stdout
     hosts = pl.rank_hosts(pl.parse_hostfile((tmp_path / "runs/ec-42-r2.hostfile").read_text()), 17)
     assert hosts[0] == "cn01" and pl.check_hosts(hosts, 2) == []
 
 
 def test_edge_cloud_srun_dry_run(tmp_path):
-    r = _dry("edge-cloud.sbatch", tmp_path, {
-        "SLURM_JOB_ID": "43", "SLURM_JOB_NAME": "ec", "LAUNCHER": "srun",
-        "SLURM_JOB_NODELIST": "cn[01-03]", "SLURM_TASKS_PER_NODE": "8(x3)"})
+    r = _dry(
+        "edge-cloud.sbatch",
+        tmp_path,
+        {
+            "SLURM_JOB_ID": "43",
+            "SLURM_JOB_NAME": "ec",
+            "LAUNCHER": "srun",
+            "SLURM_JOB_NODELIST": "cn[01-03]",
+            "SLURM_TASKS_PER_NODE": "8(x3)",
+        },
+    )
     assert r.returncode == 0, r.stderr
     assert "+ srun --mpi=pmi2 --distribution=arbitrary -n 17" in r.stdout
     per_rank = (tmp_path / "runs/ec-43-r0.hostfile.srun").read_text().split()
@@ -434,17 +512,28 @@ def test_edge_cloud_srun_dry_run(tmp_path):
 
 
 def test_hetjob_dry_run(tmp_path):
-    r = _dry("edge-cloud-hetjob.sbatch", tmp_path, {
-        "SLURM_JOB_ID": "44", "SLURM_JOB_NAME": "het",
-        "SLURM_JOB_NODELIST_HET_GROUP_0": "big1", "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
-        "SLURM_JOB_NODELIST_HET_GROUP_1": "e[1-2]", "SLURM_TASKS_PER_NODE_HET_GROUP_1": "8(x2)"})
+    r = _dry(
+        "edge-cloud-hetjob.sbatch",
+        tmp_path,
+        {
+            "SLURM_JOB_ID": "44",
+            "SLURM_JOB_NAME": "het",
+            "SLURM_JOB_NODELIST_HET_GROUP_0": "big1",
+            "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
+            "SLURM_JOB_NODELIST_HET_GROUP_1": "e[1-2]",
+            "SLURM_TASKS_PER_NODE_HET_GROUP_1": "8(x2)",
+        },
+    )
     assert r.returncode == 0, r.stderr
     assert "+ srun --het-group=0,1 --mpi=pmi2 python -m mpirl.main --buffers 2" in r.stdout
 
 
 def test_single_node_dry_run(tmp_path):
-    r = _dry("single-node.sbatch", tmp_path, {"SLURM_JOB_ID": "45", "SLURM_NTASKS": "9",
-                                              "MPIRL_ARGS": "--env Acrobot-v1"})
+    r = _dry(
+        "single-node.sbatch",
+        tmp_path,
+        {"SLURM_JOB_ID": "45", "SLURM_NTASKS": "9", "MPIRL_ARGS": "--env Acrobot-v1"},
+    )
     assert r.returncode == 0, r.stderr
     assert "+ mpirun -launcher fork -n 9 python -m mpirl.main" in r.stdout
     assert r.stdout.rstrip().endswith("--env Acrobot-v1")

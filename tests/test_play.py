@@ -3,6 +3,7 @@
 export, the dashboard files, --resume and the seeds on that run; play and export of MinAtar and
 Atari networks on run folders made here; the optional extras' clear errors.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,9 +20,9 @@ import numpy as np
 import pytest
 from mpirun import run_mpirl
 
-from mpirl.roles import best_model
-from mpirl.agent import envs
 from mpirl import play as P
+from mpirl.agent import envs
+from mpirl.roles import best_model
 from mpirl.run.config import parse, to_dict
 
 TESTS = Path(__file__).parent
@@ -30,41 +31,86 @@ HAVE_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript"))
 HAVE_VIDEO = all(importlib.util.find_spec(m) for m in ("moviepy", "pygame"))
 HAVE_IMAGES = all(importlib.util.find_spec(m) for m in ("ale_py", "minatar", "cv2"))
 OPTIMUM = 28.0  # toy env n=3, length=7, rewards (r + 1) * 2: 4 per step when right
-TOY = ["--env", "toy_env:MpirlSignal-v0", "--env-kwargs", '{"n": 3, "length": 7}',
-       "--env-wrappers", "toy_env:plus_one,toy_env:double"]
-TRAIN = ["--seed", "5", "--target-return", str(OPTIMUM), "--max-seconds", "40",
-         "--eval-every", "100", "--eval-episodes", "3", "--learning-starts", "200",
-         "--hidden", "32", "--gamma", "0.1", "--n-step", "1", "--flush-seconds", "1",
-         "--progress-seconds", "1"]
+TOY = [
+    "--env",
+    "toy_env:MpirlSignal-v0",
+    "--env-kwargs",
+    '{"n": 3, "length": 7}',
+    "--env-wrappers",
+    "toy_env:plus_one,toy_env:double",
+]
+TRAIN = [
+    "--seed",
+    "5",
+    "--target-return",
+    str(OPTIMUM),
+    "--max-seconds",
+    "40",
+    "--eval-every",
+    "100",
+    "--eval-episodes",
+    "3",
+    "--learning-starts",
+    "200",
+    "--hidden",
+    "32",
+    "--gamma",
+    "0.1",
+    "--n-step",
+    "1",
+    "--flush-seconds",
+    "1",
+    "--progress-seconds",
+    "1",
+]
 
 
 def _env() -> dict:
-    return {"PYTHONPATH": os.pathsep.join(x for x in (str(TESTS), os.environ.get("PYTHONPATH"))
-                                          if x)}
+    return {
+        "PYTHONPATH": os.pathsep.join(x for x in (str(TESTS), os.environ.get("PYTHONPATH")) if x)
+    }
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A toy-env run that reached the optimum (stops at --target-return), with --tensorboard."""
     run = tmp_path_factory.mktemp("toy") / "run"
-    p = run_mpirl(3, *TOY, *TRAIN, *(["--tensorboard"] if HAVE_TB else []), "--run-dir",
-                  str(run), timeout=120, env=_env())
+    p = run_mpirl(
+        3,
+        *TOY,
+        *TRAIN,
+        *(["--tensorboard"] if HAVE_TB else []),
+        "--run-dir",
+        str(run),
+        timeout=120,
+        env=_env(),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "stopping (target_return)" in p.stdout, p.stdout
     return run
 
 
 def _play(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpirl.play", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **_env()}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mpirl.play", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **_env()},
+        check=False,
+    )
 
 
 def _returns(stdout: str) -> list[float]:
-    return [float(x.split("return")[1].split()[0]) for x in stdout.splitlines()
-            if x.startswith("episode")]
+    return [
+        float(x.split("return")[1].split()[0])
+        for x in stdout.splitlines()
+        if x.startswith("episode")
+    ]
 
 
 # ---- the user's own env under mpirun ----------------------------------------------------------
+
 
 def test_own_env_kwargs_and_wrappers_at_actors_and_evaluator(trained):
     with h5py.File(trained / "learner.h5", "r") as f:
@@ -95,6 +141,7 @@ def test_every_rank_logs_its_derived_seeds(trained):
 
 # ---- best.pt -----------------------------------------------------------------------------------
 
+
 def test_best_model_written_with_its_eval_and_played(trained):
     best = best_model.load(trained / "best.pt")
     with h5py.File(trained / "learner.h5", "r") as f:
@@ -120,8 +167,9 @@ def test_best_model_kept_only_when_beaten(tmp_path):
     assert not best_model.offer(tmp_path, {"w": torch.zeros(2)}, np.array([2.0]), 2.0, update=6)
     # a resumed learner's best (from its checkpoint) can be below the best.pt on disk
     assert not best_model.offer(tmp_path, {"w": torch.zeros(2)}, np.array([1.5]), 1.0, update=7)
-    assert best_model.offer(tmp_path, {"w": torch.full((2,), 9.0)}, np.array([4.0]), 2.0,
-                            update=8, env_steps=80)
+    assert best_model.offer(
+        tmp_path, {"w": torch.full((2,), 9.0)}, np.array([4.0]), 2.0, update=8, env_steps=80
+    )
     got = best_model.load(tmp_path / "best.pt")
     assert got["eval"]["update"] == 8 and got["eval"]["ret_mean"] == 4.0
     assert got["online"]["w"].tolist() == [9.0, 9.0]
@@ -129,20 +177,29 @@ def test_best_model_kept_only_when_beaten(tmp_path):
 
 # ---- play: checkpoints, console script, errors --------------------------------------------------
 
+
 def test_play_checkpoint_latest_and_id_through_the_console_script(trained):
     mpirl = Path(sys.executable).parent / "mpirl"
-    p = subprocess.run([str(mpirl), "play", str(trained), "--checkpoint", "1", "--episodes", "2"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, **_env()},
-                       check=False)
+    p = subprocess.run(
+        [str(mpirl), "play", str(trained), "--checkpoint", "1", "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **_env()},
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     assert "weights from checkpoint 1" in p.stdout and len(_returns(p.stdout)) == 2
     assert P.main([str(trained), "--checkpoint", "latest", "--episodes", "0"]) == 0
 
 
-@pytest.mark.parametrize("args, text", [
-    (["--checkpoint", "9"], "checkpoint 9 is not in"),
-    (["--checkpoint", "newest"], "must be 'best', 'latest' or a checkpoint id"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["--checkpoint", "9"], "checkpoint 9 is not in"),
+        (["--checkpoint", "newest"], "must be 'best', 'latest' or a checkpoint id"),
+    ],
+)
 def test_play_bad_checkpoint_one_clear_error(trained, capsys, args, text):
     assert P.main([str(trained), *args]) == 2
     err = capsys.readouterr().err
@@ -155,6 +212,7 @@ def test_play_not_a_run(tmp_path, capsys):
 
 
 # ---- export: the same actions as mpirl's own forward -------------------------------------------
+
 
 def _recorded(run_dir, episodes=3, max_steps=0):
     """(cfg, spec, torch net, mpirl's acting net, observations played by it)."""
@@ -226,22 +284,28 @@ def test_play_and_export_image_runs(tmp_path, env_id, capsys):
 
 # ---- video and the optional extras --------------------------------------------------------------
 
+
 @pytest.mark.skipif(not HAVE_VIDEO, reason='needs the video extra: pip install -e ".[video]"')
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v1"])
 def test_video_of_each_episode(tmp_path, env_id):
     if env_id.startswith("MinAtar") and not HAVE_IMAGES:
         pytest.skip("needs the images extra")
     run = _image_run(tmp_path, env_id)
-    assert P.main([str(run), "--episodes", "2", "--max-steps", "20", "--video",
-                   str(tmp_path / "v")]) == 0
+    assert (
+        P.main([str(run), "--episodes", "2", "--max-steps", "20", "--video", str(tmp_path / "v")])
+        == 0
+    )
     videos = sorted((tmp_path / "v").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
 
 
-@pytest.mark.parametrize("missing, args, text", [
-    ("moviepy", ["--video", "V"], 'needs moviepy (the video extra): pip install -e ".[video]"'),
-    ("onnx", ["--export", "q.onnx", "--format", "onnx"], "--format onnx needs onnx"),
-])
+@pytest.mark.parametrize(
+    "missing, args, text",
+    [
+        ("moviepy", ["--video", "V"], 'needs moviepy (the video extra): pip install -e ".[video]"'),
+        ("onnx", ["--export", "q.onnx", "--format", "onnx"], "--format onnx needs onnx"),
+    ],
+)
 def test_missing_extra_one_clear_error(tmp_path, monkeypatch, capsys, missing, args, text):
     run = _image_run(tmp_path, "CartPole-v1")
     monkeypatch.setitem(sys.modules, missing, None)  # find_spec() now says: not installed
@@ -253,6 +317,7 @@ def test_missing_extra_one_clear_error(tmp_path, monkeypatch, capsys, missing, a
 
 # ---- --resume rebuilds the same env -------------------------------------------------------------
 
+
 @pytest.mark.mpi
 def test_resume_rebuilds_the_users_env(trained, tmp_path):
     run = tmp_path / "run"
@@ -260,8 +325,17 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
     with h5py.File(run / "actor-2.h5", "r") as f:
         before = len(f["episodes/ret"])
     steps = json.loads((run / "summary.json").read_text())["env_steps"]
-    p = run_mpirl(3, "--resume", str(run), "--max-env-steps", str(steps + 300), "--target-return",
-                  "none", timeout=120, env=_env())  # 300 env steps: ~40 episodes of 7
+    p = run_mpirl(
+        3,
+        "--resume",
+        str(run),
+        "--max-env-steps",
+        str(steps + 300),
+        "--target-return",
+        "none",
+        timeout=120,
+        env=_env(),
+    )  # 300 env steps: ~40 episodes of 7
     assert p.returncode == 0, p.stdout + p.stderr
     with h5py.File(run / "actor-2.h5", "r") as f:
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]
@@ -274,14 +348,20 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
 
 # ---- TensorBoard ------------------------------------------------------------------------------
 
+
 def test_tensorboard_groups_are_the_same_live_and_offline():
     """The live mirror gets rows in flush-sized pieces, the converter all at once: same points."""
     from mpirl.logs.dashboard import Scalars
 
     rng = np.random.default_rng(0)
     n = 1234
-    cols = {"t": np.arange(n) * 0.01, "update": np.arange(1, n + 1), "loss": rng.random(n),
-            "td_abs_mean": rng.random(n), "beta": np.full(n, 0.4)}
+    cols = {
+        "t": np.arange(n) * 0.01,
+        "update": np.arange(1, n + 1),
+        "loss": rng.random(n),
+        "td_abs_mean": rng.random(n),
+        "beta": np.full(n, 0.4),
+    }
     whole = Scalars(100.0)
     a = whole.rows("updates", cols) + whole.finish()
     live = Scalars(100.0)
@@ -295,8 +375,9 @@ def test_tensorboard_groups_are_the_same_live_and_offline():
     assert loss[0][2] == pytest.approx(cols["loss"][:99].mean())
 
 
-@pytest.mark.skipif(not HAVE_TB, reason='needs the tensorboard extra: pip install -e '
-                    '".[tensorboard]"')
+@pytest.mark.skipif(
+    not HAVE_TB, reason='needs the tensorboard extra: pip install -e ".[tensorboard]"'
+)
 def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -314,9 +395,14 @@ def test_tensorboard_files_readable_live_and_offline(trained, tmp_path):
         ea = EventAccumulator(str(d))
         ea.Reload()
         tags = set(ea.Tags()["scalars"])
-        for tag in ("eval/ret_mean", "train/loss", "link/site0/mb_in_per_s",
-                    "link/site0/priority_mean", "link/site0/window",
-                    *(["progress/updates_per_s", "progress/recent_return"] if progress else [])):
+        for tag in (
+            "eval/ret_mean",
+            "train/loss",
+            "link/site0/mb_in_per_s",
+            "link/site0/priority_mean",
+            "link/site0/window",
+            *(["progress/updates_per_s", "progress/recent_return"] if progress else []),
+        ):
             assert tag in tags, (name, sorted(tags))
         got[name] = {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in tags}
         assert [v for _, v in got[name]["eval/ret_mean"]] == pytest.approx(evals.tolist())
@@ -331,17 +417,31 @@ def test_buffer_tensorboard_scalars_are_the_same_live_and_offline():
 
     rng = np.random.default_rng(1)
     n, k = 250, 40
-    batches = {"t": np.arange(n) * 0.01, "batch": np.arange(n), "priority_mean": rng.random(n),
-               "max_weight": 1 + rng.random(n), "beta": np.full(n, 0.4),
-               "size": np.arange(n) * 10}
+    batches = {
+        "t": np.arange(n) * 0.01,
+        "batch": np.arange(n),
+        "priority_mean": rng.random(n),
+        "max_weight": 1 + rng.random(n),
+        "beta": np.full(n, 0.4),
+        "size": np.arange(n) * 10,
+    }
     site = {"t": 0.5 * np.arange(1, k + 1), **{f: rng.random(k) for f in SITE}}
     site["rtt_s"][::2] = np.nan  # no round trip in those intervals
-    link = {"t": site["t"], "bytes_out": np.arange(k) * 1000, "raw_bytes_out": np.arange(k) * 3000,
-            "bytes_in": np.full(k, 500), "interval_s": np.full(k, 0.5),
-            "utilization": rng.random(k)}
+    link = {
+        "t": site["t"],
+        "bytes_out": np.arange(k) * 1000,
+        "raw_bytes_out": np.arange(k) * 3000,
+        "bytes_in": np.full(k, 500),
+        "interval_s": np.full(k, 0.5),
+        "utilization": rng.random(k),
+    }
     whole = BufferScalars(100.0)
-    a = (whole.rows("site", site) + whole.rows("link", link) + whole.rows("batches", batches)
-         + whole.finish())
+    a = (
+        whole.rows("site", site)
+        + whole.rows("link", link)
+        + whole.rows("batches", batches)
+        + whole.finish()
+    )
     live = BufferScalars(100.0)
     b = []
     for lo, hi in ((0, 3), (3, 20), (20, k)):
@@ -355,19 +455,22 @@ def test_buffer_tensorboard_scalars_are_the_same_live_and_offline():
     for tag, step, value, wall in a:
         by_tag.setdefault(tag, []).append((step, value, wall))
     assert [s for s, _, _ in by_tag["buffer/replay_size"]] == [500 * (i + 1) for i in range(k)]
-    assert len(by_tag["buffer/rtt_s"]) == k // 2 and all(np.isfinite(v) for _, v, _ in
-                                                          by_tag["buffer/rtt_s"])
+    assert len(by_tag["buffer/rtt_s"]) == k // 2 and all(
+        np.isfinite(v) for _, v, _ in by_tag["buffer/rtt_s"]
+    )
     assert by_tag["buffer/link_mb_in_per_s"][0][1] == pytest.approx(500 / 0.5 / 1e6)
     assert [v for _, v, _ in by_tag["buffer/link_compression"]] == pytest.approx([3.0] * (k - 1))
     assert [s for s, _, _ in by_tag["buffer/batch_priority_mean"]] == [99, 199, 249]
     assert by_tag["buffer/batch_max_weight"][0][1] == pytest.approx(
-        batches["max_weight"][:100].mean())
+        batches["max_weight"][:100].mean()
+    )
     assert by_tag["buffer/batch_size"][-1][1] == 2490  # the group's last
     assert by_tag["buffer/env_steps"][0][2] == pytest.approx(100.5)  # t0_unix + t
 
 
-@pytest.mark.skipif(not HAVE_TB, reason='needs the tensorboard extra: pip install -e '
-                    '".[tensorboard]"')
+@pytest.mark.skipif(
+    not HAVE_TB, reason='needs the tensorboard extra: pip install -e ".[tensorboard]"'
+)
 def test_buffer_statistics_reach_tensorboard_live_and_offline(trained, tmp_path):
     """--tensorboard: the buffer writes its /site, /link and /batches rows into
     tensorboard/buffer-<s> (a TensorBoard run per site), as the converter does from
@@ -381,14 +484,23 @@ def test_buffer_statistics_reach_tensorboard_live_and_offline(trained, tmp_path)
         batches = f["batches/batch"][()]
     assert to_tensorboard.main([str(trained), "--out", str(tmp_path / "tb")]) == 0
     got = {}
-    for name, d in (("live", trained / "tensorboard" / "buffer-0"),
-                    ("offline", tmp_path / "tb" / "buffer-0")):
+    for name, d in (
+        ("live", trained / "tensorboard" / "buffer-0"),
+        ("offline", tmp_path / "tb" / "buffer-0"),
+    ):
         ea = EventAccumulator(str(d))
         ea.Reload()
         tags = set(ea.Tags()["scalars"])
-        for tag in ("buffer/replay_size", "buffer/inserted", "buffer/sampled",
-                    "buffer/prio_applied", "buffer/window", "buffer/link_mb_out_per_s",
-                    "buffer/batch_priority_mean", "buffer/batch_max_weight"):
+        for tag in (
+            "buffer/replay_size",
+            "buffer/inserted",
+            "buffer/sampled",
+            "buffer/prio_applied",
+            "buffer/window",
+            "buffer/link_mb_out_per_s",
+            "buffer/batch_priority_mean",
+            "buffer/batch_max_weight",
+        ):
             assert tag in tags, (name, sorted(tags))
         assert not any(t.startswith(("train/", "eval/")) for t in tags)  # the learner's: apart
         got[name] = {t: [(e.step, e.value) for e in ea.Scalars(t)] for t in tags}
@@ -398,8 +510,8 @@ def test_buffer_statistics_reach_tensorboard_live_and_offline(trained, tmp_path)
 
 
 def test_tensorboard_without_its_extra_is_a_config_error(monkeypatch):
-    from mpirl.run.config import ConfigError
     from mpirl.logs.dashboard import check_installed
+    from mpirl.run.config import ConfigError
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(ConfigError, match=r'needs .* pip install -e "\.\[tensorboard\]"'):

@@ -1,5 +1,6 @@
 """mpirl.refloss: the held-out reference set (deterministic, n-step as the run's, hash stable)
 and the reference loss against a hand computation."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,6 +53,7 @@ def test_reference_loss_equals_a_hand_computation():
 def test_reference_loss_with_the_network_as_its_own_target_by_hand():
     """What the evaluation computes (numpy, one network as online and target)."""
     net = linear([[1, 0], [0, 2]])  # Q(s) = [s0, 2 s1]
+
     # 1: q = 2; Q([2,.5]) = [2, 1]: a* = 0, y = .5 + .9 * 2 = 2.3, td = .3, huber .045
     # 2: q = 3; Q([0,1]) = [0, 2]: a* = 1, y = .5 * 2 = 1, td = 2, huber 1.5
     # 3: q = -2; terminal: y = 1, td = 3, huber 2.5
@@ -63,7 +65,7 @@ def test_reference_loss_with_the_network_as_its_own_target_by_hand():
         got = R.reference_loss_self(q, tiny(), huber_delta=1.0, chunk=chunk)
         assert got["loss"] == pytest.approx((0.045 + 1.5 + 2.5) / 3, rel=1e-6)
         assert got["td_abs_mean"] == pytest.approx((0.3 + 2 + 3) / 3, rel=1e-6)
-        assert got["q_sq_mean"] == pytest.approx((2 ** 2 + 3 ** 2 + 2 ** 2) / 3, rel=1e-6)
+        assert got["q_sq_mean"] == pytest.approx((2**2 + 3**2 + 2**2) / 3, rel=1e-6)
     q_sq = got.pop("q_sq_mean")  # the Q scale: only the evaluation's numpy form gives it
     assert got == pytest.approx(R.reference_loss(net, net, tiny(), huber_delta=1.0))
     assert q_sq > 0
@@ -103,25 +105,41 @@ def test_collection_is_deterministic_and_n_step_consistent(tmp_path):
     full = a.discount > 0
     assert full.any() and (~full).any()  # random play ends episodes
     np.testing.assert_allclose(a.reward[full], 1 + 0.9 + 0.81, rtol=1e-6)
-    np.testing.assert_allclose(a.discount[full], 0.9 ** 3, rtol=1e-6)
+    np.testing.assert_allclose(a.discount[full], 0.9**3, rtol=1e-6)
     # epsilon-greedy with a Q-function: greedy steps follow it
     always_left = lambda x: np.tile([1.0, 0.0], (len(x), 1))
-    g = R.collect("CartPole-v1", seed=5, size=50, n_step=1, gamma=0.9, q=always_left,
-                  epsilon=0.0)
+    g = R.collect("CartPole-v1", seed=5, size=50, n_step=1, gamma=0.9, q=always_left, epsilon=0.0)
     assert (g.action == 0).all() and g.meta["policy"] == "epsilon-greedy"
     p = tmp_path / "ref.npz"
-    assert R.main(["--env", "CartPole-v1", "--seed", "5", "--size", "300", "--n-step", "3",
-                   "--gamma", "0.9", "--out", str(p)]) == 0
+    assert (
+        R.main(
+            [
+                "--env",
+                "CartPole-v1",
+                "--seed",
+                "5",
+                "--size",
+                "300",
+                "--n-step",
+                "3",
+                "--gamma",
+                "0.9",
+                "--out",
+                str(p),
+            ]
+        )
+        == 0
+    )
     assert R.load(p, sha256=a.sha256).meta == a.meta
 
 
-@pytest.mark.parametrize("env_id, extra", [("CartPole-v1", None), ("MinAtar/Breakout-v1",
-                                                                   "minatar")])
+@pytest.mark.parametrize(
+    "env_id, extra", [("CartPole-v1", None), ("MinAtar/Breakout-v1", "minatar")]
+)
 def test_reference_loss_of_the_learners_network(env_id, extra):
     if extra:
         pytest.importorskip(extra)
-    from mpirl.agent import envs
-    from mpirl.agent import qnet
+    from mpirl.agent import envs, qnet
 
     spec = envs.inspect(env_id)
     rs = R.collect(env_id, seed=1, size=64, n_step=5, gamma=0.99)
@@ -142,6 +160,7 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
 
 
 # --- --reference-set: resolution and the evaluation runners -----------------------------------
+
 
 def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
     from mpirl.run import seeds
@@ -173,10 +192,9 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     online and target (the flat WEIGHTS vector's order included); NaN without a set."""
     import time
 
-    from mpirl.agent import envs
-    from mpirl.agent import qnet
-    from mpirl.run.config import Config
+    from mpirl.agent import envs, qnet
     from mpirl.roles.evaluation import make_runner
+    from mpirl.run.config import Config
 
     cfg = Config(eval_episodes=1, hidden=(16,), huber_delta=0.5, eval_max_steps=20)
     spec = envs.inspect(cfg.env)
@@ -187,8 +205,9 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
     for w, n in zip(want, nets):  # the Q scale: mean Q(s, a)^2 of the taken actions
         with torch.no_grad():
-            q_a = n(torch.from_numpy(rs.obs)).gather(1, torch.from_numpy(rs.action).long()
-                                                    .view(-1, 1))
+            q_a = n(torch.from_numpy(rs.obs)).gather(
+                1, torch.from_numpy(rs.action).long().view(-1, 1)
+            )
         w["q_sq_mean"] = float((q_a.double() ** 2).mean())
     assert want[0]["loss"] != pytest.approx(want[1]["loss"])  # the test can tell them apart
     for refset in ((str(path), sha), None):
@@ -217,8 +236,14 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
 def test_a_missing_reference_set_is_one_error_before_the_run(tmp_path):
     from mpirun import run_mpirl
 
-    p = run_mpirl(3, "--reference-set", str(tmp_path / "nope.npz"), "--run-dir",
-                  str(tmp_path / "run"), timeout=120)
+    p = run_mpirl(
+        3,
+        "--reference-set",
+        str(tmp_path / "nope.npz"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=120,
+    )
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.count("mpirl: error: reference_set=") == 1, p.stderr
     assert "no such file" in p.stderr
@@ -238,9 +263,12 @@ def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(
 
     run = tmp_path / "cell" / "seed0"
     made = {}
-    for name, kw in [("plain", {}), ("n3", {"env_kwargs": {"n": 3}}),
-                     ("n4", {"env_kwargs": {"n": 4}}),
-                     ("n3+1", {"env_kwargs": {"n": 3}, "env_wrappers": "toy_env:plus_one"})]:
+    for name, kw in [
+        ("plain", {}),
+        ("n3", {"env_kwargs": {"n": 3}}),
+        ("n4", {"env_kwargs": {"n": 4}}),
+        ("n3+1", {"env_kwargs": {"n": 3}, "env_wrappers": "toy_env:plus_one"}),
+    ]:
         cfg = Config(env=TOY, reference_size=30, n_step=1, **kw)
         made[name] = path, sha = R.resolve("auto", cfg, run)
         rs = R.load(path, sha256=sha)
@@ -252,8 +280,9 @@ def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(
     assert len({p for p, _ in made.values()}) == 4
     seed = seeds.reference(0)
     assert made["plain"][0].name == f"toy_env_MpirlSignal-v0-seed{seed}-n1-g0.99-30.npz"
-    assert made["n3"][0].name == (f"toy_env_MpirlSignal-v0-e{R.env_key({'n': 3}, [])}-seed{seed}"
-                                  "-n1-g0.99-30.npz")
+    assert made["n3"][0].name == (
+        f"toy_env_MpirlSignal-v0-e{R.env_key({'n': 3}, [])}-seed{seed}-n1-g0.99-30.npz"
+    )
     # the key is the canonical JSON: the order kwargs are written in does not matter
     assert R.env_key({"n": 3, "length": 7}, []) == R.env_key({"length": 7, "n": 3}, [])
     assert R.env_key({}, []) == "" and R.env_key({"n": 3}, []) != R.env_key({}, ["m:f"])
@@ -266,14 +295,21 @@ def test_a_set_of_another_env_is_one_clear_error(tmp_path):
     n3 = Config(env=TOY, env_kwargs={"n": 3}, n_step=1, reference_size=20)
     n4 = Config(env=TOY, env_kwargs={"n": 4}, n_step=1, reference_size=20)
     path, _ = R.resolve("auto", n3, tmp_path / "run")
-    with pytest.raises(ValueError, match=r"collected with \{'env_kwargs': \{'n': 3\}\}, the run "
-                                         r"uses \{'env_kwargs': \{'n': 4\}\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"collected with \{'env_kwargs': \{'n': 3\}\}, the run "
+        r"uses \{'env_kwargs': \{'n': 4\}\}",
+    ):
         R.resolve(str(path), n4, tmp_path / "x", envs.inspect(TOY, {"n": 4}))
     # a set from before kwargs were recorded was collected without any: fine for a run without
     plain = Config(env=TOY, n_step=1)
     rs = R.collect(TOY, seed=1, size=20, n_step=1, gamma=plain.gamma)
-    old = R.RefSet(**{**rs.__dict__, "meta": {k: v for k, v in rs.meta.items()
-                                               if k not in ("env_kwargs", "env_wrappers")}})
+    old = R.RefSet(
+        **{
+            **rs.__dict__,
+            "meta": {k: v for k, v in rs.meta.items() if k not in ("env_kwargs", "env_wrappers")},
+        }
+    )
     R.save(old, tmp_path / "old.npz")
     spec = envs.inspect(TOY)
     assert R.resolve(str(tmp_path / "old.npz"), plain, None, spec)[0] == tmp_path / "old.npz"
@@ -281,19 +317,41 @@ def test_a_set_of_another_env_is_one_clear_error(tmp_path):
         R.resolve(str(tmp_path / "old.npz"), n3, None)
     # observations that do not fit the run's env (the env changed since): refused, not a crash
     # of the evaluation process later
-    with pytest.raises(ValueError, match=r"holds observations of shape \(2,\) float32, the "
-                                         r"run's env 'toy_env:MpirlSignal-v0' gives \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds observations of shape \(2,\) float32, the "
+        r"run's env 'toy_env:MpirlSignal-v0' gives \(3,\)",
+    ):
         R.resolve(str(tmp_path / "old.npz"), plain, None, envs.inspect(TOY, {"n": 3}))
-    assert R.main(["--env", TOY, "--env-kwargs", '{"n": 3}', "--env-wrappers",
-                   "toy_env:plus_one", "--seed", "1", "--size", "20", "--n-step", "1",
-                   "--gamma", "0.99", "--out", str(tmp_path / "cli.npz")]) == 0
+    assert (
+        R.main(
+            [
+                "--env",
+                TOY,
+                "--env-kwargs",
+                '{"n": 3}',
+                "--env-wrappers",
+                "toy_env:plus_one",
+                "--seed",
+                "1",
+                "--size",
+                "20",
+                "--n-step",
+                "1",
+                "--gamma",
+                "0.99",
+                "--out",
+                str(tmp_path / "cli.npz"),
+            ]
+        )
+        == 0
+    )
     cli = R.load(tmp_path / "cli.npz")
     assert cli.obs.shape == (20, 3) and cli.meta["env_wrappers"] == ["toy_env:plus_one"]
 
 
 @pytest.mark.mpi
-def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path,
-                                                                            tests_on_path):
+def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_path, tests_on_path):
     """--env-kwargs that change the observation: the auto set is the run's env's, and every
     evaluation reports a finite reference loss (a set of the default env crashed the
     evaluation process, which aborted the job)."""
@@ -301,11 +359,35 @@ def test_a_run_with_env_kwargs_measures_the_reference_loss_on_its_own_env(tmp_pa
     from mpirun import run_mpirl
 
     run = tmp_path / "run"
-    p = run_mpirl(3, "--env", TOY, "--env-kwargs", '{"n": 5}', "--reference-set", "auto",
-                  "--reference-size", "200", "--max-updates", "300", "--eval-every", "100",
-                  "--eval-episodes", "2", "--learning-starts", "100", "--hidden", "16",
-                  "--target-return", "none", "--max-seconds", "60", "--run-dir", str(run),
-                  timeout=180, env=tests_on_path)
+    p = run_mpirl(
+        3,
+        "--env",
+        TOY,
+        "--env-kwargs",
+        '{"n": 5}',
+        "--reference-set",
+        "auto",
+        "--reference-size",
+        "200",
+        "--max-updates",
+        "300",
+        "--eval-every",
+        "100",
+        "--eval-episodes",
+        "2",
+        "--learning-starts",
+        "100",
+        "--hidden",
+        "16",
+        "--target-return",
+        "none",
+        "--max-seconds",
+        "60",
+        "--run-dir",
+        str(run),
+        timeout=180,
+        env=tests_on_path,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     with h5py.File(run / "learner.h5", "r") as f:
         loss = f["evals/reference_loss"][()]

@@ -11,12 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpirl.replay import PrioritizedReplay, Sample, footprint_bytes
-from mpirl.replay import sumtree
+from mpirl.replay import PrioritizedReplay, Sample, footprint_bytes, sumtree
 from mpirl.replay.sumtree import SumMinTree
 
-DT = np.dtype([("obs", "<f4", (4,)), ("action", "<i8"), ("reward", "<f4"),
-               ("next_obs", "<f4", (4,)), ("done", "u1")])
+DT = np.dtype(
+    [
+        ("obs", "<f4", (4,)),
+        ("action", "<i8"),
+        ("reward", "<f4"),
+        ("next_obs", "<f4", (4,)),
+        ("done", "u1"),
+    ]
+)
 
 
 def records(serials) -> np.ndarray:
@@ -56,7 +62,7 @@ class Reference:
             self.serial[slot] = int(s)
             self.n += 1
             written.append(slot)
-        return written[-self.capacity:]
+        return written[-self.capacity :]
 
     def update(self, idx, gens, tds):
         stale = 0
@@ -68,7 +74,7 @@ class Reference:
         return stale
 
     def probabilities(self):
-        p = np.array(self.p[:self.size()])
+        p = np.array(self.p[: self.size()])
         return p / p.sum()
 
     def weights(self, idx):
@@ -79,7 +85,7 @@ class Reference:
 
     def find(self, u):
         """Leaf holding mass point u, by a linear prefix sum."""
-        cs = np.cumsum(self.p[:self.size()])
+        cs = np.cumsum(self.p[: self.size()])
         return np.minimum(np.searchsorted(cs, u, side="right"), self.size() - 1)
 
 
@@ -121,15 +127,18 @@ def test_api_and_footprint(top):
     assert m.beta == 1.0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(capacity=0), r"capacity=0 must be > 0"),
-    (dict(capacity=-5), r"capacity=-5 must be > 0"),
-    (dict(capacity=2.5), r"capacity=2.5 must be an integer"),
-    (dict(dtype=np.float32), r"structured dtype"),
-    (dict(alpha=-1), r"alpha=-1.0 must be"),
-    (dict(eps=0.0), r"eps=0.0 must be finite and > 0"),
-    (dict(beta=float("nan")), r"beta=nan must be finite"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(capacity=0), r"capacity=0 must be > 0"),
+        (dict(capacity=-5), r"capacity=-5 must be > 0"),
+        (dict(capacity=2.5), r"capacity=2.5 must be an integer"),
+        (dict(dtype=np.float32), r"structured dtype"),
+        (dict(alpha=-1), r"alpha=-1.0 must be"),
+        (dict(eps=0.0), r"eps=0.0 must be finite and > 0"),
+        (dict(beta=float("nan")), r"beta=nan must be finite"),
+    ],
+)
 def test_constructor_errors(kwargs, match):
     args = dict(capacity=10, dtype=DT) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -184,11 +193,11 @@ def test_add_validation():
 def test_zero_and_huge_priorities(top):
     m = PrioritizedReplay(10, DT, alpha=0.6, eps=1e-6, seed=0)
     m.add(records([0, 1]), [0.0, 1e30])
-    assert m.min_priority() == pytest.approx(1e-6 ** 0.6)
+    assert m.min_priority() == pytest.approx(1e-6**0.6)
     assert m.max_priority() == pytest.approx((1e30 + 1e-6) ** 0.6)
     s = m.sample(16)
     assert (s.indices == 1).all()  # the zero-TD item has ~1e-22 of the mass
-    np.testing.assert_allclose(s.weights, ((1e30 ** 0.6) / 1e-6 ** 0.6) ** -0.4, rtol=1e-5)
+    np.testing.assert_allclose(s.weights, ((1e30**0.6) / 1e-6**0.6) ** -0.4, rtol=1e-5)
     with pytest.raises(ValueError, match="float32 max|<= 3.4"):
         m.add(records([2]), [1e300])  # (1e300)^0.6 = 1e180 > float32 max
     m2 = PrioritizedReplay(10, DT, alpha=0.0)
@@ -303,8 +312,9 @@ def test_importance_weights_exact_against_brute_force(top):
         p = prio(td)
         probs = p / p.sum()
         w_all = (n * probs) ** -beta
-        np.testing.assert_allclose(s.weights, (n * probs[s.indices]) ** -beta / w_all.max(),
-                                   rtol=2e-6)
+        np.testing.assert_allclose(
+            s.weights, (n * probs[s.indices]) ** -beta / w_all.max(), rtol=2e-6
+        )
         np.testing.assert_allclose(s.priorities, p[s.indices], rtol=1e-6)
         assert s.weights.max() <= 1.0 + 1e-6
     m.beta = 0.0
@@ -317,7 +327,7 @@ def test_total_precision_many_leaves():
     m = PrioritizedReplay(cap, DT, alpha=1.0)
     td = rng.exponential(1.0, cap) * 10.0 ** rng.integers(-6, 6, cap)
     for k in range(0, cap, 4096):
-        m.add(records(range(k, k + 4096)), td[k:k + 4096])
+        m.add(records(range(k, k + 4096)), td[k : k + 4096])
     exact = math.fsum(prio(td, alpha=1.0).tolist())
     assert m.total_priority() == pytest.approx(exact, rel=1e-12)
     assert m.min_priority() == pytest.approx(prio(td, alpha=1.0).min(), rel=1e-12)
@@ -341,8 +351,7 @@ def test_stratified_queries_match_reference_search(top):
     m.add(records(range(3000)), td)
     ref.add(range(3000), td)
     s = m.sample(512)
-    u = (np.arange(512) + np.random.default_rng(123).random(512)) * (
-        sum(ref.p) / 512)
+    u = (np.arange(512) + np.random.default_rng(123).random(512)) * (sum(ref.p) / 512)
     np.testing.assert_array_equal(s.indices, ref.find(u))
 
 
@@ -377,17 +386,27 @@ def test_state_dict_round_trip_via_npz(top):
 # ----------------------------------------------------------------- property test vs. reference
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 45),
-                  st.lists(st.floats(0, 1e6, allow_subnormal=False), min_size=1, max_size=4)),
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 45),
+            st.lists(st.floats(0, 1e6, allow_subnormal=False), min_size=1, max_size=4),
+        ),
         st.tuples(st.just("sample"), st.integers(1, 40), st.integers(0, 2**31)),
         st.tuples(st.just("update"), st.integers(0, 3), st.integers(0, 2**31)),
     ),
-    min_size=1, max_size=25)
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cap=st.integers(1, 40), alpha=st.sampled_from([0.0, 0.6, 1.0]),
-       beta=st.sampled_from([0.0, 0.4, 1.0]), top=st.sampled_from([0, 1, 3, 10]), ops=OPS)
+@given(
+    cap=st.integers(1, 40),
+    alpha=st.sampled_from([0.0, 0.6, 1.0]),
+    beta=st.sampled_from([0.0, 0.4, 1.0]),
+    top=st.sampled_from([0, 1, 3, 10]),
+    ops=OPS,
+)
 def test_random_sequences_match_reference(cap, alpha, beta, top, ops):
     # top < depth exercises the descent and the level-by-level propagation below the top level
     with mock.patch.object(sumtree, "TOP_LEVEL", top):
@@ -418,13 +437,14 @@ def test_random_sequences_match_reference(cap, alpha, beta, top, ops):
             s = in_flight.pop(a % len(in_flight))
             tds = np.random.default_rng(b).exponential(1.0, len(s.indices))
             assert m.update(s.indices, s.generations, tds) == ref.update(
-                s.indices, s.generations, tds)
+                s.indices, s.generations, tds
+            )
         assert len(m) == ref.size()
         np.testing.assert_allclose(m.priorities(), ref.p, rtol=1e-12)
         assert m.total_priority() == pytest.approx(sum(ref.p), rel=1e-12, abs=0)
         if ref.size():
-            assert m.min_priority() == pytest.approx(min(ref.p[:ref.size()]), rel=1e-12)
-            assert m.max_priority() == pytest.approx(max(ref.p[:ref.size()]), rel=1e-12)
+            assert m.min_priority() == pytest.approx(min(ref.p[: ref.size()]), rel=1e-12)
+            assert m.max_priority() == pytest.approx(max(ref.p[: ref.size()]), rel=1e-12)
 
 
 def test_max_weight_puts_samples_of_two_memories_on_one_scale():
@@ -440,7 +460,8 @@ def test_max_weight_puts_samples_of_two_memories_on_one_scale():
         s = m.sample(64)
         p = m.priorities()[:1000]
         assert m.max_weight() == pytest.approx((p.mean() / p.min()) ** 0.7)
-        np.testing.assert_allclose(s.weights * m.max_weight(), (s.priorities / p.mean()) ** -0.7,
-                                   rtol=1e-4)
+        np.testing.assert_allclose(
+            s.weights * m.max_weight(), (s.priorities / p.mean()) ** -0.7, rtol=1e-4
+        )
         figures.append(m.max_weight())
     assert figures[1] > 2 * figures[0]  # the two memories' own normalisers differ

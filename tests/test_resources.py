@@ -1,5 +1,6 @@
 """mpirl.run.resources: which rank checks what, memory summed per host, and the one message every
 rank agrees on, in process (the MPI side is in test_failure.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,19 +13,33 @@ from mpirl.transport.topology import layout
 GiB = 2**30
 
 
-@pytest.mark.parametrize("cfg, want", [
-    (Config(), {"learner": ("env",), "buffer": ("memory",), "actor": ("env",)}),
-    (Config(replay_at="learner"),
-     {"learner": ("env", "memory"), "buffer": (), "actor": ("env",)}),
-    (Config(tensorboard=True, compress="on"),
-     {"learner": ("env", "tensorboard", "zstandard"),
-      "buffer": ("memory", "tensorboard", "zstandard"), "actor": ("env",)}),
-    # compress=auto compresses image runs only (told from the id, before any import)
-    (Config(env="MinAtar/Breakout-v1"),
-     {"learner": ("env", "zstandard"), "buffer": ("memory", "zstandard"), "actor": ("env",)}),
-    (Config(env="MinAtar/Breakout-v1", compress="off"),
-     {"learner": ("env",), "buffer": ("memory",), "actor": ("env",)}),
-])
+@pytest.mark.parametrize(
+    "cfg, want",
+    [
+        (Config(), {"learner": ("env",), "buffer": ("memory",), "actor": ("env",)}),
+        (
+            Config(replay_at="learner"),
+            {"learner": ("env", "memory"), "buffer": (), "actor": ("env",)},
+        ),
+        (
+            Config(tensorboard=True, compress="on"),
+            {
+                "learner": ("env", "tensorboard", "zstandard"),
+                "buffer": ("memory", "tensorboard", "zstandard"),
+                "actor": ("env",),
+            },
+        ),
+        # compress=auto compresses image runs only (told from the id, before any import)
+        (
+            Config(env="MinAtar/Breakout-v1"),
+            {"learner": ("env", "zstandard"), "buffer": ("memory", "zstandard"), "actor": ("env",)},
+        ),
+        (
+            Config(env="MinAtar/Breakout-v1", compress="off"),
+            {"learner": ("env",), "buffer": ("memory",), "actor": ("env",)},
+        ),
+    ],
+)
 def test_each_role_checks_only_what_it_uses(cfg, want):
     assert {role: R.checks_for(role, cfg) for role in want} == want
 
@@ -51,8 +66,10 @@ def test_two_buffers_on_one_host_are_checked_together():
     assert "2 x 1.00 GiB = 2.00 GiB" in f.text and "only 1.25 GiB" in f.text
     assert "at most 500" in f.text  # 80% of 1.25 GiB over 2 memories of 1 GiB / 1000
     msg = R.verdict(rows, places, cfg, need)
-    assert msg.startswith("rank 1 (buffer of site 0) and rank 4 (buffer of site 1) on host "
-                          "edge: memory: 2 replay memories"), msg
+    assert msg.startswith(
+        "rank 1 (buffer of site 0) and rank 4 (buffer of site 1) on host "
+        "edge: memory: 2 replay memories"
+    ), msg
     # on two hosts each fits
     apart = {**edge, 4: "edge-2", 5: "edge-2", 6: "edge-2"}
     rows = rows_for(places, apart, {1: int(1.5 * GiB), 4: int(1.4 * GiB)})
@@ -65,8 +82,9 @@ def test_memory_is_checked_where_the_replay_memory_lives():
     small = {0: GiB // 2, 1: GiB // 2}  # both would fail if they were checked
     at_buffer = R.memory_failures(rows_for(places, {}, small), places, Config(), GiB)
     assert [f.ranks for f in at_buffer] == [(1,)]
-    at_learner = R.memory_failures(rows_for(places, {}, small), places,
-                                   Config(replay_at="learner"), GiB)
+    at_learner = R.memory_failures(
+        rows_for(places, {}, small), places, Config(replay_at="learner"), GiB
+    )
     assert [f.ranks for f in at_learner] == [(0,)]
     # an unknown reading (-1) is not checked
     assert R.memory_failures(rows_for(places, {}, {}), places, Config(), GiB) == []
@@ -77,7 +95,8 @@ def test_one_rank_failing_is_named_a_failure_everywhere_is_said_as_is():
     rows = rows_for(places, {2: "edge", 3: "edge"}, {1: 10 * GiB})
     rows[3]["check"], rows[3]["error"] = b"env", b"env='X' cannot import module 'x'"
     assert R.verdict(rows, places, cfg, 1) == (
-        "rank 3 (actor of site 0) on host edge: env: env='X' cannot import module 'x'")
+        "rank 3 (actor of site 0) on host edge: env: env='X' cannot import module 'x'"
+    )
     # the same on every rank that builds envs (learner, actors): a bad --env, said once as is
     for r in (0, 2):
         rows[r]["check"], rows[r]["error"] = rows[3]["check"], rows[3]["error"]
@@ -86,7 +105,8 @@ def test_one_rank_failing_is_named_a_failure_everywhere_is_said_as_is():
     rows[1]["check"], rows[1]["error"] = b"zstandard", b"needs zstandard"
     assert R.verdict(rows, places, cfg, 1) == (
         "env='X' cannot import module 'x'; also failing: rank 1 (buffer of site 0) on host "
-        "cloud: zstandard")
+        "cloud: zstandard"
+    )
 
 
 def test_an_actor_whose_env_differs_from_the_learners_is_refused():

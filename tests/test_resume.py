@@ -5,6 +5,7 @@ clean stop with a final checkpoint; (2) --resume it with periodic checkpoints an
 SIGKILLs an actor between its temp files and their rename in a later checkpoint; (3) --resume
 again: the previous complete checkpoint is used.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,10 @@ import numpy as np
 import pytest
 from mpirun import mpirun_cmd, run_mpirl, stop_signal
 
+from mpirl.replay import PrioritizedReplay
 from mpirl.run import checkpoint as ck
 from mpirl.run.checkpoint_arrays import StoredArray
 from mpirl.run.config import ConfigError, parse, to_dict
-from mpirl.replay import PrioritizedReplay
 from mpirl.transport.wire import transition_dtype
 
 REC = transition_dtype((4,), np.float32)
@@ -43,6 +44,7 @@ def _memory(n: int, capacity: int = 1000, seed: int = 0) -> PrioritizedReplay:
 
 
 # ---- unit level -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [0, 300, 2500])  # empty, partly filled, wrapped ring
 def test_memory_round_trip_same_items_priorities_generations(tmp_path, n):
@@ -82,10 +84,11 @@ def test_memory_arrays_are_read_from_the_file_on_demand(tmp_path):
     assert stored[10:20].tobytes() == held[10:20].tobytes()
     assert stored[995:2000].tobytes() == held[995:].tobytes()
     assert np.asarray(stored).tobytes() == held.tobytes()
-    np.testing.assert_array_equal(np.asarray(part.arrays["replay_rng_state"]),
-                                  arrays["replay_rng_state"])
+    np.testing.assert_array_equal(
+        np.asarray(part.arrays["replay_rng_state"]), arrays["replay_rng_state"]
+    )
     path = ck.root(tmp_path) / "000001" / "buffer-0.npz"
-    path.write_bytes(path.read_bytes()[:stored.offset + 500 * REC.itemsize])
+    path.write_bytes(path.read_bytes()[: stored.offset + 500 * REC.itemsize])
     target = _memory(300)
     with pytest.raises(ck.CheckpointError, match="buffer-0.npz.*truncated"):
         ck.restore_memory(target, part.arrays, part.meta["replay"])
@@ -112,8 +115,12 @@ def test_learner_tensors_round_trip_without_pickle(tmp_path):
         opt.zero_grad()
         q(torch.randn(8, 4)).sum().backward()
         opt.step()
-    state = {"online": q.state_dict(), "target": tq.state_dict(), "optimizer": opt.state_dict(),
-             "torch_rng": torch.get_rng_state()}
+    state = {
+        "online": q.state_dict(),
+        "target": tq.state_dict(),
+        "optimizer": opt.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
     ck.write_part(tmp_path, 4, "learner", {"updates": 3}, None, state)
     ck.write_manifest(tmp_path, 4, ["learner"], {"config": {}, "world_size": 3, "layout": []})
     part = ck.load_part(tmp_path, ck.select(tmp_path)[0], "learner")
@@ -152,8 +159,9 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path):
     assert manifest["id"] == 1 and "SHA-256" in skipped[0] and "checkpoint 2" in skipped[0]
     assert ck.load_part(tmp_path, manifest, "actor-2").meta["env_steps"] == 1
     (ck.root(tmp_path) / "000001" / "actor-2.npz").write_bytes(b"short")  # both bad now
-    with pytest.raises(ck.CheckpointError, match="no usable checkpoint.*checkpoint 2.*"
-                       "checkpoint 1.*bytes"):
+    with pytest.raises(
+        ck.CheckpointError, match="no usable checkpoint.*checkpoint 2.*checkpoint 1.*bytes"
+    ):
         ck.select(tmp_path)
 
 
@@ -164,8 +172,7 @@ def test_kill_between_temp_write_and_rename_keeps_previous(tmp_path):
         raise KeyboardInterrupt("killed")  # stands in for SIGKILL: nothing after it runs
 
     with pytest.raises(KeyboardInterrupt):
-        ck.write_part(tmp_path, 3, "actor-2", {"env_steps": 3}, {"x": np.arange(3)}, None,
-                      killed)
+        ck.write_part(tmp_path, 3, "actor-2", {"env_steps": 3}, {"x": np.arange(3)}, None, killed)
     assert (ck.root(tmp_path) / "000003" / "actor-2.npz.tmp").exists()
     manifest, skipped = ck.select(tmp_path)
     assert manifest["id"] == 2 and skipped == []
@@ -186,8 +193,9 @@ def test_no_checkpoint_and_missing_folder(tmp_path):
 def test_resume_config_only_budgets_may_change(tmp_path):
     stored = to_dict(parse(["--hidden", "32", "32", "--lr", "0.003", "--target-return", "none"]))
     stored = json.loads(json.dumps(stored))  # as it comes back from the manifest
-    cfg = parse(["--resume", str(tmp_path), "--max-seconds", "7", "--target-return", "200"],
-                stored=stored)
+    cfg = parse(
+        ["--resume", str(tmp_path), "--max-seconds", "7", "--target-return", "200"], stored=stored
+    )
     assert cfg.hidden == (32, 32) and cfg.lr == 0.003 and cfg.max_seconds == 7.0
     assert cfg.target_return == 200.0 and cfg.run_dir == str(tmp_path)
     with pytest.raises(ConfigError, match="may be given with it, not --lr, --hidden"):
@@ -196,8 +204,23 @@ def test_resume_config_only_budgets_may_change(tmp_path):
 
 # ---- under mpirun: one chain of launches ------------------------------------------------------
 
-RUN = ["--hidden", "32", "32", "--target-return", "none", "--eval-every", "500", "--seed", "1",
-       "--progress-seconds", "0", "--flush-seconds", "1", "--checkpoint-seconds", "0"]
+RUN = [
+    "--hidden",
+    "32",
+    "32",
+    "--target-return",
+    "none",
+    "--eval-every",
+    "500",
+    "--seed",
+    "1",
+    "--progress-seconds",
+    "0",
+    "--flush-seconds",
+    "1",
+    "--checkpoint-seconds",
+    "0",
+]
 
 
 def _evals(run: Path) -> np.ndarray:
@@ -211,8 +234,9 @@ def _evals(run: Path) -> np.ndarray:
 def _read(path: Path) -> tuple[dict, dict]:
     with h5py.File(path, "r") as f:
         data = {}
-        f.visititems(lambda n, o: data.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset)
-                     else None)
+        f.visititems(
+            lambda n, o: data.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None
+        )
         return data, dict(f.attrs)
 
 
@@ -221,9 +245,22 @@ def trained(tmp_path_factory):
     """Launch 1: train until a greedy eval >= 100 (at most 100 s), then SIGTERM (Open MPI:
     SIGUSR1, see tests/mpirun.py)."""
     run = tmp_path_factory.mktemp("resume") / "run"
-    proc = subprocess.Popen([*mpirun_cmd(4), sys.executable, "-m", "mpirl.main",
-                             "--run-dir", str(run), "--max-seconds", "100", *RUN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *mpirun_cmd(4),
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--run-dir",
+            str(run),
+            "--max-seconds",
+            "100",
+            *RUN,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:
         if _evals(run).max(initial=0) >= 100:
@@ -258,9 +295,17 @@ def resumed(trained):
     manifest = ck.select(run)[0]
     ckpt_before = manifest["id"]
     saved = ck.load_part(run, manifest, "learner")  # read now: later checkpoints rotate it out
-    p = run_mpirl(4, "--resume", str(run), "--max-seconds", "60", "--checkpoint-seconds", "2",
-                  env={"MPIRL_FAULT": "actor:2:6:checkpoint", "MPIRL_TRACEBACK": "0"},
-                  timeout=120)
+    p = run_mpirl(
+        4,
+        "--resume",
+        str(run),
+        "--max-seconds",
+        "60",
+        "--checkpoint-seconds",
+        "2",
+        env={"MPIRL_FAULT": "actor:2:6:checkpoint", "MPIRL_TRACEBACK": "0"},
+        timeout=120,
+    )
     return run, before, ckpt_before, p, saved
 
 
@@ -288,8 +333,7 @@ def test_row_counts_after_a_clean_stop(resumed):
     assert r["checkpoint"] == ckpt_before and r["reason"] == stop_signal().name
     # the closing rows hold the counters of the checkpoint (no work happened after it)
     old_buf, old_battrs = before["buffer-0.h5"]
-    assert old_buf["site/env_steps"][-1] == old_battrs["env_steps"] \
-        == saved.meta["site_steps"]["0"]
+    assert old_buf["site/env_steps"][-1] == old_battrs["env_steps"] == saved.meta["site_steps"]["0"]
     for a in ("actor-2.h5", "actor-3.h5"):
         old, old_attrs = before[a]
         assert old["actor/env_steps"][-1] == old_attrs["env_steps"]
@@ -393,21 +437,38 @@ def test_corrupt_checkpoint_is_one_clear_error(trained, tmp_path):
 
 # ---- job scripts: a requeued job continues from a checkpoint ---------------------------------
 
-@pytest.mark.parametrize("job, first, tries", [
-    ("single-node.sbatch", "j-7-r2", ["j-7-r1", "j-7-r0"]),  # same code in edge-cloud*.sbatch
-])
+
+@pytest.mark.parametrize(
+    "job, first, tries",
+    [
+        ("single-node.sbatch", "j-7-r2", ["j-7-r1", "j-7-r0"]),  # same code in edge-cloud*.sbatch
+    ],
+)
 def test_requeued_job_resumes_the_try_with_a_checkpoint(tmp_path, job, first, tries):
     import os
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(MPIRL_DRY_RUN="1", RUN_ROOT=str(tmp_path), EXPERIMENT_DIR=str(tmp_path),
-               SLURM_JOB_ID="7", SLURM_JOB_NAME="j", SLURM_RESTART_COUNT="2",
-               SLURM_ARRAY_TASK_ID="0")
+    env.update(
+        MPIRL_DRY_RUN="1",
+        RUN_ROOT=str(tmp_path),
+        EXPERIMENT_DIR=str(tmp_path),
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NAME="j",
+        SLURM_RESTART_COUNT="2",
+        SLURM_ARRAY_TASK_ID="0",
+    )
 
     def launch() -> str:
-        r = subprocess.run(["bash", str(root / "jobs" / job)], capture_output=True, text=True, check=False,
-                           env=env, cwd=root, timeout=60)
+        r = subprocess.run(
+            ["bash", str(root / "jobs" / job)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+            cwd=root,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         return next(x for x in r.stdout.splitlines() if x.startswith("+ "))
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from fakes import make_buffer, wire_of
 
+from mpirl.logs.runlog import RunLog
 from mpirl.roles import buffer as buffer_mod
 from mpirl.run.config import Config
 from mpirl.transport.cut import Cut, SiteCut
-from mpirl.logs.runlog import RunLog
 from mpirl.transport.wire import Tag
 
 
@@ -81,8 +81,11 @@ def site_buffer(tmp_path):
 
 
 def _experience(wire, n, env_steps):
-    return wire.unpack(wire.experience(np.zeros(n, wire.record), np.ones(n, np.float32), [1.0],
-                                       env_steps, 0), Tag.EXPERIENCE, rank=1)
+    return wire.unpack(
+        wire.experience(np.zeros(n, wire.record), np.ones(n, np.float32), [1.0], env_steps, 0),
+        Tag.EXPERIENCE,
+        rank=1,
+    )
 
 
 def test_buffer_applies_priorities_only_to_slots_not_overwritten(site_buffer):

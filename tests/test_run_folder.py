@@ -1,4 +1,5 @@
 """Ranks that reach main() seconds apart still agree on one run folder (rank 0 decides it)."""
+
 import json
 import sys
 
@@ -24,19 +25,43 @@ def test_default_run_folder_is_rank_0s_when_ranks_start_apart(tmp_path):
 
     script = tmp_path / "late_start.py"
     script.write_text(LATE_START)
-    p = subprocess.run([*mpirun_cmd(4), sys.executable, str(script),
-                        "--max-seconds", "4", "--checkpoint-seconds", "1",
-                        "--target-return", "none", "--learning-starts", "200",
-                        "--hidden", "32", "32", "--progress-seconds", "0",
-                        "--flush-seconds", "1"],
-                       capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            *mpirun_cmd(4),
+            sys.executable,
+            str(script),
+            "--max-seconds",
+            "4",
+            "--checkpoint-seconds",
+            "1",
+            "--target-return",
+            "none",
+            "--learning-starts",
+            "200",
+            "--hidden",
+            "32",
+            "32",
+            "--progress-seconds",
+            "0",
+            "--flush-seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     folders = sorted((tmp_path / "runs").iterdir())
     assert len(folders) == 1, [f.name for f in folders]
     run = folders[0]
     assert f"run folder runs/{run.name}" in p.stdout
-    assert sorted(x.name for x in run.glob("*.h5")) == \
-        ["actor-2.h5", "actor-3.h5", "buffer-0.h5", "learner.h5"]
+    assert sorted(x.name for x in run.glob("*.h5")) == [
+        "actor-2.h5",
+        "actor-3.h5",
+        "buffer-0.h5",
+        "learner.h5",
+    ]
     summary = json.loads((run / "summary.json").read_text())
     manifest, skipped = ck.select(run)
     assert not skipped and manifest["id"] == summary["checkpoint"]

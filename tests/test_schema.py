@@ -1,6 +1,7 @@
 """mpirl.logs.schema declares every HDF5 stream once; docs/hdf5.md must describe exactly those streams
 and fields, with the same dtypes, units and text (no run needed: the files are written from the
 same declarations, and tests/test_analysis.py checks a real run's files against the doc)."""
+
 from pathlib import Path
 
 import pytest
@@ -10,16 +11,27 @@ from mpirl.logs import schema
 from mpirl.logs.runlog import T_FIELD
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
-FILES = {"learner": "learner.h5", "learner_worker": "learner-<rank>.h5", "buffer": "buffer-<site>.h5",
-         "actor": "actor-<rank>.h5"}
+FILES = {
+    "learner": "learner.h5",
+    "learner_worker": "learner-<rank>.h5",
+    "buffer": "buffer-<site>.h5",
+    "actor": "actor-<rank>.h5",
+}
 
 
 def declared_tables(role: str) -> dict[str, str]:
     """Each stream of ``role`` as mpirl.logs.schema declares it (``t`` first, as the writer adds
     it), rendered as analysis.schema renders a file's streams (analysis never imports mpirl)."""
-    return {s.name: "\n".join(stream_table(s.name, s.doc, [
-        (f.name, f.dtype, f.shape, f.unit, f.doc) for f in (T_FIELD, *s.fields)]))
-        for s in schema.ROLES[role]}
+    return {
+        s.name: "\n".join(
+            stream_table(
+                s.name,
+                s.doc,
+                [(f.name, f.dtype, f.shape, f.unit, f.doc) for f in (T_FIELD, *s.fields)],
+            )
+        )
+        for s in schema.ROLES[role]
+    }
 
 
 def _doc_sections() -> dict[str, str]:
@@ -31,8 +43,10 @@ def _doc_sections() -> dict[str, str]:
 def test_docs_describe_every_declared_stream_as_declared(role):
     section = _doc_sections()[FILES[role]]
     stale = [name for name, table in declared_tables(role).items() if table not in section]
-    assert not stale, (f"docs/hdf5.md ({FILES[role]}) differs from mpirl.logs.schema for {stale}: "
-                       "run python -m analysis.schema RUN_DIR --update docs/hdf5.md")
+    assert not stale, (
+        f"docs/hdf5.md ({FILES[role]}) differs from mpirl.logs.schema for {stale}: "
+        "run python -m analysis.schema RUN_DIR --update docs/hdf5.md"
+    )
 
 
 @pytest.mark.parametrize("role", sorted(FILES))

@@ -1,5 +1,6 @@
 """analysis.stats: ratios of geometric means with paired bootstrap intervals, the decision rule,
 censored time to target and the forest plot, against hand-computed values."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -58,8 +59,7 @@ def test_coverage_is_near_95_percent():
 
 
 def test_pairing_by_seed_and_unpaired_seeds():
-    r = T.ratio_ci({0: 2.0, 1: 8.0, 2: 5.0, 3: float("nan")},
-                   {0: 1.0, 1: 2.0, 4: 1.0, 3: 1.0})
+    r = T.ratio_ci({0: 2.0, 1: 8.0, 2: 5.0, 3: float("nan")}, {0: 1.0, 1: 2.0, 4: 1.0, 3: 1.0})
     assert r.seeds == (0, 1) and r.unpaired == (2, 3, 4)
     assert r.estimate == pytest.approx(math.sqrt(2 * 4))
     assert T.ratio_ci({0: 2.0}, {0: 1.0}).method == "one seed"
@@ -70,8 +70,9 @@ def test_pairing_by_seed_and_unpaired_seeds():
     with pytest.raises(ValueError, match="one of each per seed"):
         T.ratio_ci([1.0, 2.0], [1.0])
     metrics = [{"seed": 0, "loss": 1.0}, {"seed": 1, "loss": None}]
-    assert T.seed_values(metrics, "loss")[0] == 1.0 and math.isnan(T.seed_values(metrics,
-                                                                                  "loss")[1])
+    assert T.seed_values(metrics, "loss")[0] == 1.0 and math.isnan(
+        T.seed_values(metrics, "loss")[1]
+    )
 
 
 def _r(low: float, high: float) -> T.Ratio:
@@ -82,27 +83,48 @@ def _r(low: float, high: float) -> T.Ratio:
 NAN = float("nan")
 
 
-@pytest.mark.parametrize("loss, prio, verdict, loss_status, prio_status", [
-    # reproduced: priority above 1 and containing 3.92, loss below 1
-    ((0.2, 0.3), (2.5, 5.0), T.REPRODUCED, "matches", "matches"),
-    ((0.5, 0.9), (1.1, 3.92), T.REPRODUCED, "same direction, smaller than the paper", "matches"),
-    # priority right direction but excludes 3.92: not reproduced, not refuted
-    ((0.2, 0.3), (1.2, 1.8), T.INCONCLUSIVE, "matches", "same direction, smaller than the paper"),
-    ((0.2, 0.3), (5.0, 9.0), T.INCONCLUSIVE, "matches", "same direction, larger than the paper"),
-    # an interval containing 1
-    ((0.2, 1.1), (2.5, 5.0), T.INCONCLUSIVE, "undecided (interval contains 1)", "matches"),
-    ((0.2, 0.3), (0.8, 5.0), T.INCONCLUSIVE, "matches", "undecided (interval contains 1)"),
-    # refuted: an interval on the other side of 1 from the paper's value
-    ((1.2, 1.5), (2.5, 5.0), T.REFUTED, "opposite direction", "matches"),
-    ((0.2, 0.3), (0.4, 0.9), T.REFUTED, "matches", "opposite direction"),
-    ((1.2, 1.5), (0.4, 0.9), T.REFUTED, "opposite direction", "opposite direction"),
-    # no interval (one seed, no runs)
-    ((NAN, NAN), (2.5, 5.0), T.INCONCLUSIVE, "no interval", "matches"),
-    ((0.2, 0.3), (NAN, NAN), T.INCONCLUSIVE, "matches", "no interval"),
-    # boundaries: an interval that touches 1 does not lie above or below it
-    ((0.2, 1.0), (2.5, 5.0), T.INCONCLUSIVE, "undecided (interval contains 1)", "matches"),
-    ((0.2, 0.3), (1.0, 5.0), T.INCONCLUSIVE, "matches", "undecided (interval contains 1)"),
-])
+@pytest.mark.parametrize(
+    "loss, prio, verdict, loss_status, prio_status",
+    [
+        # reproduced: priority above 1 and containing 3.92, loss below 1
+        ((0.2, 0.3), (2.5, 5.0), T.REPRODUCED, "matches", "matches"),
+        (
+            (0.5, 0.9),
+            (1.1, 3.92),
+            T.REPRODUCED,
+            "same direction, smaller than the paper",
+            "matches",
+        ),
+        # priority right direction but excludes 3.92: not reproduced, not refuted
+        (
+            (0.2, 0.3),
+            (1.2, 1.8),
+            T.INCONCLUSIVE,
+            "matches",
+            "same direction, smaller than the paper",
+        ),
+        (
+            (0.2, 0.3),
+            (5.0, 9.0),
+            T.INCONCLUSIVE,
+            "matches",
+            "same direction, larger than the paper",
+        ),
+        # an interval containing 1
+        ((0.2, 1.1), (2.5, 5.0), T.INCONCLUSIVE, "undecided (interval contains 1)", "matches"),
+        ((0.2, 0.3), (0.8, 5.0), T.INCONCLUSIVE, "matches", "undecided (interval contains 1)"),
+        # refuted: an interval on the other side of 1 from the paper's value
+        ((1.2, 1.5), (2.5, 5.0), T.REFUTED, "opposite direction", "matches"),
+        ((0.2, 0.3), (0.4, 0.9), T.REFUTED, "matches", "opposite direction"),
+        ((1.2, 1.5), (0.4, 0.9), T.REFUTED, "opposite direction", "opposite direction"),
+        # no interval (one seed, no runs)
+        ((NAN, NAN), (2.5, 5.0), T.INCONCLUSIVE, "no interval", "matches"),
+        ((0.2, 0.3), (NAN, NAN), T.INCONCLUSIVE, "matches", "no interval"),
+        # boundaries: an interval that touches 1 does not lie above or below it
+        ((0.2, 1.0), (2.5, 5.0), T.INCONCLUSIVE, "undecided (interval contains 1)", "matches"),
+        ((0.2, 0.3), (1.0, 5.0), T.INCONCLUSIVE, "matches", "undecided (interval contains 1)"),
+    ],
+)
 def test_decision_rule(loss, prio, verdict, loss_status, prio_status):
     d = T.decide(_r(*loss), _r(*prio))
     assert (d.verdict, d.loss, d.priority) == (verdict, loss_status, prio_status)
@@ -117,8 +139,9 @@ def test_decision_from_data():
     prio = T.ratio_ci(3.92 * e * np.exp(rng.normal(0, 0.3, 8)), e)
     assert prio.contains(3.92) and loss.below(1), (prio.text(), loss.text())
     assert T.decide(loss, prio).verdict == T.REPRODUCED
-    assert T.decide(T.ratio_ci(e, 0.3 * e * np.exp(rng.normal(0, 0.1, 8))),
-                    prio).verdict == T.REFUTED
+    assert (
+        T.decide(T.ratio_ci(e, 0.3 * e * np.exp(rng.normal(0, 0.1, 8))), prio).verdict == T.REFUTED
+    )
 
 
 def test_time_to_target_censors_at_the_budget():
@@ -146,8 +169,10 @@ def test_censored_median_agrees_with_scipys_kaplan_meier():
         n = int(rng.integers(3, 10))
         times = [float(x) if x < 80 else None for x in rng.uniform(5, 120, n)]
         ours = T.time_to_target(times, budget=80)
-        data = stats.CensoredData(uncensored=[x for x in times if x is not None],
-                                  right=[80.0] * sum(x is None for x in times))
+        data = stats.CensoredData(
+            uncensored=[x for x in times if x is not None],
+            right=[80.0] * sum(x is None for x in times),
+        )
         sf = stats.ecdf(data).sf
         below = sf.quantiles[sf.probabilities <= 0.5]
         km = float(below[0]) if len(below) else math.inf
@@ -158,8 +183,10 @@ def test_censored_median_agrees_with_scipys_kaplan_meier():
 def test_forest_plot(tmp_path):
     rng = np.random.default_rng(2)
     e = np.exp(rng.normal(0, 1, 6))
-    rows = [T.ratio_ci(0.3 * e * np.exp(rng.normal(0, 0.2, 6)), e, label="loss, 1.6 Mb/s"),
-            T.ratio_ci(3 * e * np.exp(rng.normal(0, 0.2, 6)), e, label="priority, 1.6 Mb/s"),
-            T.ratio_ci({0: 2.0}, {0: 1.0}, label="one seed")]
+    rows = [
+        T.ratio_ci(0.3 * e * np.exp(rng.normal(0, 0.2, 6)), e, label="loss, 1.6 Mb/s"),
+        T.ratio_ci(3 * e * np.exp(rng.normal(0, 0.2, 6)), e, label="priority, 1.6 Mb/s"),
+        T.ratio_ci({0: 2.0}, {0: 1.0}, label="one seed"),
+    ]
     out = T.forest_plot(rows, tmp_path / "forest.png", title="test")
     assert out.stat().st_size > 5000 and out.read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,7 @@ signal every process of the job), a terminal (Ctrl-C, `kill` of mpirun) and a sw
 Open MPI's mpirun kills the ranks 0.25 s after it gets a SIGTERM or SIGINT; mpirl.launch keeps
 those from it and relays a SIGUSR1 (see there).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,16 @@ from mpirl.run import checkpoint as ck
 from mpirl.run.failure import STOP_SIGNALS
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ["--hidden", "16", "--target-return", "none", "--progress-seconds", "1",
-       "--flush-seconds", "1"]
+RUN = [
+    "--hidden",
+    "16",
+    "--target-return",
+    "none",
+    "--progress-seconds",
+    "1",
+    "--flush-seconds",
+    "1",
+]
 STOPS = {s.name for s in STOP_SIGNALS}
 
 
@@ -46,10 +55,16 @@ def _job_env(tmp_path: Path) -> dict:
     """jobs/single-node.sbatch as SLURM would start it: 4 ranks, this venv, one job id."""
     (tmp_path / ".venv").symlink_to(sys.prefix)  # the script sources .venv/bin/activate
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="7", NTASKS="4",
-               RUN_ROOT=str(tmp_path / "runs"), MAX_SECONDS="150", MPIRL_ARGS=" ".join(RUN),
-               LAUNCHER="openmpi" if launcher() == "openmpi" else "mpirun",
-               MPIRUN_FLAGS="--oversubscribe" if launcher() == "openmpi" else "")
+    env.update(
+        SLURM_SUBMIT_DIR=str(tmp_path),
+        SLURM_JOB_ID="7",
+        NTASKS="4",
+        RUN_ROOT=str(tmp_path / "runs"),
+        MAX_SECONDS="150",
+        MPIRL_ARGS=" ".join(RUN),
+        LAUNCHER="openmpi" if launcher() == "openmpi" else "mpirun",
+        MPIRUN_FLAGS="--oversubscribe" if launcher() == "openmpi" else "",
+    )
     return env
 
 
@@ -58,9 +73,13 @@ def _job_env(tmp_path: Path) -> dict:
 def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     """`script`: SIGTERM to the batch shell only (`#SBATCH --signal=B:TERM@120`); `scancel`:
     SIGTERM to every process of the job at once (scancel, preemption)."""
-    proc = subprocess.Popen(["bash", str(ROOT / "jobs" / "single-node.sbatch")],
-                            env=_job_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "jobs" / "single-node.sbatch")],
+        env=_job_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run = tmp_path / "runs" / "mpirl-7-r0"
     try:
         wait_for_training(proc, run)
@@ -82,11 +101,26 @@ def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, 
     """`ctrl-c`: SIGINT to the terminal's foreground process group (mpirl.launch and mpirun);
     `kill-mpirun`: SIGTERM to mpirun's pid alone."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "mpirl.launch", *mpirun_cmd(4),
-                             sys.executable, "-m", "mpirl.main", "--run-dir", str(run),
-                             "--max-seconds", "150", *RUN],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own group, as a terminal job is
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpirl.launch",
+            *mpirun_cmd(4),
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--run-dir",
+            str(run),
+            "--max-seconds",
+            "150",
+            *RUN,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # its own group, as a terminal job is
     try:
         wait_for_training(proc, run)
         if how == "ctrl-c":
@@ -115,7 +149,7 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     cmd = json.dumps([*mpirun_cmd(4)[:-1], "{ranks}"])
     spec = tmp_path / "spec.toml"
     body = textwrap.dedent(f"""
-        out = "{tmp_path / 'out'}"
+        out = "{tmp_path / "out"}"
         ranks = 4
         resume = true
         launcher = {cmd}
@@ -129,8 +163,12 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
         """)
     spec.write_text(body.replace("BUDGET", "max_seconds = 150"))
     run = tmp_path / "out" / "seed0"
-    proc = subprocess.Popen([sys.executable, "-m", "mpirl.sweep", str(spec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpirl.sweep", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_training(proc, run)
         proc.send_signal(signal.SIGTERM)
@@ -144,8 +182,13 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
     first = _assert_complete_final_checkpoint(run, out + log)
     # the next invocation continues it from that checkpoint, for 20 updates more
     spec.write_text(body.replace("BUDGET", f"max_updates = {first['updates'] + 20}"))
-    again = subprocess.run([sys.executable, "-m", "mpirl.sweep", str(spec)], check=False,
-                           capture_output=True, text=True, timeout=150)
+    again = subprocess.run(
+        [sys.executable, "-m", "mpirl.sweep", str(spec)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "continuing from its checkpoint" in again.stdout
     summary = json.loads((run / "summary.json").read_text())
@@ -165,9 +208,12 @@ time.sleep(30)
 
 def _fake_launch(tmp_path: Path) -> subprocess.Popen:
     (tmp_path / "fake.py").write_text(FAKE)
-    proc = subprocess.Popen([sys.executable, "-m", "mpirl.launch", sys.executable,
-                             str(tmp_path / "fake.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpirl.launch", sys.executable, str(tmp_path / "fake.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout.readline().startswith("blocked ['SIGHUP', 'SIGINT', 'SIGTERM']")
     return proc
 
@@ -185,6 +231,11 @@ def test_launch_relays_a_stop_signal_as_sigusr1(tmp_path, to):
 
 
 def test_launch_without_a_launcher_is_one_error():
-    p = subprocess.run([sys.executable, "-m", "mpirl.launch", "no-such-mpirun", "-n", "3"],
-                       check=False, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "mpirl.launch", "no-such-mpirun", "-n", "3"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 127 and p.stderr.count("error") == 1 and "no-such-mpirun" in p.stderr

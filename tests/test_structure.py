@@ -1,6 +1,7 @@
 """The layout keeps telling the architecture (docs/design.md, "Structure"): no import cycles in
 mpirl/, and no function in mpirl/, bench/ or analysis/ long enough to hide a second concern (the
 role loops are lists of named steps). The lint that CI runs is the one pre-commit runs."""
+
 import ast
 import functools
 import importlib
@@ -8,8 +9,6 @@ import inspect
 import re
 import sys
 from pathlib import Path
-
-import pytest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,7 +52,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(v)
         for w in sorted(graph[v]):
             if state.get(w) == 1:
-                return path[path.index(w):] + [w]
+                return path[path.index(w) :] + [w]
             if w not in state and (found := visit(w)):
                 return found
         state[v] = 2
@@ -181,7 +180,7 @@ def resolve(name: str) -> str | None:
         obj, rest = getattr(importlib.import_module(where[0]), parts[0]), parts[1:]
     for j, attr in enumerate(rest):
         if not _has_attr(obj, attr):
-            return f"{name}: {'.'.join(parts[:len(parts) - len(rest) + j])} has no {attr}"
+            return f"{name}: {'.'.join(parts[: len(parts) - len(rest) + j])} has no {attr}"
         if not hasattr(obj, attr):  # an instance attribute: nothing further to resolve
             return None if j == len(rest) - 1 else f"{name}: cannot resolve past {attr}"
         obj = getattr(obj, attr)
@@ -233,7 +232,9 @@ def test_the_name_resolver_finds_what_is_missing():
     assert "no module" in resolve("NoSuchClass.run")
     assert resolve("no_such_module.py") is not None
     assert names_in("`Learner.turn(now)`, `torch.optim.Adam`, `learner.h5`, `tests/x.py::t`") == (
-        ["Learner.turn"], ["tests/x.py::t"])
+        ["Learner.turn"],
+        ["tests/x.py::t"],
+    )
 
 
 # --- the README's layout table names every module of mpirl/ -----------------------------------
@@ -266,9 +267,14 @@ def test_the_readme_layout_names_every_module():
 # The README's layout table is the folder listing: a module moved or added shows here.
 def test_the_readme_layout_is_the_folder_listing():
     table, folders = readme_layout(), module_folders()
-    diff = {f: (sorted(folders.get(f, set()) - table.get(f, set())),
-                sorted(table.get(f, set()) - folders.get(f, set())))
-            for f in sorted(set(table) | set(folders)) if table.get(f) != folders.get(f)}
+    diff = {
+        f: (
+            sorted(folders.get(f, set()) - table.get(f, set())),
+            sorted(table.get(f, set()) - folders.get(f, set())),
+        )
+        for f in sorted(set(table) | set(folders))
+        if table.get(f) != folders.get(f)
+    }
     assert not diff, f"folder: (modules missing from the table, listed but not there): {diff}"
 
 
@@ -299,11 +305,18 @@ def test_mpirl_never_imports_analysis():
     found = []
     for p in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
-                     else [])
-            found += [f"{p.relative_to(PKG.parent)}: {n}" for n in names
-                      if n == "analysis" or n.startswith("analysis.")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{p.relative_to(PKG.parent)}: {n}"
+                for n in names
+                if n == "analysis" or n.startswith("analysis.")
+            ]
     assert not found, f"mpirl imports analysis: {found}"
 
 

@@ -1,5 +1,6 @@
 """mpirl.sweep: spec expansion, the dry-run listing, bad specs, the SLURM array script, resuming
 a sweep, and one tiny real sweep (2 runs under mpirun -n 3)."""
+
 from __future__ import annotations
 
 import csv
@@ -47,28 +48,51 @@ def test_expansion_order_folders_and_arguments(tmp_path):
     assert [r.index for r in runs] == list(range(8))
     # seed-major; then the axes as written, the last fastest
     assert [(r.seed, r.cell["bandwidth_mbps"], r.cell["replay_at"]) for r in runs[:4]] == [
-        (0, "100", "learner"), (0, "100", "buffer"), (0, "0.5", "learner"), (0, "0.5", "buffer")]
+        (0, "100", "learner"),
+        (0, "100", "buffer"),
+        (0, "0.5", "learner"),
+        (0, "0.5", "buffer"),
+    ]
     assert {r.seed for r in runs[4:]} == {1}
     out = tmp_path / "out"
     assert runs[3].run_dir == out / "bandwidth_mbps=0.5,replay_at=buffer" / "seed0"
     assert len({r.run_dir for r in runs}) == 8
     assert runs[3].mpirl_args() == [
-        "--env", "CartPole-v1", "--hidden", "32", "32", "--no-dueling", "--max-seconds", "5",
-        "--bandwidth-mbps", "0.5", "--replay-at", "buffer", "--seed", "0",
-        "--run-dir", str(runs[3].run_dir)]
+        "--env",
+        "CartPole-v1",
+        "--hidden",
+        "32",
+        "32",
+        "--no-dueling",
+        "--max-seconds",
+        "5",
+        "--bandwidth-mbps",
+        "0.5",
+        "--replay-at",
+        "buffer",
+        "--seed",
+        "0",
+        "--run-dir",
+        str(runs[3].run_dir),
+    ]
     cmd = runs[3].command(spec, python="python")
     assert cmd[:6] == ["mpirun", "-n", "3", "python", "-m", "mpirl.main"]
     assert S.check(spec, runs) == []
 
 
 def test_group_axis_and_no_axes(tmp_path):
-    spec = S.load_spec(spec_file(tmp_path, """
+    spec = S.load_spec(
+        spec_file(
+            tmp_path,
+            """
         out = "OUT"
         seeds = [3]
         [axes]
         link = [{label = "slow", link = "wan-100m-30ms", bandwidth_mbps = 1},
                 {link = "none", bandwidth_mbps = 1000}]
-    """))
+    """,
+        )
+    )
     runs = S.expand(spec)
     assert [r.cell["link"] for r in runs] == ["slow", "none-1000"]
     assert runs[0].flags == {"link": "wan-100m-30ms", "bandwidth_mbps": 1, "seed": 3}
@@ -79,33 +103,38 @@ def test_group_axis_and_no_axes(tmp_path):
     assert plain[0].mpirl_args() == ["--seed", "0", "--run-dir", str(plain[0].run_dir)]
 
 
-@pytest.mark.parametrize("body, needle", [
-    ('ranks = 3', "out = None"),
-    ('out = "OUT"\nflags = 3', "[flags] must be a table"),
-    ('out = "OUT"\nmystery = 1', "unknown key(s) ['mystery']"),
-    ('out = "OUT"\nranks = 2', "ranks = 2 must be an integer >= 3"),
-    ('out = "OUT"\nexport = 1', "export = 1 must be a folder"),
-    ('out = "OUT"\nseeds = []', "seeds = [] must be a non-empty list"),
-    ('out = "OUT"\nseeds = [0, 0]', "repeat a seed"),
-    ('out = "OUT"\nseeds = [-1]', "integers >= 0"),
-    ('out = "OUT"\nlauncher = "mpirun"', "launcher = 'mpirun' must be a non-empty list"),
-    ('out = "OUT"\n[flags]\nseed = 3', "'seed' is set by the sweep"),
-    ('out = "OUT"\n[flags]\nrun-dir = "x"', "'run-dir' is set by the sweep"),
-    ('out = "OUT"\n[flags]\nlr = {a = 1}', "[flags] lr = {'a': 1}: a flag value must be"),
-    ('out = "OUT"\n[flags]\nlr-x = 1\nlr_x = 2', "'lr_x' is given twice"),
-    ('out = "OUT"\n[axes]\nlr = []', "[axes] lr = []: an axis is a non-empty list"),
-    ('out = "OUT"\n[axes]\nlr = 0.1', "[axes] lr = 0.1: an axis is a non-empty list"),
-    ('out = "OUT"\n[axes]\nlr = [0.1, 0.1]', "[axes] lr: values ['0.1'] repeat"),
-    ('out = "OUT"\n[axes]\nx = [{lr = 1}, 2]', "[axes] x: mix of tables"),
-    ('out = "OUT"\n[axes]\nx = [{lr = 1}, {gamma = 1}]', "every value of a group axis sets"),
-    ('out = "OUT"\n[flags]\nlr = 1\n[axes]\nlr = [1, 2]', "flag 'lr' is set in [flags] and in"),
-    ('out = "OUT"\n[budget]\nmax_seconds = 1\n[axes]\nx = [{max_seconds = 2}]',
-     "'max_seconds' is set in [budget] and in [axes] x"),
-    ('out = "OUT"\n[slurm]\nqueue = "x"', "unknown key(s) ['queue'] in [slurm]"),
-    ('out = "OUT"\n[slurm]\nmax_parallel = 0', "max_parallel = 0 must be an integer >= 1"),
-    ('out = "OUT"\n[slurm]\nsbatch = "--x"', "[slurm] sbatch = '--x' must be a list"),
-    ('out = [', "is not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("ranks = 3", "out = None"),
+        ('out = "OUT"\nflags = 3', "[flags] must be a table"),
+        ('out = "OUT"\nmystery = 1', "unknown key(s) ['mystery']"),
+        ('out = "OUT"\nranks = 2', "ranks = 2 must be an integer >= 3"),
+        ('out = "OUT"\nexport = 1', "export = 1 must be a folder"),
+        ('out = "OUT"\nseeds = []', "seeds = [] must be a non-empty list"),
+        ('out = "OUT"\nseeds = [0, 0]', "repeat a seed"),
+        ('out = "OUT"\nseeds = [-1]', "integers >= 0"),
+        ('out = "OUT"\nlauncher = "mpirun"', "launcher = 'mpirun' must be a non-empty list"),
+        ('out = "OUT"\n[flags]\nseed = 3', "'seed' is set by the sweep"),
+        ('out = "OUT"\n[flags]\nrun-dir = "x"', "'run-dir' is set by the sweep"),
+        ('out = "OUT"\n[flags]\nlr = {a = 1}', "[flags] lr = {'a': 1}: a flag value must be"),
+        ('out = "OUT"\n[flags]\nlr-x = 1\nlr_x = 2', "'lr_x' is given twice"),
+        ('out = "OUT"\n[axes]\nlr = []', "[axes] lr = []: an axis is a non-empty list"),
+        ('out = "OUT"\n[axes]\nlr = 0.1', "[axes] lr = 0.1: an axis is a non-empty list"),
+        ('out = "OUT"\n[axes]\nlr = [0.1, 0.1]', "[axes] lr: values ['0.1'] repeat"),
+        ('out = "OUT"\n[axes]\nx = [{lr = 1}, 2]', "[axes] x: mix of tables"),
+        ('out = "OUT"\n[axes]\nx = [{lr = 1}, {gamma = 1}]', "every value of a group axis sets"),
+        ('out = "OUT"\n[flags]\nlr = 1\n[axes]\nlr = [1, 2]', "flag 'lr' is set in [flags] and in"),
+        (
+            'out = "OUT"\n[budget]\nmax_seconds = 1\n[axes]\nx = [{max_seconds = 2}]',
+            "'max_seconds' is set in [budget] and in [axes] x",
+        ),
+        ('out = "OUT"\n[slurm]\nqueue = "x"', "unknown key(s) ['queue'] in [slurm]"),
+        ('out = "OUT"\n[slurm]\nmax_parallel = 0', "max_parallel = 0 must be an integer >= 1"),
+        ('out = "OUT"\n[slurm]\nsbatch = "--x"', "[slurm] sbatch = '--x' must be a list"),
+        ("out = [", "is not valid TOML"),
+    ],
+)
 def test_bad_spec_names_the_key(tmp_path, body, needle):
     with pytest.raises(S.SpecError) as e:
         S.load_spec(spec_file(tmp_path, body))
@@ -176,20 +205,31 @@ def test_dry_run_lists_every_run_and_its_status(tmp_path, capsys):
 
 
 def test_slurm_array_script(tmp_path, capsys):
-    p = spec_file(tmp_path, BASIC + """
+    p = spec_file(
+        tmp_path,
+        BASIC
+        + """
     [slurm]
     time = "01:00:00"
     max_parallel = 3
     sbatch = ["--partition=cpu", "--account=rl"]
     setup = ["module load openmpi", "source .venv-sysmpi/bin/activate"]
-    """)
+    """,
+    )
     assert S.main([str(p), "--slurm"]) == 0
     text = capsys.readouterr().out
-    for needed in ("#SBATCH --array=0-7%3", "#SBATCH --ntasks=3", "#SBATCH --time=01:00:00",
-                   "#SBATCH --partition=cpu", "#SBATCH --account=rl", "#SBATCH --requeue",
-                   "#SBATCH --signal=B:TERM@120", "module load openmpi\n",
-                   "export HYDRA_LAUNCHER=fork\n",
-                   f'exec python -m mpirl.sweep {p} --index "$SLURM_ARRAY_TASK_ID"'):
+    for needed in (
+        "#SBATCH --array=0-7%3",
+        "#SBATCH --ntasks=3",
+        "#SBATCH --time=01:00:00",
+        "#SBATCH --partition=cpu",
+        "#SBATCH --account=rl",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:TERM@120",
+        "module load openmpi\n",
+        "export HYDRA_LAUNCHER=fork\n",
+        f'exec python -m mpirl.sweep {p} --index "$SLURM_ARRAY_TASK_ID"',
+    ):
         assert needed in text
     lines = text.splitlines()
     first_cmd = next(i for i, x in enumerate(lines[1:], 1) if x.strip() and not x.startswith("#"))
@@ -242,8 +282,11 @@ def test_repository_specs_pass_the_flag_check():
     the learner with jobs/pin.sh; the equal-wall-time ones (issue 27) give both placements the
     same T and no other stop, and export their rows."""
     fixed = ROOT / "experiments" / "fixed-updates"
-    for path in (fixed / "paper.toml", fixed / "paper-minatar.toml",
-                 ROOT / "experiments" / "matrix.toml"):
+    for path in (
+        fixed / "paper.toml",
+        fixed / "paper-minatar.toml",
+        ROOT / "experiments" / "matrix.toml",
+    ):
         spec = S.load_spec(path)
         assert S.check(spec, S.expand(spec)) == [], path
     paper = S.load_spec(fixed / "paper.toml")
@@ -269,7 +312,9 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     """Two runs of a few seconds under mpirun -n 3, one after another; the second invocation
     skips both. Each finished run's row lands in the spec's export folder (analysis.export)."""
     launcher = json.dumps([*mpirun_cmd(3)[:-1], "{ranks}"])  # Open MPI: --oversubscribe
-    p = spec_file(tmp_path, f"""
+    p = spec_file(
+        tmp_path,
+        f"""
         out = "OUT"
         export = "OUT-data"
         ranks = 3
@@ -286,12 +331,16 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         max_seconds = 3
         [axes]
         replay_at = ["learner", "buffer"]
-    """)
+    """,
+    )
     cmd = [sys.executable, "-m", "mpirl.sweep", str(p)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
     runs = S.expand(S.load_spec(p))
-    logs = "\n".join(x.run_dir.with_name("seed0.log").read_text() for x in runs
-                     if x.run_dir.with_name("seed0.log").exists())
+    logs = "\n".join(
+        x.run_dir.with_name("seed0.log").read_text()
+        for x in runs
+        if x.run_dir.with_name("seed0.log").exists()
+    )
     assert r.returncode == 0, r.stdout + r.stderr + logs
     for run in runs:
         summary = json.loads((run.run_dir / "summary.json").read_text())
@@ -301,10 +350,10 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
     with (tmp_path / "out-data" / "runs.csv").open() as f:
         rows = {r["replay_at"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"learner", "buffer"}, rows
-    assert all(float(r["T"]) == pytest.approx(3, abs=0.5) and int(r["updates"]) > 0
-               for r in rows.values())
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       check=False)
+    assert all(
+        float(r["T"]) == pytest.approx(3, abs=0.5) and int(r["updates"]) > 0 for r in rows.values()
+    )
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert r.returncode == 0 and r.stdout.count("complete, skipped") == 2, r.stdout + r.stderr
     shutil.rmtree(tmp_path / "out")
 

@@ -1,6 +1,12 @@
 import pytest
 
-from mpirl.transport.topology import LayoutError, format_table, layout, placement_warnings, site_sizes
+from mpirl.transport.topology import (
+    LayoutError,
+    format_table,
+    layout,
+    placement_warnings,
+    site_sizes,
+)
 
 
 def test_default_nine_ranks():
@@ -14,8 +20,15 @@ def test_two_sites_contiguous():
     places = layout(8, 2)  # 1 learner, 2 buffers, 5 actors: 3 + 2
     assert site_sizes(8, 2) == [3, 2]
     assert [(p.role, p.site) for p in places] == [
-        ("learner", -1), ("buffer", 0), ("actor", 0), ("actor", 0), ("actor", 0),
-        ("buffer", 1), ("actor", 1), ("actor", 1)]
+        ("learner", -1),
+        ("buffer", 0),
+        ("actor", 0),
+        ("actor", 0),
+        ("actor", 0),
+        ("buffer", 1),
+        ("actor", 1),
+        ("actor", 1),
+    ]
 
 
 @pytest.mark.parametrize("n, b", [(2, 1), (1, 1), (4, 2), (9, 5)])

@@ -1,5 +1,6 @@
 """The weight encodings (mpirl.transport.weight_codec) and the learner's broadcast policy
 (mpirl.transport.weight_sync), without MPI: round trips, error bounds, keyframes, the wire."""
+
 import math
 
 import numpy as np
@@ -23,7 +24,7 @@ def test_bf16_round_trip_error():
     w = np.random.default_rng(1).normal(0, 1, 10_000).astype(np.float32)
     back = wc.from_bf16(wc.to_bf16(w))
     assert back.dtype == np.float32
-    assert np.all(np.abs(back - w) <= np.abs(w) * 2.0 ** -8)  # 8 bits of mantissa, rounded
+    assert np.all(np.abs(back - w) <= np.abs(w) * 2.0**-8)  # 8 bits of mantissa, rounded
     assert np.array_equal(wc.from_bf16(wc.to_bf16(back)), back)  # exact on bf16 values
 
 
@@ -35,7 +36,7 @@ def test_delta_error_bound_and_no_accumulation():
         scales, q, rebuilt = wc.encode_delta(w, base)
         recv = wc.apply_delta(recv, scales, q)
         assert np.array_equal(recv, rebuilt)  # bit-identical on both sides
-        bound = np.repeat(scales, wc.BLOCK)[:w.size] / 2 + 1e-7
+        bound = np.repeat(scales, wc.BLOCK)[: w.size] / 2 + 1e-7
         assert np.all(np.abs(rebuilt - w) <= bound)
         base = rebuilt
     assert np.abs(recv - w).max() < 1e-3  # the last step's error, not thirty
@@ -74,13 +75,14 @@ def test_cache_checks_base_and_checksum():
     scales, q, rebuilt = wc.encode_delta(w1, w0)
     good = wire.unpack(wire.weights_delta(scales, q, 0, wc.checksum(rebuilt), 1, 20), Tag.WEIGHTS)
     assert good.raw_nbytes  # compressed on the wire
-    bad_crc = wire.unpack(wire.weights_delta(scales, q, 0, wc.checksum(rebuilt) ^ 1, 1, 20),
-                          Tag.WEIGHTS)
-    wrong_base = wire.unpack(wire.weights_delta(scales, q, 7, wc.checksum(rebuilt), 1, 20),
-                             Tag.WEIGHTS)
+    bad_crc = wire.unpack(
+        wire.weights_delta(scales, q, 0, wc.checksum(rebuilt) ^ 1, 1, 20), Tag.WEIGHTS
+    )
+    wrong_base = wire.unpack(
+        wire.weights_delta(scales, q, 7, wc.checksum(rebuilt), 1, 20), Tag.WEIGHTS
+    )
     assert not cache.apply(bad_crc.count, bad_crc.seq, int(bad_crc.a), bad_crc.arrays)
-    assert not cache.apply(wrong_base.count, wrong_base.seq, int(wrong_base.a),
-                           wrong_base.arrays)
+    assert not cache.apply(wrong_base.count, wrong_base.seq, int(wrong_base.a), wrong_base.arrays)
     assert cache.version == 0  # unchanged
     assert cache.apply(good.count, good.seq, int(good.a), good.arrays)
     assert cache.version == 1 and np.array_equal(cache.params, rebuilt)

@@ -1,5 +1,6 @@
 """experiments/weights-delta.toml (the learning comparison of issue 26) is a valid sweep of
 paired seeds, and its analysis reads the sweep's folders."""
+
 import importlib.util
 from pathlib import Path
 
@@ -18,8 +19,9 @@ def test_spec_pairs_full_and_delta_per_seed():
 
 
 def test_analysis_finds_cells(tmp_path):
-    mod = importlib.util.spec_from_file_location("weights_delta",
-                                                 ROOT / "experiments" / "weights_delta.py")
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
     wd = importlib.util.module_from_spec(mod)
     mod.loader.exec_module(wd)
     for enc in ("full", "delta"):

@@ -1,15 +1,16 @@
 """Weights over a slow link: latest-wins, never a backlog; a STOP is never held behind more
 than the one weight message in transit (docs/design.md, "Weights on slow links")."""
+
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from mpirun import mpirun_cmd
 
 from mpirl.transport.link import LinkEnd, LinkProfile
 from mpirl.transport.wire import Tag
-from mpirun import mpirun_cmd
 
 
 class _Comm:
@@ -95,8 +96,20 @@ def test_stop_within_one_weight_transfer_over_mpi():
     """A learner posting weights every 5 ms onto a link that takes 0.2 s per broadcast: the
     bytes waiting never exceed one broadcast and a STOP arrives within one transfer + latency."""
     lat_ms, mbps, size = 20.0, 1.0, 25_000
-    p = subprocess.run([*mpirun_cmd(2), sys.executable, "tests/link_latest.py", str(lat_ms),
-                        str(mbps), str(size), "2.0"], capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            *mpirun_cmd(2),
+            sys.executable,
+            "tests/link_latest.py",
+            str(lat_ms),
+            str(mbps),
+            str(size),
+            "2.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.strip().splitlines()[-1])
     tx = size * 8 / (mbps * 1e6)
@@ -114,10 +127,30 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
     from mpirun import read_h5, run_mpirl
 
     run = tmp_path / "run"
-    p = run_mpirl(3, "--bandwidth-mbps", "0.2", "--latency-ms", "20", "--weights-every", "1",
-                  "--replay-ratio", "0", "--max-seconds", "12", "--target-return", "none",
-                  "--checkpoint-seconds", "0", "--progress-seconds", "1", "--evaluator", "thread",
-                  "--run-dir", str(run), timeout=240)
+    p = run_mpirl(
+        3,
+        "--bandwidth-mbps",
+        "0.2",
+        "--latency-ms",
+        "20",
+        "--weights-every",
+        "1",
+        "--replay-ratio",
+        "0",
+        "--max-seconds",
+        "12",
+        "--target-return",
+        "none",
+        "--checkpoint-seconds",
+        "0",
+        "--progress-seconds",
+        "1",
+        "--evaluator",
+        "thread",
+        "--run-dir",
+        str(run),
+        timeout=240,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_seconds"

@@ -41,15 +41,22 @@ def test_batch_and_priorities_round_trip(wire):
     from mpirl.replay import Sample
 
     rec = records(wire, 4)
-    s = Sample(indices=np.array([3, 1, 4, 1]), generations=np.array([0, 2, 0, 2]),
-                        weights=np.ones(4), priorities=np.array([.5, .25, 1, .25]), records=rec)
+    s = Sample(
+        indices=np.array([3, 1, 4, 1]),
+        generations=np.array([0, 2, 0, 2]),
+        weights=np.ones(4),
+        priorities=np.array([0.5, 0.25, 1, 0.25]),
+        records=rec,
+    )
     m = wire.unpack(wire.batch(s, batch_id=9, t_send=1.5, max_weight=3.5), Tag.BATCH)
     assert m.seq == 9 and m.a == 1.5 and m.b == 3.5  # b: the weights' normaliser
     assert wire.unpack(wire.batch(s, 9, 1.5, max_weight=1e300), Tag.BATCH).b == 1e9  # clipped
     np.testing.assert_array_equal(m.arrays["indices"], s.indices)
     np.testing.assert_array_equal(m.arrays["records"], rec)
-    p = wire.unpack(wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5,
-                                    updates=1234), Tag.PRIORITIES)
+    p = wire.unpack(
+        wire.priorities(s.indices, s.generations, [1, 2, 3, 4], 9, 1.5, updates=1234),
+        Tag.PRIORITIES,
+    )
     assert p.seq == 9 and p.a == 1.5 and p.b == 1234  # the learner's updates: buffers' beta
     np.testing.assert_array_equal(p.arrays["generations"], s.generations)
     np.testing.assert_array_equal(p.arrays["td_abs"], [1, 2, 3, 4])
@@ -65,11 +72,14 @@ def test_weights_stats_control(wire):
     assert wire.unpack(wire.done(5, 2), Tag.DONE).a == 5
 
 
-@pytest.mark.parametrize("mangle, match", [
-    (lambda b: b[:10], "shorter than the 40-byte header"),
-    (lambda b: np.concatenate([b, np.zeros(3, np.uint8)]), "must be"),
-    (lambda b: np.zeros_like(b), "bad magic"),
-])
+@pytest.mark.parametrize(
+    "mangle, match",
+    [
+        (lambda b: b[:10], "shorter than the 40-byte header"),
+        (lambda b: np.concatenate([b, np.zeros(3, np.uint8)]), "must be"),
+        (lambda b: np.zeros_like(b), "bad magic"),
+    ],
+)
 def test_malformed_rejected(wire, mangle, match):
     buf = wire.experience(records(wire, 2), [1, 2], [], 0, 0)
     with pytest.raises(WireError, match=match):
@@ -80,7 +90,7 @@ def test_mismatched_tag_and_version(wire):
     buf = wire.stop()
     with pytest.raises(WireError, match="header says STOP"):
         wire.unpack(buf, Tag.DONE)
-    h = buf[:HEADER.itemsize].view(HEADER)
+    h = buf[: HEADER.itemsize].view(HEADER)
     h["version"] = 99
     with pytest.raises(WireError, match="wire version 99"):
         wire.unpack(buf, Tag.STOP)
@@ -104,29 +114,44 @@ def test_every_kind_has_a_view_that_names_its_header_slots(wire):
     from mpirl.transport.wire import VIEWS
 
     assert set(VIEWS) == set(Tag)
-    s = Sample(indices=np.arange(3), generations=np.arange(3), weights=np.ones(3, np.float32),
-               priorities=np.ones(3, np.float32), records=records(wire, 3))
+    s = Sample(
+        indices=np.arange(3),
+        generations=np.arange(3),
+        weights=np.ones(3, np.float32),
+        priorities=np.ones(3, np.float32),
+        records=records(wire, 3),
+    )
     cases = [
-        (wire.experience(records(wire, 2), [1, 2], [5.0], env_steps=9, seq=4),
-         {"n": 2, "msg_no": 4, "env_steps": 9, "n_returns": 1}),
+        (
+            wire.experience(records(wire, 2), [1, 2], [5.0], env_steps=9, seq=4),
+            {"n": 2, "msg_no": 4, "env_steps": 9, "n_returns": 1},
+        ),
         (wire.credit(6, samples=11.0), {"tokens": 6, "samples": 11.0}),
-        (wire.weights(np.zeros(10), version=3, updates=77),
-         {"version": 3, "updates": 77, "encoding": 0}),
+        (
+            wire.weights(np.zeros(10), version=3, updates=77),
+            {"version": 3, "updates": 77, "encoding": 0},
+        ),
         (wire.keyframe(8), {"version": 8}),
         (wire.forward(records(wire, 2), [1, 2], seq=5), {"n": 2, "msg_no": 5}),
-        (wire.batch(s, 12, 3.5, max_weight=2.25),
-         {"n": 3, "batch_id": 12, "t_send": 3.5, "max_weight": 2.25}),
-        (wire.priorities(np.arange(3), np.arange(3), np.ones(3), 12, 3.5, updates=41),
-         {"n": 3, "batch_id": 12, "t_echo": 3.5, "updates": 41}),
-        (wire.stats([1.0, 2.0], 100, 7, weights_updates=40),
-         {"n_returns": 2, "env_steps": 100, "episodes": 7, "weights_updates": 40}),
+        (
+            wire.batch(s, 12, 3.5, max_weight=2.25),
+            {"n": 3, "batch_id": 12, "t_send": 3.5, "max_weight": 2.25},
+        ),
+        (
+            wire.priorities(np.arange(3), np.arange(3), np.ones(3), 12, 3.5, updates=41),
+            {"n": 3, "batch_id": 12, "t_echo": 3.5, "updates": 41},
+        ),
+        (
+            wire.stats([1.0, 2.0], 100, 7, weights_updates=40),
+            {"n_returns": 2, "env_steps": 100, "episodes": 7, "weights_updates": 40},
+        ),
         (wire.stop(9), {"checkpoint": 9}),
         (wire.done(50, 4), {"env_steps": 50, "episodes": 4}),
         (wire.checkpoint(2, 60), {"id": 2, "env_steps": 60}),
     ]
-    assert {Tag(int(b[:HEADER.itemsize].view(HEADER)["kind"][0])) for b, _ in cases} == set(Tag)
+    assert {Tag(int(b[: HEADER.itemsize].view(HEADER)["kind"][0])) for b, _ in cases} == set(Tag)
     for buf, fields in cases:
-        kind = Tag(int(buf[:HEADER.itemsize].view(HEADER)["kind"][0]))
+        kind = Tag(int(buf[: HEADER.itemsize].view(HEADER)["kind"][0]))
         m = wire.unpack(buf, kind, rank=2, t=1.5)
         assert type(m) is VIEWS[kind] and m.rank == 2 and m.t == 1.5 and m.buf is buf
         assert {k: getattr(m, k) for k in fields} == fields, kind.name

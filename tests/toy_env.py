@@ -14,8 +14,9 @@ class Signal(gym.Env):
     def __init__(self, n: int = 2, length: int = 20, continuous: bool = False):
         self.n, self.length = n, length
         self.observation_space = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
-        self.action_space = (gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous
-                             else gym.spaces.Discrete(n))
+        self.action_space = (
+            gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(n)
+        )
         self.signal = self.t = 0
 
     def _obs(self):

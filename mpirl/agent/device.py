@@ -30,18 +30,25 @@ def resolve(name: str, torch):
             raise RuntimeError(_no_cuda(name, torch))
         n = torch.cuda.device_count()
         if dev.index is not None and dev.index >= n:
-            raise RuntimeError(f"device={name!r}: this machine has {n} CUDA device(s) "
-                               f"(cuda:0 .. cuda:{n - 1}); pass one of those or --device cpu")
+            raise RuntimeError(
+                f"device={name!r}: this machine has {n} CUDA device(s) "
+                f"(cuda:0 .. cuda:{n - 1}); pass one of those or --device cpu"
+            )
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
 def _no_cuda(name: str, torch) -> str:
-    why = ("this torch is a CPU-only build" if torch.version.cuda is None
-           else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no CUDA device")
-    return (f"device={name!r}: {why}; run the learner on a host with a GPU and a CUDA build "
-            "of torch, or pass --device cpu (or auto)")
+    why = (
+        "this torch is a CPU-only build"
+        if torch.version.cuda is None
+        else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no CUDA device"
+    )
+    return (
+        f"device={name!r}: {why}; run the learner on a host with a GPU and a CUDA build "
+        "of torch, or pass --device cpu (or auto)"
+    )
 
 
 def check(device: str, amp: str) -> str:
@@ -54,9 +61,11 @@ def check(device: str, amp: str) -> str:
     except RuntimeError as e:
         return str(e)
     if amp != "off" and dev.type != "cuda":
-        return (f"amp={amp!r} needs the learner on a CUDA device; --device {device} resolves to "
-                f"{dev.type} here: pass --amp off (bf16 autocast on CPU is slower than float32 "
-                "for these networks)")
+        return (
+            f"amp={amp!r} needs the learner on a CUDA device; --device {device} resolves to "
+            f"{dev.type} here: pass --amp off (bf16 autocast on CPU is slower than float32 "
+            "for these networks)"
+        )
     return ""
 
 
@@ -68,11 +77,18 @@ def describe(dev, torch) -> dict:
     """Name, memory and CUDA version of the learner's device (HDF5 attrs, start-up banner)."""
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
-        return {"device": str(dev), "device_name": p.name,
-                "device_memory_gib": round(p.total_memory / 2**30, 2),
-                "torch_cuda": torch.version.cuda or ""}
-    return {"device": "cpu", "device_name": _cpu_name(), "device_memory_gib": 0.0,
-            "torch_cuda": torch.version.cuda or ""}
+        return {
+            "device": str(dev),
+            "device_name": p.name,
+            "device_memory_gib": round(p.total_memory / 2**30, 2),
+            "torch_cuda": torch.version.cuda or "",
+        }
+    return {
+        "device": "cpu",
+        "device_name": _cpu_name(),
+        "device_memory_gib": 0.0,
+        "torch_cuda": torch.version.cuda or "",
+    }
 
 
 def _cpu_name() -> str:
@@ -91,5 +107,7 @@ def _cpu_name() -> str:
 def banner(info: dict, amp: str) -> str:
     if info["device"] == "cpu":
         return f"mpirl: learner on cpu ({info['device_name']})"
-    return (f"mpirl: learner on {info['device']} ({info['device_name']}, "
-            f"{info['device_memory_gib']:.1f} GiB, CUDA {info['torch_cuda']}), amp {amp}")
+    return (
+        f"mpirl: learner on {info['device']} ({info['device_name']}, "
+        f"{info['device_memory_gib']:.1f} GiB, CUDA {info['torch_cuda']}), amp {amp}"
+    )

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 
-def dqn_loss(online, target, obs, action, reward, next_obs, discount, weights,
-             huber_delta: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def dqn_loss(
+    online, target, obs, action, reward, next_obs, discount, weights, huber_delta: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     n = obs.shape[0]
     q_both = online(torch.cat([obs, next_obs])).float()  # one forward for s and s' (float32
     q = q_both[:n].gather(1, action.view(-1, 1)).squeeze(1)  # also under bf16 autocast)
@@ -33,10 +34,25 @@ def dqn_loss(online, target, obs, action, reward, next_obs, discount, weights,
 
 # torch.optim.adam.adam is semi-private: mpirl calls it only with the signature it was written
 # for (checked once, at import) and otherwise uses torch.optim.Adam (same update and state).
-_KERNEL_POSITIONAL = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs",
-                      "state_steps")
-_KERNEL_KEYWORDS = ("foreach", "fused", "amsgrad", "beta1", "beta2", "lr", "weight_decay", "eps",
-                    "maximize")
+_KERNEL_POSITIONAL = (
+    "params",
+    "grads",
+    "exp_avgs",
+    "exp_avg_sqs",
+    "max_exp_avg_sqs",
+    "state_steps",
+)
+_KERNEL_KEYWORDS = (
+    "foreach",
+    "fused",
+    "amsgrad",
+    "beta1",
+    "beta2",
+    "lr",
+    "weight_decay",
+    "eps",
+    "maximize",
+)
 
 
 def _adam_kernel():
@@ -50,16 +66,20 @@ def _adam_kernel():
         return None
     items = list(params.values())
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if tuple(p.name for p in items[:6]) != _KERNEL_POSITIONAL or \
-            any(p.kind not in positional for p in items[:6]):
+    if tuple(p.name for p in items[:6]) != _KERNEL_POSITIONAL or any(
+        p.kind not in positional for p in items[:6]
+    ):
         return None
     for name in _KERNEL_KEYWORDS:
         if name not in params or params[name].kind == inspect.Parameter.POSITIONAL_ONLY:
             return None
     known = set(_KERNEL_POSITIONAL + _KERNEL_KEYWORDS)
-    if any(p.name not in known and p.default is p.empty
-           and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-           for p in items):
+    if any(
+        p.name not in known
+        and p.default is p.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        for p in items
+    ):
         return None
     return adam
 
@@ -79,8 +99,9 @@ class Adam:
     runs through ``torch.optim.Adam`` on the same moment and step tensors (``kernel`` is False):
     same result and state_dict, at the cost of the dynamo import at start-up."""
 
-    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+    def __init__(
+        self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ):
         self._adam = _ADAM_KERNEL
         self.params = list(params)
         self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
@@ -102,8 +123,9 @@ class Adam:
         if self._adam is None:  # torch.optim.Adam updating our tensors in place
             self.fused = False
             self._opt = torch.optim.Adam(self.params, lr=self.lr, betas=self.betas, eps=self.eps)
-            for p, s, m, v in zip(self.params, self.steps, self.exp_avg, self.exp_avg_sq,
-                                  strict=True):
+            for p, s, m, v in zip(
+                self.params, self.steps, self.exp_avg, self.exp_avg_sq, strict=True
+            ):
                 self._opt.state[p] = {"step": s, "exp_avg": m, "exp_avg_sq": v}
 
     @property
@@ -129,10 +151,23 @@ class Adam:
             m = [self.exp_avg[i] for i in keep]
             v = [self.exp_avg_sq[i] for i in keep]
             steps = [self.steps[i] for i in keep]
-        self._adam(params, grads, m, v, [], steps, foreach=False if not self.fused else None,
-                   fused=self.fused or None, amsgrad=False, beta1=self.betas[0],
-                   beta2=self.betas[1], lr=self.lr, weight_decay=0.0, eps=self.eps,
-                   maximize=False)
+        self._adam(
+            params,
+            grads,
+            m,
+            v,
+            [],
+            steps,
+            foreach=False if not self.fused else None,
+            fused=self.fused or None,
+            amsgrad=False,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            lr=self.lr,
+            weight_decay=0.0,
+            eps=self.eps,
+            maximize=False,
+        )
 
     def step(self) -> None:
         if self._opt is not None:
@@ -142,23 +177,41 @@ class Adam:
         self._update()
 
     def state_dict(self) -> dict:
-        return {"state": {i: {"step": s, "exp_avg": m, "exp_avg_sq": v}
-                          for i, (s, m, v) in enumerate(zip(self.steps, self.exp_avg,
-                                                            self.exp_avg_sq, strict=True))},
-                "param_groups": [{"lr": self.lr, "betas": self.betas, "eps": self.eps,
-                                  "weight_decay": 0.0, "amsgrad": False, "maximize": False,
-                                  "fused": self.fused, "params": list(range(len(self.params)))}]}
+        return {
+            "state": {
+                i: {"step": s, "exp_avg": m, "exp_avg_sq": v}
+                for i, (s, m, v) in enumerate(
+                    zip(self.steps, self.exp_avg, self.exp_avg_sq, strict=True)
+                )
+            },
+            "param_groups": [
+                {
+                    "lr": self.lr,
+                    "betas": self.betas,
+                    "eps": self.eps,
+                    "weight_decay": 0.0,
+                    "amsgrad": False,
+                    "maximize": False,
+                    "fused": self.fused,
+                    "params": list(range(len(self.params))),
+                }
+            ],
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         group = sd["param_groups"][0]
         if len(sd["param_groups"]) != 1 or len(group["params"]) != len(self.params):
-            raise ValueError(f"optimizer state for {len(group['params'])} parameters in "
-                             f"{len(sd['param_groups'])} group(s); this network has "
-                             f"{len(self.params)} in 1: a checkpoint of another network?")
+            raise ValueError(
+                f"optimizer state for {len(group['params'])} parameters in "
+                f"{len(sd['param_groups'])} group(s); this network has "
+                f"{len(self.params)} in 1: a checkpoint of another network?"
+            )
         for key, plain in (("weight_decay", 0.0), ("amsgrad", False), ("maximize", False)):
             if group.get(key, plain) != plain:
-                raise ValueError(f"optimizer state has {key}={group[key]!r}; mpirl's Adam "
-                                 f"runs with {key}={plain!r}")
+                raise ValueError(
+                    f"optimizer state has {key}={group[key]!r}; mpirl's Adam "
+                    f"runs with {key}={plain!r}"
+                )
         state = sd["state"]
         for i in range(len(self.params)):
             s = state.get(i, state.get(str(i)))

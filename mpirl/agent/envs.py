@@ -76,8 +76,10 @@ def _need_images_extra(env_id: str, missing: str):
     from mpirl.run.config import ConfigError
 
     verb = "are" if "," in missing else "is"
-    return ConfigError(f"env={env_id!r} is an image environment and needs the images extra "
-                       f"({missing} {verb} not installed): {IMAGES_EXTRA}")
+    return ConfigError(
+        f"env={env_id!r} is an image environment and needs the images extra "
+        f"({missing} {verb} not installed): {IMAGES_EXTRA}"
+    )
 
 
 def _register(env_id: str) -> None:
@@ -127,7 +129,8 @@ class _MinAtarObs:
         h, w, c = env.observation_space.shape
         space = gym.spaces.Box(0, 1, (c, h, w), np.uint8)
         return gym.wrappers.TransformObservation(
-            env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1)), np.uint8), space)
+            env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1)), np.uint8), space
+        )
 
 
 def _import_module(module: str, what: str):
@@ -139,9 +142,11 @@ def _import_module(module: str, what: str):
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module: any failure is a config error
-        raise ConfigError(f"{what}: cannot import module {module!r} ({type(e).__name__}: {e}); "
-                          "it must be importable on every rank (pip install it, or put it on "
-                          "PYTHONPATH)") from None
+        raise ConfigError(
+            f"{what}: cannot import module {module!r} ({type(e).__name__}: {e}); "
+            "it must be importable on every rank (pip install it, or put it on "
+            "PYTHONPATH)"
+        ) from None
 
 
 def _import_attr(path: str, what: str):
@@ -170,16 +175,21 @@ def _gym_make(env_id: str, kwargs: dict):
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as e:
-        raise ConfigError(f"env={env_id!r} is not a gymnasium environment id ({e}); pick one "
-                          "from gymnasium.envs.registry, e.g. --env CartPole-v1") from None
+        raise ConfigError(
+            f"env={env_id!r} is not a gymnasium environment id ({e}); pick one "
+            "from gymnasium.envs.registry, e.g. --env CartPole-v1"
+        ) from None
     except TypeError as e:
         bad = re.search(r"unexpected keyword argument '([^']+)'", str(e))
         if bad and bad.group(1) in kwargs:
-            raise ConfigError(f"env_kwargs: env={env_id!r} takes no keyword argument "
-                              f"{bad.group(1)!r} ({e}); check the names its constructor "
-                              "accepts") from None
-        raise ConfigError(f"env={env_id!r} with env_kwargs={kwargs!r}: gymnasium.make failed "
-                          f"(TypeError: {e})") from None
+            raise ConfigError(
+                f"env_kwargs: env={env_id!r} takes no keyword argument "
+                f"{bad.group(1)!r} ({e}); check the names its constructor "
+                "accepts"
+            ) from None
+        raise ConfigError(
+            f"env={env_id!r} with env_kwargs={kwargs!r}: gymnasium.make failed (TypeError: {e})"
+        ) from None
 
 
 def wrap(env, wrappers: list[str]):
@@ -191,22 +201,31 @@ def wrap(env, wrappers: list[str]):
     for path in wrappers:
         fn = _import_attr(path, f"env_wrappers: {path!r}")
         if not callable(fn):
-            raise ConfigError(f"env_wrappers: {path!r} is not callable (it is {fn!r:.60} of "
-                              f"type {type(fn).__name__}); a wrapper is a function or class "
-                              "that takes an env and returns one")
+            raise ConfigError(
+                f"env_wrappers: {path!r} is not callable (it is {fn!r:.60} of "
+                f"type {type(fn).__name__}); a wrapper is a function or class "
+                "that takes an env and returns one"
+            )
         try:
             out = fn(env)
         except Exception as e:  # noqa: BLE001 - the user's code, reported as their config
             raise ConfigError(f"env_wrappers: {path!r} raised {type(e).__name__}: {e}") from None
         if not isinstance(out, gym.Env):
-            raise ConfigError(f"env_wrappers: {path!r} returned {type(out).__name__}, not a "
-                              "gymnasium.Env; a wrapper must return the (wrapped) env")
+            raise ConfigError(
+                f"env_wrappers: {path!r} returned {type(out).__name__}, not a "
+                "gymnasium.Env; a wrapper must return the (wrapped) env"
+            )
         env = out
     return env
 
 
-def make(env_id: str, seed: int | None = None, kwargs: dict | None = None,
-         wrappers: list[str] | None = None, render_mode: str | None = None):
+def make(
+    env_id: str,
+    seed: int | None = None,
+    kwargs: dict | None = None,
+    wrappers: list[str] | None = None,
+    render_mode: str | None = None,
+):
     """A gymnasium env with mpirl's preprocessing for its family (see the module docstring):
     ``gymnasium.make(env_id, **kwargs)``, then ``wrappers`` in order, then the preprocessing."""
     import gymnasium as gym
@@ -224,23 +243,34 @@ def make(env_id: str, seed: int | None = None, kwargs: dict | None = None,
                 f"env_kwargs: frameskip={kwargs['frameskip']!r} for env={env_id!r}: mpirl's "
                 f"Atari preprocessing skips {ATARI_FRAME_SKIP} frames itself (max-pooling the "
                 "last two) and needs the ALE env at frameskip=1; remove frameskip from "
-                "--env-kwargs")
+                "--env-kwargs"
+            )
         kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips (max-pools 2 frames)
     env = wrap(_gym_make(env_id, kwargs), wrappers or [])
     if not isinstance(env.action_space, gym.spaces.Discrete):
         env.close()
-        raise ConfigError(f"env={env_id!r} has action space {env.action_space}; DQN needs a "
-                          "Discrete action space (pick a discrete env, e.g. CartPole-v1)")
+        raise ConfigError(
+            f"env={env_id!r} has action space {env.action_space}; DQN needs a "
+            "Discrete action space (pick a discrete env, e.g. CartPole-v1)"
+        )
     if not isinstance(env.observation_space, gym.spaces.Box):
         env.close()
-        raise ConfigError(f"env={env_id!r} has observation space {env.observation_space}; "
-                          "mpirl needs a Box observation space")
+        raise ConfigError(
+            f"env={env_id!r} has observation space {env.observation_space}; "
+            "mpirl needs a Box observation space"
+        )
     if fam == "atari":
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-        env = AtariPreprocessing(env, noop_max=ATARI_NOOP_MAX, frame_skip=ATARI_FRAME_SKIP,
-                                 screen_size=ATARI_SIZE, grayscale_obs=True,
-                                 terminal_on_life_loss=False, scale_obs=False)
+        env = AtariPreprocessing(
+            env,
+            noop_max=ATARI_NOOP_MAX,
+            frame_skip=ATARI_FRAME_SKIP,
+            screen_size=ATARI_SIZE,
+            grayscale_obs=True,
+            terminal_on_life_loss=False,
+            scale_obs=False,
+        )
         # padding "reset": the first observation of an episode is 4 copies of the reset frame
         env = FrameStackObservation(env, ATARI_STACK, padding_type="reset")
     elif fam == "minatar":
@@ -250,8 +280,7 @@ def make(env_id: str, seed: int | None = None, kwargs: dict | None = None,
     return env
 
 
-def inspect(env_id: str, kwargs: dict | None = None,
-            wrappers: list[str] | None = None) -> EnvSpec:
+def inspect(env_id: str, kwargs: dict | None = None, wrappers: list[str] | None = None) -> EnvSpec:
     env = make(env_id, kwargs=kwargs, wrappers=wrappers)
     shape = tuple(env.observation_space.shape)
     dtype = np.dtype(env.observation_space.dtype)
@@ -260,18 +289,37 @@ def inspect(env_id: str, kwargs: dict | None = None,
     env.close()
     fam = family(env_id)
     if fam == "atari":
-        return EnvSpec(shape, dtype, n_actions, threshold, family=fam,
-                       frame_shape=(1,) + shape[1:], stack=ATARI_STACK, obs_scale=1 / 255,
-                       clip_rewards=True)
+        return EnvSpec(
+            shape,
+            dtype,
+            n_actions,
+            threshold,
+            family=fam,
+            frame_shape=(1,) + shape[1:],
+            stack=ATARI_STACK,
+            obs_scale=1 / 255,
+            clip_rewards=True,
+        )
     if fam == "minatar":
-        return EnvSpec(shape, dtype, n_actions, threshold, family=fam, frame_shape=shape,
-                       stack=1, obs_scale=1.0, clip_rewards=True)
+        return EnvSpec(
+            shape,
+            dtype,
+            n_actions,
+            threshold,
+            family=fam,
+            frame_shape=shape,
+            stack=1,
+            obs_scale=1.0,
+            clip_rewards=True,
+        )
     if len(shape) != 1:
         from mpirl.run.config import ConfigError
 
-        raise ConfigError(f"env={env_id!r} has observation shape {shape}; vector observations "
-                          "(1-D Box), Atari (ALE/<Game>-v5) and MinAtar (MinAtar/<Game>-v1) are "
-                          "supported")
+        raise ConfigError(
+            f"env={env_id!r} has observation shape {shape}; vector observations "
+            "(1-D Box), Atari (ALE/<Game>-v5) and MinAtar (MinAtar/<Game>-v1) are "
+            "supported"
+        )
     return EnvSpec(shape, dtype, n_actions, threshold)
 
 
@@ -282,8 +330,15 @@ class Evaluator:
     agent that never presses FIRE in Breakout would otherwise play until the 108,000-frame cap.
     """
 
-    def __init__(self, env_id: str, episodes: int, seed: int, max_steps: int = 0,
-                 kwargs: dict | None = None, wrappers: list[str] | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        episodes: int,
+        seed: int,
+        max_steps: int = 0,
+        kwargs: dict | None = None,
+        wrappers: list[str] | None = None,
+    ):
         """``seed``: the run's --seed; round ``k`` resets with ``seeds.evaluation(seed, episodes,
         k)``."""
         self.envs = [make(env_id, kwargs=kwargs, wrappers=wrappers) for _ in range(episodes)]
@@ -294,8 +349,12 @@ class Evaluator:
     def run(self, q) -> np.ndarray:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
         n = len(self.envs)
-        obs = np.stack([e.reset(seed=s)[0] for e, s in
-                        zip(self.envs, seeds.evaluation(self.seed, n, self.round), strict=True)])
+        obs = np.stack(
+            [
+                e.reset(seed=s)[0]
+                for e, s in zip(self.envs, seeds.evaluation(self.seed, n, self.round), strict=True)
+            ]
+        )
         self.round += 1
         returns = np.zeros(n)
         live = np.ones(n, bool)

@@ -25,8 +25,9 @@ import numpy as np
 
 
 def record_dtype(stack: int) -> np.dtype:
-    return np.dtype([("action", "<i8"), ("reward", "<f4"), ("discount", "<f4"),
-                     ("frames", "<i8", (2 * stack,))])
+    return np.dtype(
+        [("action", "<i8"), ("reward", "<f4"), ("discount", "<f4"), ("frames", "<i8", (2 * stack,))]
+    )
 
 
 def frames_per_transition(stack: int, n_step: int, envs_per_actor: int, actor_chunk: int) -> float:
@@ -59,19 +60,20 @@ class FrameLog:
     def reset(self, obs: np.ndarray) -> tuple[int, ...]:
         """First observation of an episode: FrameStackObservation(padding_type='reset') repeats
         the reset frame ``stack`` times."""
-        return (self._add(obs[-self.c:]),) * self.stack
+        return (self._add(obs[-self.c :]),) * self.stack
 
     def step(self, ids: tuple[int, ...], obs: np.ndarray) -> tuple[int, ...]:
         """The stack after a step: the oldest frame drops out, the newest comes in."""
-        return ids[1:] + (self._add(obs[-self.c:]),)
+        return ids[1:] + (self._add(obs[-self.c :]),)
 
     def pack(self, obs_ids, next_ids) -> tuple[np.ndarray, np.ndarray]:
         """(k, 2S) int64 local indices and the frame table holding each referenced frame once."""
         k = len(obs_ids)
         if k == 0:
             return np.zeros((0, 2 * self.stack), np.int64), self.empty()
-        ids = np.concatenate([np.asarray(obs_ids, np.int64), np.asarray(next_ids, np.int64)],
-                             axis=1)
+        ids = np.concatenate(
+            [np.asarray(obs_ids, np.int64), np.asarray(next_ids, np.int64)], axis=1
+        )
         uniq, inv = np.unique(ids, return_inverse=True)
         table = np.stack([self.frames[int(i)] for i in uniq])
         return inv.reshape(ids.shape).astype(np.int64), table

@@ -83,11 +83,15 @@ class GlobalBatch:
 
     def add(self, c: Contribution) -> None:
         if c.id in self.seen:
-            raise ValueError(f"contribution {c.id} (learner {c.learner}) was added before: a "
-                             "gradient is applied at most once")
+            raise ValueError(
+                f"contribution {c.id} (learner {c.learner}) was added before: a "
+                "gradient is applied at most once"
+            )
         if c.n <= 0 or c.n > self.samples:
-            raise ValueError(f"contribution {c.id} has n={c.n} samples; it must be in "
-                             f"1..{self.samples} (the global batch)")
+            raise ValueError(
+                f"contribution {c.id} has n={c.n} samples; it must be in "
+                f"1..{self.samples} (the global batch)"
+            )
         self.seen.add(c.id)
         self.waiting.append(c)
 

@@ -22,8 +22,9 @@ class NStep:
         self.n, self.gamma = n, gamma
         self._steps: deque = deque()  # (obs, action, reward, q_sa)
 
-    def push(self, obs, action, reward, next_obs, terminated: bool, truncated: bool,
-             q_sa: float = 0.0) -> list[tuple]:
+    def push(
+        self, obs, action, reward, next_obs, terminated: bool, truncated: bool, q_sa: float = 0.0
+    ) -> list[tuple]:
         """Add one step; return the transitions that are complete.
 
         Each is ``(obs, action, R, next_obs, discount, q_sa)``; ``q_sa`` is the actor's Q(s,a)

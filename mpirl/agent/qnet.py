@@ -42,8 +42,9 @@ def _conv_out(obs_shape) -> int:
     return convs[-1][0] * h * w
 
 
-def param_count(obs_shape: tuple[int, ...], n_actions: int, hidden: tuple[int, ...],
-                dueling: bool) -> int:
+def param_count(
+    obs_shape: tuple[int, ...], n_actions: int, hidden: tuple[int, ...], dueling: bool
+) -> int:
     """Length of the flat parameter vector (WEIGHTS) for either network, without torch."""
     if len(obs_shape) == 1:
         return n_params(obs_shape[0], n_actions, hidden, dueling)
@@ -83,14 +84,16 @@ class NumpyQ:
 
     def load(self, flat: np.ndarray) -> None:
         if flat.size != self.size:
-            raise ValueError(f"weights have {flat.size} parameters, the network needs "
-                             f"{self.size}: every rank must use the same --hidden/--dueling/env")
+            raise ValueError(
+                f"weights have {flat.size} parameters, the network needs "
+                f"{self.size}: every rank must use the same --hidden/--dueling/env"
+            )
         flat = np.array(flat, np.float32, copy=True)
         self.layers, off = [], 0
         for _, o, i in self.shapes:
-            w = flat[off: off + o * i].reshape(o, i)
+            w = flat[off : off + o * i].reshape(o, i)
             off += o * i
-            b = flat[off: off + o]
+            b = flat[off : off + o]
             off += o
             self.layers.append((np.ascontiguousarray(w.T), b))  # x @ W.T, transposed once
 
@@ -109,8 +112,9 @@ class NumpyQ:
         return h @ wt + b
 
 
-def make_torch_q(obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool,
-                 obs_scale: float = 1.0):
+def make_torch_q(
+    obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool, obs_scale: float = 1.0
+):
     """The learner's network (imports torch lazily): an MLP for an int / 1-D shape, a CNN for a
     [C, H, W] shape."""
     import torch
@@ -196,8 +200,9 @@ class TorchActorQ:
     the flat WEIGHTS vector, run under no_grad on one thread; numpy in, numpy out (NumpyQ's
     interface)."""
 
-    def __init__(self, obs_shape, n_actions: int, dueling: bool, obs_scale: float,
-                 threads: int | None = 1):
+    def __init__(
+        self, obs_shape, n_actions: int, dueling: bool, obs_scale: float, threads: int | None = 1
+    ):
         import torch
 
         if threads is not None:
@@ -209,12 +214,15 @@ class TorchActorQ:
 
     def load(self, flat: np.ndarray) -> None:
         if flat.size != self.size:
-            raise ValueError(f"weights have {flat.size} parameters, the network needs "
-                             f"{self.size}: every rank must use the same --dueling/env")
+            raise ValueError(
+                f"weights have {flat.size} parameters, the network needs "
+                f"{self.size}: every rank must use the same --dueling/env"
+            )
         torch = self._torch
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(
-                torch.from_numpy(np.array(flat, np.float32, copy=True)), self.net.parameters())
+                torch.from_numpy(np.array(flat, np.float32, copy=True)), self.net.parameters()
+            )
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         torch = self._torch

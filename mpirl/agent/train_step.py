@@ -31,11 +31,13 @@ def _batch_tensors(torch, records, frames=None, stack: int = 1):
     else:
         obs = torch.from_numpy(np.ascontiguousarray(records["obs"], np.float32))
         nxt = torch.from_numpy(np.ascontiguousarray(records["next_obs"], np.float32))
-    return (obs,
-            torch.from_numpy(np.ascontiguousarray(records["action"], np.int64)),
-            torch.from_numpy(np.ascontiguousarray(records["reward"], np.float32)),
-            nxt,
-            torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)))
+    return (
+        obs,
+        torch.from_numpy(np.ascontiguousarray(records["action"], np.int64)),
+        torch.from_numpy(np.ascontiguousarray(records["reward"], np.float32)),
+        nxt,
+        torch.from_numpy(np.ascontiguousarray(records["discount"], np.float32)),
+    )
 
 
 class Pending:
@@ -103,7 +105,7 @@ class TrainStep:
         off = 0
         for name, p in self.online.named_parameters():
             n = p.numel()
-            out[name] = torch.from_numpy(np.array(flat[off: off + n], np.float32)).view(p.shape)
+            out[name] = torch.from_numpy(np.array(flat[off : off + n], np.float32)).view(p.shape)
             off += n
         if off != len(flat):
             raise ValueError(f"{len(flat)} weights for a network of {off} parameters")
@@ -113,16 +115,22 @@ class TrainStep:
         """A batch on the device: (obs, action, reward, next_obs, discount, weights)."""
         torch = self.torch
         if not self.cuda:
-            return (*_batch_tensors(torch, records, frames, self.spec.stack),
-                    torch.from_numpy(np.ascontiguousarray(weights, np.float32)))
+            return (
+                *_batch_tensors(torch, records, frames, self.spec.stack),
+                torch.from_numpy(np.ascontiguousarray(weights, np.float32)),
+            )
         if frames is not None:
             obs, nxt = stacks(records, frames, self.spec.stack)
         else:
             obs, nxt = records["obs"], records["next_obs"]
-        host = ((obs, np.uint8 if frames is not None else np.float32),
-                (records["action"], np.int64), (records["reward"], np.float32),
-                (nxt, np.uint8 if frames is not None else np.float32),
-                (records["discount"], np.float32), (weights, np.float32))
+        host = (
+            (obs, np.uint8 if frames is not None else np.float32),
+            (records["action"], np.int64),
+            (records["reward"], np.float32),
+            (nxt, np.uint8 if frames is not None else np.float32),
+            (records["discount"], np.float32),
+            (weights, np.float32),
+        )
         bufs, event = self._staging[self._turn]
         if event is not None:
             event.synchronize()
@@ -130,8 +138,9 @@ class TrainStep:
         for i, (x, dt) in enumerate(host):
             b = bufs.get(i)
             if b is None or tuple(b.shape) != tuple(np.shape(x)):
-                b = bufs[i] = torch.empty(np.shape(x), dtype=_TORCH_DTYPES[dt](torch),
-                                          pin_memory=True)
+                b = bufs[i] = torch.empty(
+                    np.shape(x), dtype=_TORCH_DTYPES[dt](torch), pin_memory=True
+                )
             b.numpy()[...] = x  # gathers the field out of the records and casts, in one pass
             out.append(b.to(self.device, non_blocking=True))
         event = torch.cuda.Event()
@@ -143,11 +152,13 @@ class TrainStep:
     def _loss(self, batch):
         obs, act, rew, nxt, disc, w = batch
         if not self.amp:  # (constructing an autocast context costs microseconds per update)
-            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
-                                self.huber_delta)
+            return self.loss_fn(
+                self.online, self.target, obs, act, rew, nxt, disc, w, self.huber_delta
+            )
         with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
-            return self.loss_fn(self.online, self.target, obs, act, rew, nxt, disc, w,
-                                self.huber_delta)
+            return self.loss_fn(
+                self.online, self.target, obs, act, rew, nxt, disc, w, self.huber_delta
+            )
 
     def launch(self, batch) -> Pending:
         """Queue one update on ``batch`` (from ``put``); on CPU it runs now.  One update in
@@ -204,5 +215,8 @@ class TrainStep:
         self.target.load_state_dict(self.online.state_dict())
 
 
-_TORCH_DTYPES = {np.float32: lambda t: t.float32, np.int64: lambda t: t.int64,
-                 np.uint8: lambda t: t.uint8}
+_TORCH_DTYPES = {
+    np.float32: lambda t: t.float32,
+    np.int64: lambda t: t.int64,
+    np.uint8: lambda t: t.uint8,
+}

@@ -58,17 +58,49 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["EVERY", "SCALARS", "SITE", "BufferScalars", "EventWriter", "Scalars",
-           "TensorBoardMirror", "check_installed"]
+__all__ = [
+    "EVERY",
+    "SCALARS",
+    "SITE",
+    "BufferScalars",
+    "EventWriter",
+    "Scalars",
+    "TensorBoardMirror",
+    "check_installed",
+]
 
 EVERY = 100  # updates per point of the per-update series
 TENSORBOARD_EXTRA = 'pip install -e ".[tensorboard]"'
-PROGRESS = ("env_steps", "env_steps_per_s", "updates_per_s", "recent_return", "loss",
-            "busy_fraction", "link_bytes_per_s")
+PROGRESS = (
+    "env_steps",
+    "env_steps_per_s",
+    "updates_per_s",
+    "recent_return",
+    "loss",
+    "busy_fraction",
+    "link_bytes_per_s",
+)
 #: the buffer's /site fields, all mirrored (counters so far, the memory, the in-flight window)
-SITE = ("env_steps", "inserted", "sampled", "replay_size", "forward_queue", "forwarded",
-        "forward_dropped", "inflight", "window", "rtt_s", "rtt_net_s", "step_s", "throttled",
-        "stale_dropped", "too_stale", "prio_received", "prio_applied", "prio_moved")
+SITE = (
+    "env_steps",
+    "inserted",
+    "sampled",
+    "replay_size",
+    "forward_queue",
+    "forwarded",
+    "forward_dropped",
+    "inflight",
+    "window",
+    "rtt_s",
+    "rtt_net_s",
+    "step_s",
+    "throttled",
+    "stale_dropped",
+    "too_stale",
+    "prio_received",
+    "prio_applied",
+    "prio_moved",
+)
 
 
 class _Groups:
@@ -85,8 +117,9 @@ class _Groups:
         names = ("t", key, *self.fields, *self.last)
         cols = {k: np.asarray(cols[k]) for k in names if k in cols}
         if self.pending is not None:
-            cols = {k: np.concatenate([p, cols[k]]) if k in cols else p
-                    for k, p in self.pending.items()}
+            cols = {
+                k: np.concatenate([p, cols[k]]) if k in cols else p for k, p in self.pending.items()
+            }
         if not len(cols[key]):
             return
         g = cols[key] // EVERY
@@ -98,7 +131,7 @@ class _Groups:
             vals = {f: float(np.mean(cols[f][a:b])) for f in self.fields if f in cols}
             vals.update({f: float(cols[f][b - 1]) for f in self.last if f in cols})
             yield int(cols[key][b - 1]), float(cols["t"][b - 1]), vals
-        self.pending = None if done else {k: v[starts[-1]:] for k, v in cols.items()}
+        self.pending = None if done else {k: v[starts[-1] :] for k, v in cols.items()}
 
 
 class Scalars:
@@ -117,32 +150,45 @@ class Scalars:
             for i in range(len(t)):
                 for f in PROGRESS:
                     if f in cols:
-                        out.append((f"progress/{f}", int(cols["updates"][i]),
-                                    float(cols[f][i]), self.t0 + t[i]))
+                        out.append(
+                            (
+                                f"progress/{f}",
+                                int(cols["updates"][i]),
+                                float(cols[f][i]),
+                                self.t0 + t[i],
+                            )
+                        )
         elif stream == "evals":
             for i in range(len(t)):
                 for f in ("ret_mean", "ret_std", "ret_min"):
-                    out.append((f"eval/{f}", int(cols["update"][i]), float(cols[f][i]),
-                                self.t0 + t[i]))
+                    out.append(
+                        (f"eval/{f}", int(cols["update"][i]), float(cols[f][i]), self.t0 + t[i])
+                    )
         elif stream == "updates":
             for step, tt, vals in self.updates.add(cols, "update", done):
                 out += [(f"train/{f}", step, v, self.t0 + tt) for f, v in vals.items()]
         elif stream == "link":
             for i in range(len(t)):
                 s, dt = int(cols["buffer"][i]), max(float(cols["interval_s"][i]), 1e-9)
-                for tag, v in (("mb_in_per_s", cols["bytes_in"][i] / dt / 1e6),
-                               ("mb_out_per_s", cols["bytes_out"][i] / dt / 1e6),
-                               ("utilization", cols["utilization"][i])):
+                for tag, v in (
+                    ("mb_in_per_s", cols["bytes_in"][i] / dt / 1e6),
+                    ("mb_out_per_s", cols["bytes_out"][i] / dt / 1e6),
+                    ("utilization", cols["utilization"][i]),
+                ):
                     out.append((f"link/site{s}/{tag}", int(t[i]), float(v), self.t0 + t[i]))
         elif stream == "transfers":
             sites = np.asarray(cols.get("buffer", []))
             for s in sorted(set(sites.tolist()) | (set(self.transfers) if done else set())):
                 g = self.transfers.setdefault(
-                    s, _Groups(("priority_mean", "arrival_priority_mean"), last=("window",)))
+                    s, _Groups(("priority_mean", "arrival_priority_mean"), last=("window",))
+                )
                 mine = {k: np.asarray(v)[sites == s] for k, v in cols.items()}
                 for step, tt, vals in g.add(mine, "update", done):
-                    out += [(f"link/site{s}/{f}", step, v, self.t0 + tt) for f, v in vals.items()
-                            if f != "window" or v > 0]
+                    out += [
+                        (f"link/site{s}/{f}", step, v, self.t0 + tt)
+                        for f, v in vals.items()
+                        if f != "window" or v > 0
+                    ]
         return out
 
     def finish(self) -> list[tuple]:
@@ -167,18 +213,25 @@ class BufferScalars:
         ms = np.round(t * 1000).astype(np.int64)
         if stream == "site":
             for i in range(len(t)):
-                out += [(f"buffer/{f}", int(ms[i]), float(cols[f][i]), self.t0 + t[i])
-                        for f in SITE if f in cols and np.isfinite(cols[f][i])]
+                out += [
+                    (f"buffer/{f}", int(ms[i]), float(cols[f][i]), self.t0 + t[i])
+                    for f in SITE
+                    if f in cols and np.isfinite(cols[f][i])
+                ]
         elif stream == "link":
             for i in range(len(t)):
                 dt, sent = max(float(cols["interval_s"][i]), 1e-9), int(cols["bytes_out"][i])
-                vals = {"mb_out_per_s": sent / dt / 1e6,
-                        "mb_in_per_s": cols["bytes_in"][i] / dt / 1e6,
-                        "utilization": cols["utilization"][i]}
+                vals = {
+                    "mb_out_per_s": sent / dt / 1e6,
+                    "mb_in_per_s": cols["bytes_in"][i] / dt / 1e6,
+                    "utilization": cols["utilization"][i],
+                }
                 if sent > 0:
                     vals["compression"] = cols["raw_bytes_out"][i] / sent
-                out += [(f"buffer/link_{k}", int(ms[i]), float(v), self.t0 + t[i])
-                        for k, v in vals.items()]
+                out += [
+                    (f"buffer/link_{k}", int(ms[i]), float(v), self.t0 + t[i])
+                    for k, v in vals.items()
+                ]
         elif stream == "batches":
             for step, tt, vals in self.batches.add(cols, "batch", done):
                 out += [(f"buffer/batch_{f}", step, v, self.t0 + tt) for f, v in vals.items()]
@@ -186,13 +239,14 @@ class BufferScalars:
 
     def finish(self) -> list[tuple]:
         """The last, incomplete group of /batches."""
-        return self.rows("batches", {"t": np.zeros(0), "batch": np.zeros(0, np.int64)},
-                         done=True)
+        return self.rows("batches", {"t": np.zeros(0), "batch": np.zeros(0, np.int64)}, done=True)
 
 
 #: the scalars of each role's file, and its streams in the order the converter reads them
-SCALARS = {"learner": (Scalars, ("progress", "evals", "updates", "link", "transfers")),
-           "buffer": (BufferScalars, ("site", "link", "batches"))}
+SCALARS = {
+    "learner": (Scalars, ("progress", "evals", "updates", "link", "transfers")),
+    "buffer": (BufferScalars, ("site", "link", "batches")),
+}
 
 
 class EventWriter:
@@ -204,8 +258,9 @@ class EventWriter:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
-            raise ImportError(f"TensorBoard event files need the tensorboard package: "
-                              f"{TENSORBOARD_EXTRA}") from None
+            raise ImportError(
+                f"TensorBoard event files need the tensorboard package: {TENSORBOARD_EXTRA}"
+            ) from None
         self._event, self._summary = Event, Summary
         self._writer = EventFileWriter(str(logdir), flush_secs=flush_secs)
 

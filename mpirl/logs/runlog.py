@@ -351,8 +351,9 @@ class RunLog:
         self._lock_fd = os.open(self.path, os.O_RDWR | os.O_CREAT | (0 if resume else os.O_EXCL))
         try:
             self._lock()
-            self.file = h5py.File(self.path, "r+" if resume else "w", locking=False,
-                                  rdcc_nbytes=_CHUNK_CACHE_BYTES)
+            self.file = h5py.File(
+                self.path, "r+" if resume else "w", locking=False, rdcc_nbytes=_CHUNK_CACHE_BYTES
+            )
         except BaseException:
             os.close(self._lock_fd)
             if not resume:
@@ -499,8 +500,12 @@ class RunLog:
             import sys
 
             mirror, self.mirror = self.mirror, None
-            print(f"mpirl: warning: {type(mirror).__name__} failed ({type(e).__name__}: {e}); "
-                  f"it stops, {self.path.name} goes on", file=sys.stderr, flush=True)
+            print(
+                f"mpirl: warning: {type(mirror).__name__} failed ({type(e).__name__}: {e}); "
+                f"it stops, {self.path.name} goes on",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def before_flush(self, fn) -> None:
         """Call ``fn()`` at the start of every flush (and so at `close`): a writer that holds

@@ -40,11 +40,19 @@ def make_replay(cfg: Config, spec, record, seed: int):
     from mpirl.replay.memory import PrioritizedReplay
 
     if spec.image:
-        return FrameReplay(cfg.replay_capacity, spec.stack, spec.frame_shape,
-                           frames_per_transition(cfg, spec), alpha=cfg.alpha, beta=cfg.beta,
-                           eps=cfg.priority_eps, seed=seed)
-    return PrioritizedReplay(cfg.replay_capacity, record, alpha=cfg.alpha, beta=cfg.beta,
-                             eps=cfg.priority_eps, seed=seed)
+        return FrameReplay(
+            cfg.replay_capacity,
+            spec.stack,
+            spec.frame_shape,
+            frames_per_transition(cfg, spec),
+            alpha=cfg.alpha,
+            beta=cfg.beta,
+            eps=cfg.priority_eps,
+            seed=seed,
+        )
+    return PrioritizedReplay(
+        cfg.replay_capacity, record, alpha=cfg.alpha, beta=cfg.beta, eps=cfg.priority_eps, seed=seed
+    )
 
 
 def replay_footprint(cfg: Config, spec) -> int:
@@ -52,8 +60,9 @@ def replay_footprint(cfg: Config, spec) -> int:
     from mpirl.replay.memory import footprint_bytes
 
     if spec.image:
-        return frame_footprint_bytes(cfg.replay_capacity, spec.stack, spec.frame_shape,
-                                     frames_per_transition(cfg, spec))
+        return frame_footprint_bytes(
+            cfg.replay_capacity, spec.stack, spec.frame_shape, frames_per_transition(cfg, spec)
+        )
     return footprint_bytes(cfg.replay_capacity, record_dtype(cfg, spec))
 
 

@@ -35,8 +35,9 @@ from mpirl.replay.memory import (
 )
 
 
-def frame_footprint_bytes(capacity: int, stack: int, frame_shape, frames_per_transition: float
-                          ) -> int:
+def frame_footprint_bytes(
+    capacity: int, stack: int, frame_shape, frames_per_transition: float
+) -> int:
     """Bytes a ``FrameReplay`` allocates: the transition memory plus the frame ring."""
     n_frames = frame_capacity(capacity, frames_per_transition)
     return footprint_bytes(capacity, record_dtype(stack)) + n_frames * int(np.prod(frame_shape))
@@ -89,8 +90,9 @@ class _RetiringReplay(PrioritizedReplay):
         dropped = int(live.size - np.count_nonzero(live))
         if not live.any():
             return dropped
-        return dropped + super().update(np.asarray(indices)[live], gen[live],
-                                        np.asarray(td_abs)[live])
+        return dropped + super().update(
+            np.asarray(indices)[live], gen[live], np.asarray(td_abs)[live]
+        )
 
 
 class FrameReplay:
@@ -102,9 +104,18 @@ class FrameReplay:
     ``update`` is PrioritizedReplay's (generation-checked, retired transitions count as stale).
     """
 
-    def __init__(self, capacity: int, stack: int, frame_shape, frames_per_transition: float,
-                 alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
-                 seed: int | None = None, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        stack: int,
+        frame_shape,
+        frames_per_transition: float,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        seed: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self.stack = int(stack)
         self.frame_shape = tuple(frame_shape)
         self.frame_capacity = frame_capacity(capacity, frames_per_transition)
@@ -116,10 +127,17 @@ class FrameReplay:
             raise ValueError(
                 f"replay capacity={capacity} needs {_mb(need)} ({_mb(frame_bytes)} frame ring of "
                 f"{self.frame_capacity} frames + transitions and trees) but only {_mb(avail)} is "
-                f"available; lower the capacity to at most {int(avail * 0.9 / per)} transitions")
-        self.memory = _RetiringReplay(capacity, record_dtype(stack), alpha=alpha, beta=beta,
-                                      eps=eps, seed=seed,
-                                      max_bytes=None if avail is None else avail - frame_bytes)
+                f"available; lower the capacity to at most {int(avail * 0.9 / per)} transitions"
+            )
+        self.memory = _RetiringReplay(
+            capacity,
+            record_dtype(stack),
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
+            seed=seed,
+            max_bytes=None if avail is None else avail - frame_bytes,
+        )
         self.frames = np.zeros((self.frame_capacity,) + self.frame_shape, np.uint8)
         self.frames_in = 0  # frames ever added (serial number of the next one)
         self._groups: deque = deque()  # (transition serial end, first frame serial) per group
@@ -146,32 +164,37 @@ class FrameReplay:
     def inserted(self) -> int:
         return self.memory.inserted
 
-    def add(self, records: np.ndarray, td_abs: np.ndarray,
-            frames: np.ndarray | None = None) -> np.ndarray:
+    def add(
+        self, records: np.ndarray, td_abs: np.ndarray, frames: np.ndarray | None = None
+    ) -> np.ndarray:
         """Insert a group: ``records`` whose ``frames`` field indexes the group's own frame table
         ``frames``; the same call as `PrioritizedReplay.add` with the table added."""
         if frames is None:
-            raise ValueError("add(): a memory of image observations needs the group's frame "
-                             "table (frames=...)")
+            raise ValueError(
+                "add(): a memory of image observations needs the group's frame table (frames=...)"
+            )
         f = len(frames)
         cap_f = self.frame_capacity
         if f > cap_f:
-            raise ValueError(f"add(): a group of {f} frames does not fit the frame ring of "
-                             f"{cap_f}; raise the replay capacity")
+            raise ValueError(
+                f"add(): a group of {f} frames does not fit the frame ring of "
+                f"{cap_f}; raise the replay capacity"
+            )
         if len(records) and (records["frames"].min() < 0 or records["frames"].max() >= f):
             raise ValueError(f"add(): frame indices outside the group's table of {f} frames")
         base = self.frames_in
         cutoff = base + f - cap_f  # frames with serial < cutoff are overwritten now
         mem = self.memory
-        while self._groups and (self._groups[0][1] < cutoff
-                                or self._groups[0][0] <= mem.inserted - mem.capacity):
+        while self._groups and (
+            self._groups[0][1] < cutoff or self._groups[0][0] <= mem.inserted - mem.capacity
+        ):
             t_end, f_start = self._groups.popleft()
             if f_start < cutoff:
                 self.retired += mem.retire(t_end)
         s = base % cap_f
         first = min(f, cap_f - s)
-        self.frames[s:s + first] = frames[:first]
-        self.frames[:f - first] = frames[first:]
+        self.frames[s : s + first] = frames[:first]
+        self.frames[: f - first] = frames[first:]
         self.frames_in += f
         recs = np.array(records, copy=True)
         recs["frames"] += base
@@ -213,38 +236,55 @@ class FrameReplay:
         f = min(self.frames_in, self.frame_capacity)
         # views, no copy (a checkpoint must not double the memory); retired slots hold p = 0
         # here, restore_checkpoint retires them again from the tail
-        arrays = {f"{prefix}storage": sd["storage"][:n],
-                  f"{prefix}priorities": sd["priorities"][:n],
-                  f"{prefix}frames": self.frames[:f],
-                  f"{prefix}groups": np.array(self._groups, np.int64).reshape(-1, 2)}
+        arrays = {
+            f"{prefix}storage": sd["storage"][:n],
+            f"{prefix}priorities": sd["priorities"][:n],
+            f"{prefix}frames": self.frames[:f],
+            f"{prefix}groups": np.array(self._groups, np.int64).reshape(-1, 2),
+        }
         if "rng_state" in sd:
             arrays[f"{prefix}rng_state"] = sd["rng_state"]
         meta = {k: sd[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}
-        meta.update(frames_in=int(self.frames_in), frame_capacity=int(self.frame_capacity),
-                    tail=int(mem._tail), retired=int(self.retired))
+        meta.update(
+            frames_in=int(self.frames_in),
+            frame_capacity=int(self.frame_capacity),
+            tail=int(mem._tail),
+            retired=int(self.retired),
+        )
         return arrays, meta
 
     def restore_checkpoint(self, arrays: dict, meta: dict, prefix: str = "replay_") -> None:
         mem = self.memory
         cap, n_in = int(meta["capacity"]), int(meta["inserted"])
         if cap != mem.capacity or int(meta["frame_capacity"]) != self.frame_capacity:
-            raise ValueError(f"replay memory of {cap:,} transitions / "
-                             f"{int(meta['frame_capacity']):,} frames in the checkpoint, "
-                             f"{mem.capacity:,} / {self.frame_capacity:,} configured (same "
-                             "--replay-capacity, --actor-chunk, --n-step, --envs-per-actor)")
+            raise ValueError(
+                f"replay memory of {cap:,} transitions / "
+                f"{int(meta['frame_capacity']):,} frames in the checkpoint, "
+                f"{mem.capacity:,} / {self.frame_capacity:,} configured (same "
+                "--replay-capacity, --actor-chunk, --n-step, --envs-per-actor)"
+            )
         n = min(n_in, cap)
         stored, prios = arrays[f"{prefix}storage"], arrays[f"{prefix}priorities"]
         frames = arrays[f"{prefix}frames"]
         f = min(int(meta["frames_in"]), self.frame_capacity)
-        if stored.shape != (n,) or prios.shape != (n,) or stored.dtype != mem.dtype or \
-                frames.shape != (f,) + self.frame_shape:
-            raise ValueError("replay memory in the checkpoint does not match this run's "
-                             f"({stored.dtype} {stored.shape}, frames {frames.shape})")
+        if (
+            stored.shape != (n,)
+            or prios.shape != (n,)
+            or stored.dtype != mem.dtype
+            or frames.shape != (f,) + self.frame_shape
+        ):
+            raise ValueError(
+                "replay memory in the checkpoint does not match this run's "
+                f"({stored.dtype} {stored.shape}, frames {frames.shape})"
+            )
         # retired slots (p = 0; older checkpoints stored a placeholder): load_state_dict wants
         # p > 0 for every held slot, and retire() below zeroes them again
         floor = float(meta["eps"]) ** float(meta["alpha"])
-        d = {"storage": stored, "priorities": _Held(prios, floor),
-             **{k: meta[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}}
+        d = {
+            "storage": stored,
+            "priorities": _Held(prios, floor),
+            **{k: meta[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")},
+        }
         if f"{prefix}rng_state" in arrays:
             d["rng_state"] = np.asarray(arrays[f"{prefix}rng_state"])
         mem.load_state_dict(d)

@@ -55,7 +55,7 @@ def copy_rows(dst: np.ndarray, src) -> None:
     from its file), so filling a ring from a checkpoint needs one chunk, not a second ring."""
     rows, n = max(1, COPY_BYTES // max(1, dst[:1].nbytes)), len(dst)
     for i in range(0, n, rows):
-        dst[i:min(i + rows, n)] = src[i:min(i + rows, n)]
+        dst[i : min(i + rows, n)] = src[i : min(i + rows, n)]
 
 
 def _mb(n: float) -> str:
@@ -72,8 +72,10 @@ def available_memory() -> tuple[int | None, str]:
     except OSError:
         pass
     try:
-        return (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-                "os.sysconf(SC_AVPHYS_PAGES)")
+        return (
+            os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+            "os.sysconf(SC_AVPHYS_PAGES)",
+        )
     except (ValueError, OSError, AttributeError):
         return None, "unknown"
 
@@ -81,12 +83,16 @@ def available_memory() -> tuple[int | None, str]:
 def _check_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.names is None or dt.itemsize == 0:
-        raise ValueError(f"replay dtype={dt} must be a numpy structured dtype with one field per "
-                         "part of a transition, e.g. np.dtype([('obs', '<f4', (4,)), "
-                         "('action', '<i8'), ...])")
+        raise ValueError(
+            f"replay dtype={dt} must be a numpy structured dtype with one field per "
+            "part of a transition, e.g. np.dtype([('obs', '<f4', (4,)), "
+            "('action', '<i8'), ...])"
+        )
     if dt.hasobject:
-        raise ValueError(f"replay dtype={dt} holds Python objects; use fixed-size numeric fields "
-                         "(the ring is a plain preallocated array, saved without pickle)")
+        raise ValueError(
+            f"replay dtype={dt} holds Python objects; use fixed-size numeric fields "
+            "(the ring is a plain preallocated array, saved without pickle)"
+        )
     return dt
 
 
@@ -127,11 +133,20 @@ class PrioritizedReplay:
     Not thread-safe; one process owns one memory.
     """
 
-    def __init__(self, capacity: int, dtype: np.dtype, alpha: float = 0.6, beta: float = 0.4,
-                 eps: float = 1e-6, seed: int | None = None, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        dtype: np.dtype,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        seed: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise ValueError(f"replay capacity={capacity!r} must be an integer number of "
-                             "transitions")
+            raise ValueError(
+                f"replay capacity={capacity!r} must be an integer number of transitions"
+            )
         capacity = int(capacity)
         if capacity <= 0:
             raise ValueError(f"replay capacity={capacity} must be > 0")
@@ -142,9 +157,11 @@ class PrioritizedReplay:
         if not (np.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"replay alpha={alpha} must be finite and >= 0 (0 = uniform)")
         if not (np.isfinite(eps) and eps > 0):
-            raise ValueError(f"replay eps={eps} must be finite and > 0 so that every priority "
-                             "(|td| + eps) ** alpha is positive")
-        if not eps ** alpha > 0:
+            raise ValueError(
+                f"replay eps={eps} must be finite and > 0 so that every priority "
+                "(|td| + eps) ** alpha is positive"
+            )
+        if not eps**alpha > 0:
             raise ValueError(f"replay eps={eps} ** alpha={alpha} underflows to 0; raise eps")
         storage, trees, scratch = _footprint_parts(capacity, dt)
         need = storage + trees + scratch
@@ -158,7 +175,8 @@ class PrioritizedReplay:
                 f"replay capacity={capacity} needs {_mb(need)} ({_mb(storage)} ring of "
                 f"{dt.itemsize} B/transition + {_mb(trees)} sum/min trees + {_mb(scratch)} "
                 f"scratch) but only {_mb(avail)} is available ({source}); lower the capacity to "
-                f"at most {fit} transitions, or free memory")
+                f"at most {fit} transitions, or free memory"
+            )
         self._dtype = dt
         self._capacity = capacity
         self._alpha, self._eps = alpha, eps
@@ -216,8 +234,10 @@ class PrioritizedReplay:
         self._beta = value
 
     def __repr__(self) -> str:
-        return (f"PrioritizedReplay(size={self.size}, capacity={self._capacity}, "
-                f"alpha={self._alpha}, beta={self._beta}, footprint={_mb(self.footprint)})")
+        return (
+            f"PrioritizedReplay(size={self.size}, capacity={self._capacity}, "
+            f"alpha={self._alpha}, beta={self._beta}, footprint={_mb(self.footprint)})"
+        )
 
     # ------------------------------------------------------------------ helpers
     def _arange(self, n: int) -> np.ndarray:
@@ -242,7 +262,8 @@ class PrioritizedReplay:
                 f"{where}: td_abs has {bad.size} bad value(s) in a batch of {p.size}, first "
                 f"td_abs[{k}]={td_abs[k]!r} (priority {p[k]!r}); TD errors must be finite and "
                 f"give (|td| + eps) ** alpha <= {P_MAX:.3g}: check the loss for NaN/inf or clip "
-                "td_abs")
+                "td_abs"
+            )
         return p
 
     def _generations(self, idx: np.ndarray) -> np.ndarray:
@@ -264,15 +285,20 @@ class PrioritizedReplay:
         stores vector observations and takes none.
         """
         if frames is not None:
-            raise ValueError("add(): frames given to a memory of vector observations; image "
-                             "observations go to mpirl.replay.frames.FrameReplay")
+            raise ValueError(
+                "add(): frames given to a memory of vector observations; image "
+                "observations go to mpirl.replay.frames.FrameReplay"
+            )
         if not isinstance(records, np.ndarray) or records.dtype != self._dtype:
             got = records.dtype if isinstance(records, np.ndarray) else type(records).__name__
-            raise ValueError(f"add(): records dtype {got} is not the memory's dtype "
-                             f"{self._dtype}; build them with np.empty(n, memory.dtype)")
+            raise ValueError(
+                f"add(): records dtype {got} is not the memory's dtype "
+                f"{self._dtype}; build them with np.empty(n, memory.dtype)"
+            )
         if records.ndim != 1:
-            raise ValueError(f"add(): records.shape={records.shape} must be 1-D (one record per "
-                             "transition)")
+            raise ValueError(
+                f"add(): records.shape={records.shape} must be 1-D (one record per transition)"
+            )
         m = records.shape[0]
         td = np.asarray(td_abs)
         if td.shape != (m,):
@@ -288,10 +314,10 @@ class PrioritizedReplay:
         start = (self._n + skip) % cap
         first = min(k, cap - start)
         src = records.view(self._void.dtype)  # raw record copies: ~10x faster than field-wise
-        self._void[start:start + first] = src[:first]
+        self._void[start : start + first] = src[:first]
         self._tree.set_range(start, p[:first])
         if k > first:
-            self._void[:k - first] = src[first:]
+            self._void[: k - first] = src[first:]
             self._tree.set_range(0, p[first:])
         self._n += m
         idx = np.arange(start, start + k, dtype=np.int64)
@@ -308,8 +334,10 @@ class PrioritizedReplay:
         """
         n = self.size
         if n == 0:
-            raise ValueError("sample(): the replay memory is empty; add transitions before "
-                             "sampling (e.g. wait for learning_starts)")
+            raise ValueError(
+                "sample(): the replay memory is empty; add transitions before "
+                "sampling (e.g. wait for learning_starts)"
+            )
         b = int(batch_size)
         if b <= 0:
             raise ValueError(f"sample(): batch_size={batch_size} must be > 0")
@@ -324,8 +352,9 @@ class PrioritizedReplay:
         np.power(weights, np.float32(-self._beta), out=weights)
         # ndarray.take copies whole records; fancy indexing a structured array goes field by
         # field and is ~15x slower
-        return Sample(idx, self._generations(idx), weights, p.astype(np.float32),
-                      self._storage.take(idx))
+        return Sample(
+            idx, self._generations(idx), weights, p.astype(np.float32), self._storage.take(idx)
+        )
 
     # ------------------------------------------------------------------ update
     def update(self, indices: np.ndarray, generations: np.ndarray, td_abs: np.ndarray) -> int:
@@ -341,9 +370,11 @@ class PrioritizedReplay:
         td = np.asarray(td_abs)
         b = idx.shape[0] if idx.ndim == 1 else -1
         if idx.ndim != 1 or gen.shape != (b,) or td.shape != (b,):
-            raise ValueError(f"update(): indices {idx.shape}, generations {gen.shape} and td_abs "
-                             f"{td.shape} must be 1-D of one length (pass back a Sample's "
-                             "indices and generations)")
+            raise ValueError(
+                f"update(): indices {idx.shape}, generations {gen.shape} and td_abs "
+                f"{td.shape} must be 1-D of one length (pass back a Sample's "
+                "indices and generations)"
+            )
         if b == 0:
             return 0
         if idx.dtype.kind not in "iu":
@@ -351,8 +382,10 @@ class PrioritizedReplay:
         p = self._priorities(td, f"update() of a batch of {b}")
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self._capacity:
-            raise ValueError(f"update(): slot {lo if lo < 0 else hi} is outside [0, "
-                             f"{self._capacity}); pass back a Sample's indices unchanged")
+            raise ValueError(
+                f"update(): slot {lo if lo < 0 else hi} is outside [0, "
+                f"{self._capacity}); pass back a Sample's indices unchanged"
+            )
         idx = idx.astype(np.int64, copy=False)
         fresh = self._generations(idx) == gen
         stale = b - int(np.count_nonzero(fresh))
@@ -407,16 +440,20 @@ class PrioritizedReplay:
         """Leaves ``[0, size)`` from ``p``, checked a chunk at a time, then one propagation."""
         rows = COPY_BYTES // 8
         for i in range(0, size, rows):
-            chunk = np.asarray(p[i:i + rows], np.float64)
+            chunk = np.asarray(p[i : i + rows], np.float64)
             if not (np.all(chunk > 0) and np.all(chunk <= P_MAX)):
-                raise ValueError("load_state_dict(): priorities must be in (0, float32 max] for "
-                                 f"the {size} held transitions; the state is corrupt")
+                raise ValueError(
+                    "load_state_dict(): priorities must be in (0, float32 max] for "
+                    f"the {size} held transitions; the state is corrupt"
+                )
             self._tree.set_range(i, chunk)
             del chunk  # one chunk at a time: not two while the next is read
         for i in range(size, p.shape[0], rows):
-            if np.any(np.asarray(p[i:i + rows]) != 0):
-                raise ValueError("load_state_dict(): priorities must be 0 for the "
-                                 f"{p.shape[0] - size} slots never written; the state is corrupt")
+            if np.any(np.asarray(p[i : i + rows]) != 0):
+                raise ValueError(
+                    "load_state_dict(): priorities must be 0 for the "
+                    f"{p.shape[0] - size} slots never written; the state is corrupt"
+                )
         self._tree.flush()
 
     def state_dict(self) -> dict[str, np.ndarray | int | float]:
@@ -441,8 +478,10 @@ class PrioritizedReplay:
         if st.get("bit_generator") == "PCG64":
             m64 = (1 << 64) - 1
             s, inc = st["state"]["state"], st["state"]["inc"]
-            d["rng_state"] = np.array([s >> 64, s & m64, inc >> 64, inc & m64,
-                                       st["has_uint32"], st["uinteger"]], np.uint64)
+            d["rng_state"] = np.array(
+                [s >> 64, s & m64, inc >> 64, inc & m64, st["has_uint32"], st["uinteger"]],
+                np.uint64,
+            )
         return d
 
     def load_state_dict(self, d) -> None:
@@ -452,24 +491,31 @@ class PrioritizedReplay:
         read from disk as they are copied; a state found corrupt leaves the memory empty."""
         for key in ("storage", "priorities", "inserted", "capacity", "alpha", "beta", "eps"):
             if key not in d:
-                raise ValueError(f"load_state_dict(): key {key!r} missing; pass a "
-                                 "PrioritizedReplay.state_dict()")
+                raise ValueError(
+                    f"load_state_dict(): key {key!r} missing; pass a PrioritizedReplay.state_dict()"
+                )
         cap = int(d["capacity"])
         if cap != self._capacity:
-            raise ValueError(f"load_state_dict(): state capacity={cap} differs from this "
-                             f"memory's capacity={self._capacity}; construct it with "
-                             f"capacity={cap}")
-        storage, p = (x if hasattr(x, "shape") else np.asarray(x)
-                      for x in (d["storage"], d["priorities"]))
+            raise ValueError(
+                f"load_state_dict(): state capacity={cap} differs from this "
+                f"memory's capacity={self._capacity}; construct it with "
+                f"capacity={cap}"
+            )
+        storage, p = (
+            x if hasattr(x, "shape") else np.asarray(x) for x in (d["storage"], d["priorities"])
+        )
         n = int(d["inserted"])
         size = min(n, cap)
         if storage.dtype != self._dtype or storage.shape not in ((cap,), (size,)):
-            raise ValueError(f"load_state_dict(): storage {storage.dtype} {storage.shape} differs "
-                             f"from this memory's {self._dtype} ({cap},); construct it with the "
-                             "same dtype")
+            raise ValueError(
+                f"load_state_dict(): storage {storage.dtype} {storage.shape} differs "
+                f"from this memory's {self._dtype} ({cap},); construct it with the "
+                "same dtype"
+            )
         if p.shape not in ((cap,), (size,)) or n < 0:
-            raise ValueError(f"load_state_dict(): priorities {p.shape} / inserted={n} are not "
-                             f"({cap},) / >= 0")
+            raise ValueError(
+                f"load_state_dict(): priorities {p.shape} / inserted={n} are not ({cap},) / >= 0"
+            )
         alpha, eps = float(d["alpha"]), float(d["eps"])
         if not (np.isfinite(alpha) and alpha >= 0 and np.isfinite(eps) and eps > 0):
             raise ValueError(f"load_state_dict(): alpha={alpha}, eps={eps} are invalid")
@@ -489,4 +535,6 @@ class PrioritizedReplay:
             self._rng.bit_generator.state = {
                 "bit_generator": "PCG64",
                 "state": {"state": (r[0] << 64) | r[1], "inc": (r[2] << 64) | r[3]},
-                "has_uint32": r[4], "uinteger": r[5]}
+                "has_uint32": r[4],
+                "uinteger": r[5],
+            }

@@ -62,10 +62,10 @@ class SumMinTree:
         self.sum = self.node.real  # strided views into the same memory
         self.min = self.node.imag
         self.min[:] = np.inf
-        self.leaves = self.sum[n:n + self.capacity]  # view: the priorities p_i
+        self.leaves = self.sum[n : n + self.capacity]  # view: the priorities p_i
         t = 1 << self.top
-        self._sum_top = self.sum[t:2 * t]
-        self._min_top = self.min[t:2 * t]
+        self._sum_top = self.sum[t : 2 * t]
+        self._min_top = self.min[t : 2 * t]
         self._cs = np.zeros(t + 1, np.float64)
         self._shifts = np.arange(self.depth - self.top + 1, dtype=np.int64)[:, None]
         self._dirty: list[list[int]] = []  # leaf ranges [lo, hi) written but not propagated
@@ -121,7 +121,7 @@ class SumMinTree:
 
     def _fix_empty(self, node: np.ndarray, bad: np.ndarray) -> None:
         """Rare (rounding at a boundary): move queries that ended on an empty leaf leftwards."""
-        positive = np.flatnonzero(self.sum[self.n_leaves:] > 0.0)
+        positive = np.flatnonzero(self.sum[self.n_leaves :] > 0.0)
         if positive.size == 0:
             raise ValueError("sum-tree is empty: add items before sampling")
         for k in np.flatnonzero(bad):
@@ -133,7 +133,7 @@ class SumMinTree:
         """``p_idx = p`` for a batch of DISTINCT leaves (int64 ``idx``), propagated at once."""
         levels = self.depth - self.top
         # every path's nodes and siblings up front: 4 numpy calls per level instead of 6
-        path = (idx + self.n_leaves) >> self._shifts[:levels + 1]
+        path = (idx + self.n_leaves) >> self._shifts[: levels + 1]
         sibling = path[:levels] ^ 1
         cur = np.empty(idx.shape[0], np.complex128)
         cr, ci = cur.real, cur.imag
@@ -170,8 +170,8 @@ class SumMinTree:
             for _ in range(self.depth - self.top):
                 lo >>= 1
                 hi = (hi + 1) >> 1
-                np.add(s[2 * lo:2 * hi:2], s[2 * lo + 1:2 * hi:2], out=s[lo:hi])
-                np.minimum(m[2 * lo:2 * hi:2], m[2 * lo + 1:2 * hi:2], out=m[lo:hi])
+                np.add(s[2 * lo : 2 * hi : 2], s[2 * lo + 1 : 2 * hi : 2], out=s[lo:hi])
+                np.minimum(m[2 * lo : 2 * hi : 2], m[2 * lo + 1 : 2 * hi : 2], out=m[lo:hi])
         self._dirty.clear()
 
     def clear(self) -> None:

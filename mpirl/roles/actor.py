@@ -38,21 +38,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mpirl.agent import envs as envs_mod
-from mpirl.run import failure
-from mpirl.logs import schema
-from mpirl.run import seeds
-from mpirl.run.checkpoint import restore_rng, rng_meta
 from mpirl.agent.frames import FrameLog, stacks
-from mpirl.logs.runlog import RunLog
 from mpirl.agent.nstep import NStep
-from mpirl.transport.pacing import TokenBucket
 from mpirl.agent.qnet import make_q
+from mpirl.logs import schema
+from mpirl.logs.runlog import RunLog
+from mpirl.run import failure, seeds
+from mpirl.run.checkpoint import restore_rng, rng_meta
+from mpirl.transport.pacing import TokenBucket
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.wire import Checkpoint, Credit, Message, Stop, Tag, Weights, Wire
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
     from mpirl.agent.envs import EnvSpec
+    from mpirl.run.config import Config
     from mpirl.transport.inbox import SitePort
     from mpirl.transport.topology import Topology
 
@@ -97,21 +96,39 @@ class Outgoing:
 class Actor:
     """One actor rank's envs, network copy, counters and loop."""
 
-    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
-                 site: SitePort, ckpt=None, resume=None):
+    def __init__(
+        self,
+        cfg: Config,
+        topo: Topology,
+        spec: EnvSpec,
+        wire: Wire,
+        log: RunLog,
+        site: SitePort,
+        ckpt=None,
+        resume=None,
+    ):
         """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
         self.site, self.me = site, topo.place
         m = self.m = cfg.envs_per_actor
         # a resumed run starts fresh episodes, seeded apart from those of earlier launches
-        self.seed = seeds.actor(cfg.seed, self.me.rank, self.me.index, topo.n_actors, m,
-                                None if resume is None else resume.id)
+        self.seed = seeds.actor(
+            cfg.seed,
+            self.me.rank,
+            self.me.index,
+            topo.n_actors,
+            m,
+            None if resume is None else resume.id,
+        )
         self.rng = np.random.default_rng(self.seed["exploration"])
-        self.envs = [envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs,
-                                   wrappers=cfg.wrapper_specs()) for s in self.seed["envs"]]
+        self.envs = [
+            envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
+            for s in self.seed["envs"]
+        ]
         n_total = topo.n_actors * m
-        self.eps = np.array([epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)
-                             for j in range(m)])
+        self.eps = np.array(
+            [epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha) for j in range(m)]
+        )
         self.eps_list = self.eps.tolist()  # act() compares Python floats
         self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
         self.q = make_q(spec, cfg.hidden, cfg.dueling)
@@ -126,8 +143,12 @@ class Actor:
         self.episodic_life = cfg.episodic_life and spec.family == "atari"
         self.logs = schema.open_streams(log, "actor")
         log.set_attrs(epsilons=self.eps)
-        self.handlers = {Tag.WEIGHTS: self.on_weights, Tag.CREDIT: self.on_credit,
-                         Tag.STOP: self.on_stop, Tag.CHECKPOINT: self.on_checkpoint}
+        self.handlers = {
+            Tag.WEIGHTS: self.on_weights,
+            Tag.CREDIT: self.on_credit,
+            Tag.STOP: self.on_stop,
+            Tag.CHECKPOINT: self.on_checkpoint,
+        }
         self.reuse = {Tag.WEIGHTS: np.empty(wire_nbytes_weights(wire), np.uint8)}
         self.tokens = cfg.actor_credits
         self.backoff = Backoff()
@@ -254,8 +275,7 @@ class Actor:
                 for box in boxes:
                     box[0] = best
                 boxes.clear()
-            a = (min(int(u[m + j] * n_actions), n_actions - 1) if u[j] < eps[j]
-                 else row.index(best))
+            a = min(int(u[m + j] * n_actions), n_actions - 1) if u[j] < eps[j] else row.index(best)
             actions.append(a)
             q_sa.append(row[a])
         return actions, q_sa
@@ -306,8 +326,9 @@ class Actor:
             self.first_step = False
 
     def end_episode(self, j: int) -> None:
-        self.logs["episodes"].append(env=j, ret=self.ep_ret[j], length=self.ep_len[j],
-                                     epsilon=self.eps[j])
+        self.logs["episodes"].append(
+            env=j, ret=self.ep_ret[j], length=self.ep_len[j], epsilon=self.eps[j]
+        )
         self.returns_to_send.append(self.ep_ret[j])
         self.done_episodes += 1
         self.ep_ret[j], self.ep_len[j] = 0.0, 0
@@ -343,8 +364,14 @@ class Actor:
         if todo.size:
             bootstrap[todo] = self.q(next_obs[todo]).max(axis=1)
         td_abs = np.abs(rec["reward"] + rec["discount"] * bootstrap - np.array(o_qsa))
-        buf = self.wire.experience(rec, td_abs, self.returns_to_send,
-                                   self.env_steps - self.steps_reported, self.seq, frames=table)
+        buf = self.wire.experience(
+            rec,
+            td_abs,
+            self.returns_to_send,
+            self.env_steps - self.steps_reported,
+            self.seq,
+            frames=table,
+        )
         if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
         self.send_to_buffer(buf, Tag.EXPERIENCE)
@@ -375,10 +402,15 @@ class Actor:
         self.log.maybe_flush(now)
 
     def actor_row(self) -> None:
-        self.logs["actor"].append(env_steps=self.env_steps, msgs_sent=self.msgs,
-                                  bytes_sent=self.nbytes, throttled_s=self.throttled,
-                                  weights_version=self.weights_version, paced_s=self.paced_s(),
-                                  weights_updates=self.weights_updates)
+        self.logs["actor"].append(
+            env_steps=self.env_steps,
+            msgs_sent=self.msgs,
+            bytes_sent=self.nbytes,
+            throttled_s=self.throttled,
+            weights_version=self.weights_version,
+            paced_s=self.paced_s(),
+            weights_updates=self.weights_updates,
+        )
 
     # ---- checkpoint and stop ------------------------------------------------------------------
     def save(self, ckpt_id: int) -> None:
@@ -390,29 +422,49 @@ class Actor:
         o_obs, o_next = cols[0], cols[3]
         if self.flog is not None:  # image run: frame ids -> indices into a saved frame table
             idx, arrays["out_frames"] = self.flog.pack(o_obs, o_next)
-            arrays["out_obs"], arrays["out_next"] = idx[:, :spec.stack], idx[:, spec.stack:]
+            arrays["out_obs"], arrays["out_next"] = idx[:, : spec.stack], idx[:, spec.stack :]
         else:
             arrays["out_obs"] = np.asarray(o_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
             arrays["out_next"] = np.asarray(o_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
         arrays["returns_to_send"] = np.asarray(self.returns_to_send, np.float64)
-        self.ckpt.write(ckpt_id, {
-            "env_steps": self.env_steps, "steps_reported": self.steps_reported, "seq": self.seq,
-            "msgs": self.msgs, "bytes_sent": self.nbytes, "throttled_s": self.throttled,
-            "episodes": self.done_episodes, "paced_s": self.paced_s(),
-            "epsilons": self.eps.tolist(), "rng": rng_meta(self.rng)}, arrays)
+        self.ckpt.write(
+            ckpt_id,
+            {
+                "env_steps": self.env_steps,
+                "steps_reported": self.steps_reported,
+                "seq": self.seq,
+                "msgs": self.msgs,
+                "bytes_sent": self.nbytes,
+                "throttled_s": self.throttled,
+                "episodes": self.done_episodes,
+                "paced_s": self.paced_s(),
+                "epsilons": self.eps.tolist(),
+                "rng": rng_meta(self.rng),
+            },
+            arrays,
+        )
 
     def restore(self, part) -> None:
         r, out = part.meta, self.out
-        self.env_steps, self.steps_reported, self.seq = (r["env_steps"], r["steps_reported"],
-                                                         r["seq"])
+        self.env_steps, self.steps_reported, self.seq = (
+            r["env_steps"],
+            r["steps_reported"],
+            r["seq"],
+        )
         self.msgs, self.nbytes, self.throttled = r["msgs"], r["bytes_sent"], r["throttled_s"]
         self.paced_before = r.get("paced_s", 0.0)
         self.done_episodes = r["episodes"]
         self.eps = np.asarray(r["epsilons"], np.float64)
         self.eps_list = self.eps.tolist()
         restore_rng(self.rng, r["rng"])
-        cols = {n: (part.arrays[f"out_{n}"].tolist() if n not in ("obs", "next")
-                    else list(part.arrays[f"out_{n}"])) for n in Outgoing.NAMES}
+        cols = {
+            n: (
+                part.arrays[f"out_{n}"].tolist()
+                if n not in ("obs", "next")
+                else list(part.arrays[f"out_{n}"])
+            )
+            for n in Outgoing.NAMES
+        }
         if self.flog is not None:  # frame ids again, in this actor's new FrameLog
             first = self.flog.adopt(part.arrays["out_frames"])
             for n in ("obs", "next"):

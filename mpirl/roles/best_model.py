@@ -25,8 +25,9 @@ FILENAME = "best.pt"
 FORMAT = 1
 
 
-def offer(run_dir: str | Path, state_dict: dict, returns: np.ndarray, best_so_far: float,
-          **at: int) -> bool:
+def offer(
+    run_dir: str | Path, state_dict: dict, returns: np.ndarray, best_so_far: float, **at: int
+) -> bool:
     """Write ``state_dict`` as the run's best model if the evaluation ``returns`` beat
     ``best_so_far`` and the best.pt already on disk (a resumed run may have written a better one
     after its checkpoint). ``at``: where the run was (update, env_steps). True if written."""
@@ -46,12 +47,17 @@ def write(path: str | Path, state_dict: dict, returns: np.ndarray, **at: int) ->
     from mpirl.run.checkpoint import _fsync_dir, _write_tmp
 
     r = np.asarray(returns, np.float64)
-    figures = {**{k: int(v) for k, v in at.items()}, "ret_mean": float(r.mean()),
-               "ret_std": float(r.std()), "ret_min": float(r.min()), "ret_max": float(r.max()),
-               "episodes": int(r.size), "returns": torch.from_numpy(r.copy()),
-               "unix": time.time()}
-    state = {"format": FORMAT, "online": dict(state_dict),
-             "eval": figures}
+    figures = {
+        **{k: int(v) for k, v in at.items()},
+        "ret_mean": float(r.mean()),
+        "ret_std": float(r.std()),
+        "ret_min": float(r.min()),
+        "ret_max": float(r.max()),
+        "episodes": int(r.size),
+        "returns": torch.from_numpy(r.copy()),
+        "unix": time.time(),
+    }
+    state = {"format": FORMAT, "online": dict(state_dict), "eval": figures}
     path = Path(path)
     os.replace(_write_tmp(path, lambda f: torch.save(state, f)), path)
     _fsync_dir(path.parent)

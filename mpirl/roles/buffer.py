@@ -36,23 +36,32 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpirl.run import failure
-from mpirl.logs import schema
-from mpirl.run import seeds
-from mpirl.run.checkpoint import memory_state, restore_memory
-from mpirl.transport.cut import SiteCut
 from mpirl.agent.frames import compact, concat
-from mpirl.transport.link import PROFILES
+from mpirl.logs import schema
 from mpirl.logs.runlog import RunLog
 from mpirl.replay.build import beta_at, make_replay
+from mpirl.run import failure, seeds
+from mpirl.run.checkpoint import memory_state, restore_memory
+from mpirl.transport.cut import SiteCut
+from mpirl.transport.link import PROFILES
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.weight_codec import FULL, WeightCache
 from mpirl.transport.window import InflightWindow
-from mpirl.transport.wire import Checkpoint, Credit, Done, Experience, Priorities, Stop, Tag, Weights, Wire
+from mpirl.transport.wire import (
+    Checkpoint,
+    Credit,
+    Done,
+    Experience,
+    Priorities,
+    Stop,
+    Tag,
+    Weights,
+    Wire,
+)
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
     from mpirl.agent.envs import EnvSpec
+    from mpirl.run.config import Config
     from mpirl.transport.topology import Ends, Topology
 
 LEARNER = 0  # link rank of the learner
@@ -108,35 +117,64 @@ class ForwardQueue:
         arrays, image = {}, self.spec.image
         if image and self.groups:
             arrays["forward_records"], arrays["forward_frames"] = concat(
-                (r, f) for r, _, f in self.groups)
+                (r, f) for r, _, f in self.groups
+            )
         else:
-            arrays["forward_records"] = (np.concatenate([r for r, _, _ in self.groups])
-                                         if self.groups else np.zeros(0, self.wire.record))
+            arrays["forward_records"] = (
+                np.concatenate([r for r, _, _ in self.groups])
+                if self.groups
+                else np.zeros(0, self.wire.record)
+            )
             if image:
                 arrays["forward_frames"] = np.zeros((0,) + self.spec.frame_shape, np.uint8)
-        arrays["forward_td"] = (np.concatenate([t for _, t, _ in self.groups]).astype(np.float32)
-                                if self.groups else np.zeros(0, np.float32))
+        arrays["forward_td"] = (
+            np.concatenate([t for _, t, _ in self.groups]).astype(np.float32)
+            if self.groups
+            else np.zeros(0, np.float32)
+        )
         return arrays
 
     def restore(self, arrays: dict) -> None:
         if len(arrays["forward_records"]):
-            self.groups.append((arrays["forward_records"], arrays["forward_td"],
-                                arrays.get("forward_frames")))
+            self.groups.append(
+                (arrays["forward_records"], arrays["forward_td"], arrays.get("forward_frames"))
+            )
             self.len = len(arrays["forward_records"])
 
 
 #: the buffer's counters: its checkpoint part and its /site rows (with the same names)
-COUNTERS = ("env_steps", "inserted", "sampled", "episodes", "batch_id", "fwd_seq",
-            "stale_dropped", "too_stale", "throttled", "prio_received", "prio_applied",
-            "prio_moved", "forwarded")
+COUNTERS = (
+    "env_steps",
+    "inserted",
+    "sampled",
+    "episodes",
+    "batch_id",
+    "fwd_seq",
+    "stale_dropped",
+    "too_stale",
+    "throttled",
+    "prio_received",
+    "prio_applied",
+    "prio_moved",
+    "forwarded",
+)
 LATER_COUNTERS = ("prio_received", "prio_applied", "prio_moved", "forwarded")  # may be absent
 
 
 class Buffer:
     """One buffer rank's state and loop."""
 
-    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
-                 ends: Ends, ckpt=None, resume=None):
+    def __init__(
+        self,
+        cfg: Config,
+        topo: Topology,
+        spec: EnvSpec,
+        wire: Wire,
+        log: RunLog,
+        ends: Ends,
+        ckpt=None,
+        resume=None,
+    ):
         """``ends`` (`mpirl.main.connect`): ``site`` toward the actors, ``links[0]`` the
         long-haul link to the learner, ``inbox`` for what it delivers."""
         self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
@@ -145,18 +183,35 @@ class Buffer:
         self.actors = list(range(1, self.site.comm.Get_size()))  # site ranks of the actors
         seed = seeds.buffer(cfg.seed, self.me.rank)
         self.link, self.inbox = ends.links[LEARNER], ends.inbox
-        self.memory = (make_replay(cfg, spec, wire.record, seed=seed["replay"])
-                       if cfg.replay_at == "buffer" else None)
-        self.queue = None if self.memory is not None else ForwardQueue(
-            wire, spec, max(cfg.forward_credits * cfg.forward_chunk, 4 * cfg.actor_chunk),
-            cfg.forward_overflow == "drop-oldest")
+        self.memory = (
+            make_replay(cfg, spec, wire.record, seed=seed["replay"])
+            if cfg.replay_at == "buffer"
+            else None
+        )
+        self.queue = (
+            None
+            if self.memory is not None
+            else ForwardQueue(
+                wire,
+                spec,
+                max(cfg.forward_credits * cfg.forward_chunk, 4 * cfg.actor_chunk),
+                cfg.forward_overflow == "drop-oldest",
+            )
+        )
         self.logs = schema.open_streams(log, "buffer")
-        self.learner_handlers = {Tag.WEIGHTS: self.on_weights, Tag.PRIORITIES: self.on_priorities,
-                                 Tag.CREDIT: self.on_credit, Tag.STOP: self.on_stop,
-                                 Tag.CHECKPOINT: self.on_checkpoint, Tag.DONE: self.on_done}
-        self.actor_handlers = {Tag.EXPERIENCE: self.on_experience,
-                               Tag.CHECKPOINT: self.on_actor_checkpoint,
-                               Tag.DONE: self.on_actor_done}
+        self.learner_handlers = {
+            Tag.WEIGHTS: self.on_weights,
+            Tag.PRIORITIES: self.on_priorities,
+            Tag.CREDIT: self.on_credit,
+            Tag.STOP: self.on_stop,
+            Tag.CHECKPOINT: self.on_checkpoint,
+            Tag.DONE: self.on_done,
+        }
+        self.actor_handlers = {
+            Tag.EXPERIENCE: self.on_experience,
+            Tag.CHECKPOINT: self.on_actor_checkpoint,
+            Tag.DONE: self.on_actor_done,
+        }
         self.backoff = Backoff()
         self.fault = failure.FAULT
         self.cut = SiteCut(self.actors)
@@ -229,8 +284,11 @@ class Buffer:
         self.weights_version = m.version
         self.learner_updates = max(self.learner_updates, m.updates)
         if not self.stopping:
-            out = (m.buf if m.encoding == FULL and not m.raw_nbytes
-                   else self.wire.weights(cache.params, m.version, m.updates))
+            out = (
+                m.buf
+                if m.encoding == FULL and not m.raw_nbytes
+                else self.wire.weights(cache.params, m.version, m.updates)
+            )
             for a in self.actors:  # relay the same buffer to every actor
                 self.to_actor(out, a, Tag.WEIGHTS)
 
@@ -279,8 +337,11 @@ class Buffer:
     def receive_actors(self) -> bool:
         """At most MAX_ACTOR_MSGS_PER_TURN messages; during a checkpoint only from actors that
         have not acknowledged yet (the others' messages wait in MPI)."""
-        return bool(self.site.inbox.serve(self.actor_handlers, limit=MAX_ACTOR_MSGS_PER_TURN,
-                                          sources=self.unheld))
+        return bool(
+            self.site.inbox.serve(
+                self.actor_handlers, limit=MAX_ACTOR_MSGS_PER_TURN, sources=self.unheld
+            )
+        )
 
     def unheld(self) -> list[int] | None:
         """The actors to take messages from: all (None) unless the cut holds some."""
@@ -307,8 +368,7 @@ class Buffer:
 
     def on_actor_checkpoint(self, m: Checkpoint) -> None:
         if not self.cut.acknowledge(m.rank, m.id):
-            raise RuntimeError(f"buffer {self.me.site}: unexpected CHECKPOINT from actor "
-                               f"{m.rank}")
+            raise RuntimeError(f"buffer {self.me.site}: unexpected CHECKPOINT from actor {m.rank}")
 
     def to_actor(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
         self.site.post(buf, dest=dest, tag=tag)
@@ -355,8 +415,10 @@ class Buffer:
             if not self.owed[a]:
                 continue
             if self.memory is not None:
-                if (cfg.replay_ratio > 0
-                        and self.inserted > cfg.learning_starts + self.sampled / cfg.replay_ratio):
+                if (
+                    cfg.replay_ratio > 0
+                    and self.inserted > cfg.learning_starts + self.sampled / cfg.replay_ratio
+                ):
                     self.throttled += 1
                     return  # learner behind: let actors wait
             elif self.queue.full and cfg.forward_overflow == "block":
@@ -376,19 +438,29 @@ class Buffer:
         beta = beta_at(cfg, self.learner_updates)
         memory.beta = beta
         did = False
-        while (len(self.inflight) < self.window.size and len(memory) >= cfg.learning_starts
-               and len(memory) > 0
-               and (cfg.replay_ratio == 0
-                    or self.sampled <= cfg.replay_ratio * (self.inserted - cfg.learning_starts))):
+        while (
+            len(self.inflight) < self.window.size
+            and len(memory) >= cfg.learning_starts
+            and len(memory) > 0
+            and (
+                cfg.replay_ratio == 0
+                or self.sampled <= cfg.replay_ratio * (self.inserted - cfg.learning_starts)
+            )
+        ):
             sample = memory.sample(cfg.batch_size)
             max_w = memory.max_weight()
-            out = self.wire.batch(sample, self.batch_id, now, max_weight=max_w,
-                                  window=self.window.size)
+            out = self.wire.batch(
+                sample, self.batch_id, now, max_weight=max_w, window=self.window.size
+            )
             wait = self.link.post(out, Tag.BATCH, now)
             self.count_compression(out)
-            self.logs["batches"].append(batch=self.batch_id,
-                                        priority_mean=float(sample.priorities.mean()),
-                                        size=len(memory), beta=beta, max_weight=max_w)
+            self.logs["batches"].append(
+                batch=self.batch_id,
+                priority_mean=float(sample.priorities.mean()),
+                size=len(memory),
+                beta=beta,
+                max_weight=max_w,
+            )
             tx = out.nbytes * 8 / self.link.profile.rate_bps  # 0 on a real link
             self.inflight[self.batch_id] = (now, wait, tx)
             self.batch_id += 1
@@ -419,21 +491,31 @@ class Buffer:
 
     def send_stats(self, now: float) -> None:
         if not self.sent_done and now - self.t_stats > STATS_EVERY_S:
-            self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes,
-                                           self.weights.updates), Tag.STATS, now)
+            self.link.post(
+                self.wire.stats(self.returns, self.env_steps, self.episodes, self.weights.updates),
+                Tag.STATS,
+                now,
+            )
             self.returns.clear()
             self.t_stats = now
 
     def hand_over(self, now: float) -> None:
         """Once stopping, every actor is done and the queue is empty: everything this site
         produced has been handed to the link; the final part, the last stats, then DONE."""
-        if (not self.stopping or self.sent_done or len(self.done_actors) < len(self.actors)
-                or (self.queue is not None and self.queue.len)):
+        if (
+            not self.stopping
+            or self.sent_done
+            or len(self.done_actors) < len(self.actors)
+            or (self.queue is not None and self.queue.len)
+        ):
             return
         if self.final_ckpt >= 0:
             self.save(self.final_ckpt)
-        self.link.post(self.wire.stats(self.returns, self.env_steps, self.episodes,
-                                       self.weights.updates), Tag.STATS, now)
+        self.link.post(
+            self.wire.stats(self.returns, self.env_steps, self.episodes, self.weights.updates),
+            Tag.STATS,
+            now,
+        )
         self.link.post(self.wire.done(self.env_steps, self.episodes), Tag.DONE, now)
         self.returns.clear()
         self.sent_done = True
@@ -453,19 +535,29 @@ class Buffer:
         b_in, m_in, _ = link.received.take()
         dt = max(now - self.t_log, 1e-9)
         self.logs["link"].append(
-            bytes_out=b_out, raw_bytes_out=b_out + self.raw_out, msgs_out=m_out, bytes_in=b_in,
-            msgs_in=m_in, queue_s=q_s, interval_s=dt,
-            utilization=min(1.0, b_out * 8 / link.profile.rate_bps / dt))
-        counters = {k: getattr(self, k) for k in COUNTERS
-                    if k not in ("episodes", "batch_id", "fwd_seq")}
+            bytes_out=b_out,
+            raw_bytes_out=b_out + self.raw_out,
+            msgs_out=m_out,
+            bytes_in=b_in,
+            msgs_in=m_in,
+            queue_s=q_s,
+            interval_s=dt,
+            utilization=min(1.0, b_out * 8 / link.profile.rate_bps / dt),
+        )
+        counters = {
+            k: getattr(self, k) for k in COUNTERS if k not in ("episodes", "batch_id", "fwd_seq")
+        }
         self.logs["site"].append(
-            **counters, replay_size=len(memory) if memory is not None else 0,
+            **counters,
+            replay_size=len(memory) if memory is not None else 0,
             forward_queue=self.queue.len if self.queue is not None else 0,
             forward_dropped=self.queue.dropped if self.queue is not None else 0,
-            inflight=len(self.inflight), window=window.size,
+            inflight=len(self.inflight),
+            window=window.size,
             rtt_s=float(np.mean(self.rtts)) if self.rtts else np.nan,
             rtt_net_s=window.rtt_net if window.rtt_net is not None else np.nan,
-            step_s=window.step if window.step is not None else np.nan)
+            step_s=window.step if window.step is not None else np.nan,
+        )
         self.rtts.clear()
         self.raw_out = 0
         self.t_log = now
@@ -479,10 +571,17 @@ class Buffer:
     def finish(self) -> None:
         link = self.link
         self.log.set_attrs(
-            env_steps=self.env_steps, inserted=self.inserted, sampled=self.sampled,
-            stale_dropped=self.stale_dropped, too_stale=self.too_stale,
+            env_steps=self.env_steps,
+            inserted=self.inserted,
+            sampled=self.sampled,
+            stale_dropped=self.stale_dropped,
+            too_stale=self.too_stale,
             forward_dropped=self.queue.dropped if self.queue is not None else 0,
-            forwarded=self.forwarded, wall_s=time.monotonic() - self.t_start,
-            link_bytes_out=link.sent.total_bytes, link_bytes_in=link.received.total_bytes,
+            forwarded=self.forwarded,
+            wall_s=time.monotonic() - self.t_start,
+            link_bytes_out=link.sent.total_bytes,
+            link_bytes_in=link.received.total_bytes,
             link_raw_bytes_out=link.sent.total_bytes + self.raw_total,
-            link_msgs_out=link.sent.total_msgs, link_msgs_in=link.received.total_msgs)
+            link_msgs_out=link.sent.total_msgs,
+            link_msgs_in=link.received.total_msgs,
+        )

@@ -66,12 +66,19 @@ class EvalResult(NamedTuple):
 def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
     """What an evaluation runner needs to build its envs and network (JSON-able); ``refset``:
     (path, sha256) of the reference set (mpirl.refloss), or None."""
-    return {"reference": None if refset is None else {
-                "path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
-            "env": cfg.env, "episodes": cfg.eval_episodes,
-            "seed": cfg.seed, "max_steps": cfg.eval_max_steps,
-            "hidden": list(cfg.hidden), "dueling": cfg.dueling, "kwargs": cfg.env_kwargs,
-            "wrappers": cfg.wrapper_specs()}
+    return {
+        "reference": None
+        if refset is None
+        else {"path": str(refset[0]), "sha256": refset[1], "huber_delta": cfg.huber_delta},
+        "env": cfg.env,
+        "episodes": cfg.eval_episodes,
+        "seed": cfg.seed,
+        "max_steps": cfg.eval_max_steps,
+        "hidden": list(cfg.hidden),
+        "dueling": cfg.dueling,
+        "kwargs": cfg.env_kwargs,
+        "wrappers": cfg.wrapper_specs(),
+    }
 
 
 class _Reference:
@@ -109,8 +116,14 @@ def _build(s: dict, threads: int | None):
     from mpirl.agent.qnet import make_q
 
     spec = envs.inspect(s["env"], s["kwargs"], s["wrappers"])
-    evaluator = envs.Evaluator(s["env"], s["episodes"], seed=s["seed"], max_steps=s["max_steps"],
-                               kwargs=s["kwargs"], wrappers=s["wrappers"])
+    evaluator = envs.Evaluator(
+        s["env"],
+        s["episodes"],
+        seed=s["seed"],
+        max_steps=s["max_steps"],
+        kwargs=s["kwargs"],
+        wrappers=s["wrappers"],
+    )
     ref = None if s.get("reference") is None else _Reference(s["reference"])
     return evaluator, make_q(spec, tuple(s["hidden"]), s["dueling"], threads=threads), ref
 
@@ -134,12 +147,17 @@ class _Runner:
         self._pending = (rnd, update, env_steps, params)
         self._start(params, rnd)
 
-    def _finish(self, returns: np.ndarray, eval_s: float, ref_loss: float = float("nan"),
-                ref_td: float = float("nan"), ref_q_sq: float = float("nan")) -> EvalResult:
+    def _finish(
+        self,
+        returns: np.ndarray,
+        eval_s: float,
+        ref_loss: float = float("nan"),
+        ref_td: float = float("nan"),
+        ref_q_sq: float = float("nan"),
+    ) -> EvalResult:
         rnd, update, steps, params = self._pending
         self._pending = None
-        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td,
-                          ref_q_sq)
+        return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td, ref_q_sq)
 
 
 class InlineRunner(_Runner):
@@ -202,14 +220,17 @@ def child_environ(environ: dict | None = None) -> dict[str, str]:
     them, a user's env module that imports mpi4py would try to join the job as the learner's
     rank; without them it starts a one-process MPI of its own."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items()
-            if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES}
+    return {
+        k: v
+        for k, v in env.items()
+        if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES
+    }
 
 
 def _write_all(f, data) -> None:
     view = memoryview(data).cast("B")
     while view:
-        view = view[f.write(view):]
+        view = view[f.write(view) :]
 
 
 class ProcessRunner(_Runner):
@@ -228,7 +249,11 @@ class ProcessRunner(_Runner):
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mpirl.roles.evaluation", json.dumps(s), str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_environ())
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+                env=child_environ(),
+            )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.set_blocking(self.proc.stdout.fileno(), False)
@@ -236,8 +261,9 @@ class ProcessRunner(_Runner):
         self._slot: tuple | None = None  # (round, params) not yet written
         self._closing = False
         self._wake = threading.Condition()
-        self._writer = threading.Thread(target=self._write_requests, name="mpirl-eval-writer",
-                                        daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_requests, name="mpirl-eval-writer", daemon=True
+        )
         self._writer.start()
 
     def _start(self, params, rnd):
@@ -271,8 +297,7 @@ class ProcessRunner(_Runner):
             return None
         if not chunk:
             code = self.proc.wait()
-            raise RuntimeError(f"the evaluation process exited (code {code}); its error is "
-                               "above")
+            raise RuntimeError(f"the evaluation process exited (code {code}); its error is above")
         self._buf += chunk
         if len(self._buf) < 8 * _RES:
             return None
@@ -280,12 +305,13 @@ class ProcessRunner(_Runner):
         end = 8 * _RES + 8 * (int(n) + _REF)
         if len(self._buf) < end:
             return None
-        tail = np.frombuffer(bytes(self._buf[8 * _RES: end]), np.float64)
-        returns, ref = tail[: int(n)].copy(), tail[int(n):]
+        tail = np.frombuffer(bytes(self._buf[8 * _RES : end]), np.float64)
+        returns, ref = tail[: int(n)].copy(), tail[int(n) :]
         del self._buf[:end]
         if rnd != self._pending[0]:
-            raise RuntimeError(f"evaluation process answered round {rnd}, expected "
-                               f"{self._pending[0]}")
+            raise RuntimeError(
+                f"evaluation process answered round {rnd}, expected {self._pending[0]}"
+            )
         return self._finish(returns, ns / 1e9, *(float(x) for x in ref))
 
     def close(self, timeout: float = 30.0) -> None:
@@ -362,12 +388,15 @@ def child(argv: list[str], parent: int) -> int:
         raw = _read(fin, 4 * int(n))
         if raw is None:
             break
-        returns, secs, *reference = _play(evaluator, q, np.frombuffer(raw, np.float32),
-                                          int(rnd), ref)
+        returns, secs, *reference = _play(
+            evaluator, q, np.frombuffer(raw, np.float32), int(rnd), ref
+        )
         try:
-            fout.write(np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
-                       + returns.astype(np.float64).tobytes()
-                       + np.array(reference, np.float64).tobytes())
+            fout.write(
+                np.array([rnd, returns.size, int(secs * 1e9)], np.int64).tobytes()
+                + returns.astype(np.float64).tobytes()
+                + np.array(reference, np.float64).tobytes()
+            )
             fout.flush()
         except BrokenPipeError:  # the learner is gone
             break

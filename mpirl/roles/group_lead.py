@@ -142,15 +142,24 @@ class LeadGroup(Solo):
         now = time.monotonic()
         lead = self.lead
         if self.mode == "allreduce":
-            lead.logs["group"].append(update=lead.updates, learner=-1, staleness=0,
-                                      samples=self.k * len(td), scale=1.0,
-                                      wait_s=self.sync.wait_s, dropped=0)
+            lead.logs["group"].append(
+                update=lead.updates,
+                learner=-1,
+                staleness=0,
+                samples=self.k * len(td),
+                scale=1.0,
+                wait_s=self.sync.wait_s,
+                dropped=0,
+            )
             return
         self._add(0, lead.trainer.updates, self.sync.taken(), float(loss), td, now)
 
     def _add(self, learner, version, grad, loss, td, now) -> None:
-        self.agg.add(Contribution(self.next_id, learner, version, len(td), grad, now,
-                                  {"loss": loss, "td": td}))
+        self.agg.add(
+            Contribution(
+                self.next_id, learner, version, len(td), grad, now, {"loss": loss, "td": td}
+            )
+        )
         self.next_id += 1
 
     # ---- orders ------------------------------------------------------------------------------------
@@ -173,8 +182,19 @@ class LeadGroup(Solo):
             m.version = version
         if src is not None:
             body_.append(raw)
-        m.end.post(pack(GTag.ORDER, body_, self.next_id, version, cfg.batch_size, lead.beta,
-                        scale, float(src is not None)), GTag.ORDER)
+        m.end.post(
+            pack(
+                GTag.ORDER,
+                body_,
+                self.next_id,
+                version,
+                cfg.batch_size,
+                lead.beta,
+                scale,
+                float(src is not None),
+            ),
+            GTag.ORDER,
+        )
         m.orders.append((self.next_id, src, time.monotonic()))
         self.next_id += 1
         return True
@@ -218,13 +238,12 @@ class LeadGroup(Solo):
         m = self.members[g.rank - 1]
         want, src, _ = m.orders.popleft()
         if g.id != want:
-            raise RuntimeError(f"learner: learner {m.index} answered order {g.id}, expected "
-                               f"{want}")
+            raise RuntimeError(f"learner: learner {m.index} answered order {g.id}, expected {want}")
         m.served += 1
         raw, grad = g.body, None
         if g.has_grad:
             grad = floats(raw, self.n_params)
-            raw = raw[4 * self.n_params:]
+            raw = raw[4 * self.n_params :]
         td = floats(raw, g.n)
         lead = self.lead
         if src is not None and not src[0].done:  # replay_at=buffer: priorities to its buffer
@@ -242,15 +261,29 @@ class LeadGroup(Solo):
             lead.updates = t.updates
             first = min(c.arrived for c in taken.used)
             for c, w, s in zip(taken.used, taken.scales, taken.staleness):
-                lead.logs["group"].append(update=t.updates, learner=c.learner, staleness=s,
-                                          samples=c.n, scale=w, wait_s=now - first, dropped=0)
+                lead.logs["group"].append(
+                    update=t.updates,
+                    learner=c.learner,
+                    staleness=s,
+                    samples=c.n,
+                    scale=w,
+                    wait_s=now - first,
+                    dropped=0,
+                )
             for c, s in taken.dropped:
-                lead.logs["group"].append(update=t.updates, learner=c.learner, staleness=s,
-                                          samples=c.n, scale=0.0, wait_s=now - c.arrived,
-                                          dropped=1)
+                lead.logs["group"].append(
+                    update=t.updates,
+                    learner=c.learner,
+                    staleness=s,
+                    samples=c.n,
+                    scale=0.0,
+                    wait_s=now - c.arrived,
+                    dropped=1,
+                )
             loss = float(np.mean([c.extra["loss"] for c in taken.used]))
-            lead.rows.update(t.updates, loss, np.concatenate([c.extra["td"] for c in taken.used]),
-                             lead.beta)
+            lead.rows.update(
+                t.updates, loss, np.concatenate([c.extra["td"] for c in taken.used]), lead.beta
+            )
             lead.loss_sum += loss
             lead.loss_n += 1
             lead.applied()
@@ -283,15 +316,17 @@ class LeadGroup(Solo):
             if id_ is None or g.id == id_:
                 waiting.discard(g.rank)
             else:
-                raise RuntimeError(f"learner: learner {g.rank} sent {kind.name} {g.id} while "
-                                   f"it was to {what}")
+                raise RuntimeError(
+                    f"learner: learner {g.rank} sent {kind.name} {g.id} while it was to {what}"
+                )
 
         end = time.monotonic() + timeout
         while waiting:
             now = time.monotonic()
             if now > end:
-                raise RuntimeError(f"learner(s) {sorted(waiting)} did not {what} within "
-                                   f"{timeout:.0f} s")
+                raise RuntimeError(
+                    f"learner(s) {sorted(waiting)} did not {what} within {timeout:.0f} s"
+                )
             self._receive({kind: arrived, GTag.GRAD: self._on_grad}, now)
             time.sleep(2e-4)
 

@@ -33,34 +33,32 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpirl.roles import best_model
-from mpirl.run import failure
-from mpirl.logs import schema
-from mpirl.run import seeds
 from mpirl.agent import device as device_mod
-from mpirl.run.checkpoint import memory_state, params_sha256, part_name, restore_memory
-from mpirl.transport.cut import Cut
+from mpirl.agent.train_step import TrainStep
+from mpirl.logs import schema
+from mpirl.logs.runlog import RunLog
+from mpirl.replay.build import beta_at, make_replay
+from mpirl.roles import best_model
 from mpirl.roles.evaluation import make_runner
 from mpirl.roles.group_lead import make_group
 from mpirl.roles.learner_group import shard_config
 from mpirl.roles.learner_rows import HeldRows, small_mean, spread, td_units
+from mpirl.run import failure, seeds
+from mpirl.run.checkpoint import memory_state, params_sha256, part_name, restore_memory
+from mpirl.transport.cut import Cut
 from mpirl.transport.link import PROFILES
-from mpirl.logs.runlog import RunLog
 from mpirl.transport.pacing import TokenBucket
-from mpirl.replay.build import beta_at, make_replay
-from mpirl.agent.train_step import TrainStep
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.weight_sync import WeightSync
 from mpirl.transport.wire import Batch, Checkpoint, Done, Forward, Keyframe, Stats, Tag, Wire
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
     from mpirl.agent.envs import EnvSpec
+    from mpirl.run.config import Config
     from mpirl.transport.link import LinkEnd
     from mpirl.transport.topology import Ends, Topology
 
-__all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep",
-           "checkpoint_timeout_s"]
+__all__ = ["CKPT_TIMEOUT_S", "EVAL_DRAIN_S", "Learner", "Site", "TrainStep", "checkpoint_timeout_s"]
 
 
 EVAL_DRAIN_S = 15.0  # at the stop, wait this long at most for the evaluation in flight
@@ -70,8 +68,8 @@ CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then 
 def checkpoint_timeout_s(cfg, spec) -> float:
     """CKPT_TIMEOUT_S plus the time a healthy buffer may take to write its replay memory
     (``checkpoint.write_allowance_s``): a large memory must not abort a healthy checkpoint."""
-    from mpirl.run.checkpoint import write_allowance_s
     from mpirl.replay.build import replay_footprint
+    from mpirl.run.checkpoint import write_allowance_s
 
     if cfg.replay_at != "buffer":
         return CKPT_TIMEOUT_S
@@ -107,9 +105,20 @@ class Site:
 class Learner:
     """The learner rank's state and loop; ``run()`` returns the run's summary (summary.json)."""
 
-    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
-                 ends: Ends, say=print, stop_signal=None, ckpt=None, resume=None,
-                 refset: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        topo: Topology,
+        spec: EnvSpec,
+        wire: Wire,
+        log: RunLog,
+        ends: Ends,
+        say=print,
+        stop_signal=None,
+        ckpt=None,
+        resume=None,
+        refset: tuple[str, str] | None = None,
+    ):
         """``ends`` (`mpirl.main.connect`): ``links`` (link rank b -> the end toward buffer
         b - 1) with the ``inbox`` for what they deliver; ``group`` and ``group_inbox`` toward
         the other learners (--learners K)."""
@@ -121,8 +130,10 @@ class Learner:
         torch.set_num_threads(cfg.torch_threads)
         self.seed = seeds.learner(cfg.seed, len(ends.links))
         torch.manual_seed(self.seed["torch"])
-        self.sites = {b: Site(b, end, cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
-                      for b, end in sorted(ends.links.items())}
+        self.sites = {
+            b: Site(b, end, cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
+            for b, end in sorted(ends.links.items())
+        }
         self.inbox = ends.inbox
         dev = device_mod.resolve(cfg.device, torch)
         dev_info = device_mod.describe(dev, torch)
@@ -132,16 +143,24 @@ class Learner:
         self.at_learner = cfg.replay_at == "learner"
         group = getattr(topo, "learners", None)  # (a bench or test may pass a bare topology)
         k = group.Get_size() if group is not None else 1
-        self.memory = (make_replay(shard_config(cfg, k), spec, wire.record,
-                                   seed=self.seed["replay"]) if self.at_learner else None)
+        self.memory = (
+            make_replay(shard_config(cfg, k), spec, wire.record, seed=self.seed["replay"])
+            if self.at_learner
+            else None
+        )
         target = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
         self.target_return = target if target is not None and np.isfinite(target) else None
         log.set_attrs(target_return=self.target_return)
         self.logs = schema.open_streams(log, "learner")
         self.rows = HeldRows(self.logs, log, cfg.alpha, cfg.priority_eps, cfg.huber_delta)
-        self.handlers = {Tag.BATCH: self.on_batch, Tag.FORWARD: self.on_forward,
-                         Tag.STATS: self.on_stats, Tag.DONE: self.on_done,
-                         Tag.CHECKPOINT: self.on_checkpoint, Tag.KEYFRAME: self.on_keyframe}
+        self.handlers = {
+            Tag.BATCH: self.on_batch,
+            Tag.FORWARD: self.on_forward,
+            Tag.STATS: self.on_stats,
+            Tag.DONE: self.on_done,
+            Tag.CHECKPOINT: self.on_checkpoint,
+            Tag.KEYFRAME: self.on_keyframe,
+        }
         self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
@@ -174,10 +193,18 @@ class Learner:
         self.t_start = time.monotonic()
         self.t_prog = self.t_link = self.t_start
         log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
-        self.prog = {"steps": 0, "updates": 0, "inserted": 0, "capped": 0.0, "busy": 0.0,
-                     "link": 0, "idle": 0.0}  # the totals at the last progress row
-        self.cut = Cut(ckpt, self.sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec),
-                       self.t_start)
+        self.prog = {
+            "steps": 0,
+            "updates": 0,
+            "inserted": 0,
+            "capped": 0.0,
+            "busy": 0.0,
+            "link": 0,
+            "idle": 0.0,
+        }  # the totals at the last progress row
+        self.cut = Cut(
+            ckpt, self.sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec), self.t_start
+        )
         self.part_names = [part_name(p.role, p.site, p.rank) for p in topo.places]
         self.eval_runner = None
         self.group = make_group(self, ends)  # --learners K: the other learners (K = 1: no-op)
@@ -209,8 +236,9 @@ class Learner:
 
     def serving(self) -> bool:
         """Until every buffer has said DONE and the link has delivered what is queued."""
-        return (not all(s.done for s in self.sites.values())
-                or any(s.link.backlog for s in self.sites.values()))
+        return not all(s.done for s in self.sites.values()) or any(
+            s.link.backlog for s in self.sites.values()
+        )
 
     @property
     def env_steps(self) -> int:
@@ -238,8 +266,9 @@ class Learner:
                 continue  # its snapshot is taken: what it sent after waits for ours
             msgs = self.cut.unpark(b) + site.link.receive(now)
             did |= bool(msgs)
-            rest = self.inbox.deliver(self.handlers, msgs, b, now,
-                                      until=lambda b=b: self.cut.holds(b))
+            rest = self.inbox.deliver(
+                self.handlers, msgs, b, now, until=lambda b=b: self.cut.holds(b)
+            )
             if rest:  # its acknowledgement came: what it sent after waits for our snapshot
                 self.cut.park(b, rest)
         return did
@@ -255,10 +284,18 @@ class Learner:
         cfg, records, frames = self.cfg, m.arrays["records"], m.arrays.get("frames")
         pr = (m.arrays["td_abs"] + cfg.priority_eps) ** cfg.alpha
         self.logs["transfers"].append(
-            buffer=site.index, update=self.updates, kind=int(Tag.FORWARD), n=m.n,
-            nbytes=buf.nbytes, raw_nbytes=m.raw_nbytes or buf.nbytes, priority_mean=small_mean(pr),
-            priority_td_mean=small_mean(td_units(pr, cfg.alpha)), **spread(pr),
-            **self.arrival_stats(self.arrival_td(records, frames)), window=0)
+            buffer=site.index,
+            update=self.updates,
+            kind=int(Tag.FORWARD),
+            n=m.n,
+            nbytes=buf.nbytes,
+            raw_nbytes=m.raw_nbytes or buf.nbytes,
+            priority_mean=small_mean(pr),
+            priority_td_mean=small_mean(td_units(pr, cfg.alpha)),
+            **spread(pr),
+            **self.arrival_stats(self.arrival_td(records, frames)),
+            window=0,
+        )
         if not self.group.insert(records, m.arrays["td_abs"], frames, buf):  # a shard elsewhere
             self.memory.add(records, m.arrays["td_abs"], frames)
         self.inserted += m.n
@@ -296,9 +333,11 @@ class Learner:
         if cut.complete:
             t_acks = time.monotonic()
             self.save(cut.id, "periodic")
-            self.say(f"mpirl: checkpoint {cut.id} written in {time.monotonic() - cut.t0:.2f} s "
-                     f"(every part acknowledged after {t_acks - cut.t0:.2f} s; "
-                     f"{self.updates:,} updates, {self.env_steps:,} env steps)")
+            self.say(
+                f"mpirl: checkpoint {cut.id} written in {time.monotonic() - cut.t0:.2f} s "
+                f"(every part acknowledged after {t_acks - cut.t0:.2f} s; "
+                f"{self.updates:,} updates, {self.env_steps:,} env steps)"
+            )
             cut.end(time.monotonic())
             return True
         if (err := cut.overdue(now)) is not None:
@@ -312,27 +351,50 @@ class Learner:
     def save(self, cid: int, reason: str) -> None:
         """The learner's part of checkpoint ``cid``, then the manifest (last)."""
         sites = self.sites.values()
-        meta = {"updates": self.updates, "weights_version": self.weights_version,
-                "inserted": self.inserted, "sampled": self.sampled,
-                "served": {str(s.index): s.served for s in sites},
-                "site_steps": {str(s.index): s.steps for s in sites},
-                "best_eval": self.best_eval, "last_eval": self.last_eval,
-                "eval_round": self.eval_round, "beta": self.beta,
-                "wall_s_total": self.elapsed_before + time.monotonic() - self.t_start,
-                "to_target": self.to_target,
-                "online_sha256": params_sha256(self.trainer.online.state_dict()),
-                "target_sha256": params_sha256(self.trainer.target.state_dict())}
+        meta = {
+            "updates": self.updates,
+            "weights_version": self.weights_version,
+            "inserted": self.inserted,
+            "sampled": self.sampled,
+            "served": {str(s.index): s.served for s in sites},
+            "site_steps": {str(s.index): s.steps for s in sites},
+            "best_eval": self.best_eval,
+            "last_eval": self.last_eval,
+            "eval_round": self.eval_round,
+            "beta": self.beta,
+            "wall_s_total": self.elapsed_before + time.monotonic() - self.t_start,
+            "to_target": self.to_target,
+            "online_sha256": params_sha256(self.trainer.online.state_dict()),
+            "target_sha256": params_sha256(self.trainer.target.state_dict()),
+        }
         arrays = None
         if self.memory is not None:
             arrays, meta["replay"] = memory_state(self.memory)
         self.group.checkpoint(cid, CKPT_TIMEOUT_S)  # the other learners' parts
         t = self.trainer
-        self.ckpt.write(cid, meta, arrays, {
-            "online": t.online.state_dict(), "target": t.target.state_dict(),
-            "optimizer": t.opt.state_dict(), "torch_rng": self.torch.get_rng_state()})
-        self.ckpt.manifest(cid, self.part_names, reason, {
-            "updates": self.updates, "env_steps": self.env_steps, "inserted": self.inserted,
-            "sampled": self.sampled, "best_eval": self.best_eval})
+        self.ckpt.write(
+            cid,
+            meta,
+            arrays,
+            {
+                "online": t.online.state_dict(),
+                "target": t.target.state_dict(),
+                "optimizer": t.opt.state_dict(),
+                "torch_rng": self.torch.get_rng_state(),
+            },
+        )
+        self.ckpt.manifest(
+            cid,
+            self.part_names,
+            reason,
+            {
+                "updates": self.updates,
+                "env_steps": self.env_steps,
+                "inserted": self.inserted,
+                "sampled": self.sampled,
+                "best_eval": self.best_eval,
+            },
+        )
 
     def restore(self, part) -> None:
         """Continue where checkpoint ``part`` left off."""
@@ -341,8 +403,10 @@ class Learner:
         t.target.load_state_dict(ts["target"])
         t.opt.load_state_dict(ts["optimizer"])
         self.torch.set_rng_state(ts["torch_rng"])
-        self.log.set_attrs(resumed_online_sha256=params_sha256(t.online.state_dict()),
-                           resumed_target_sha256=params_sha256(t.target.state_dict()))
+        self.log.set_attrs(
+            resumed_online_sha256=params_sha256(t.online.state_dict()),
+            resumed_target_sha256=params_sha256(t.target.state_dict()),
+        )
         self.updates, self.weights_version = r["updates"], r["weights_version"]
         t.updates = self.updates  # the target copy cadence continues
         self.inserted, self.sampled = r["inserted"], r["sampled"]
@@ -364,8 +428,11 @@ class Learner:
             return
         cfg = self.cfg
         for s in sorted(self.sites.values(), key=Site.share):
-            limit_ok = (cfg.replay_ratio == 0 or self.stop_reason is not None
-                        or self.inserted <= cfg.learning_starts + self.sampled / cfg.replay_ratio)
+            limit_ok = (
+                cfg.replay_ratio == 0
+                or self.stop_reason is not None
+                or self.inserted <= cfg.learning_starts + self.sampled / cfg.replay_ratio
+            )
             if s.owed and limit_ok and not s.done:  # after its DONE it has left
                 s.link.post(self.wire.credit(s.owed), Tag.CREDIT, now)
                 s.owed = 0
@@ -382,8 +449,12 @@ class Learner:
         `WeightSync`; off the device once per broadcast."""
         self.weights_version += 1
         self.flat = (self.updates, self.trainer.online.flat_params())
-        self.sync.broadcast(self.flat[1], self.weights_version, self.updates,
-                            time.monotonic() if now is None else now)
+        self.sync.broadcast(
+            self.flat[1],
+            self.weights_version,
+            self.updates,
+            time.monotonic() if now is None else now,
+        )
 
     # ---- train --------------------------------------------------------------------------------
     def train(self, now: float) -> bool:
@@ -393,8 +464,11 @@ class Learner:
         self.beta = beta_at(cfg, self.updates)
         if self.staged is None:
             self.staged = self.next_batch()
-        go = (self.staged is not None and self.group.ready()
-              and not (cfg.max_updates and self.updates >= cfg.max_updates))
+        go = (
+            self.staged is not None
+            and self.group.ready()
+            and not (cfg.max_updates and self.updates >= cfg.max_updates)
+        )
         held = go and self.cap is not None and not self.cap.try_take(now)
         if self.t_turn is not None:  # the cap held the batch from the last turn until now
             self.capped_s += now - self.t_turn
@@ -432,14 +506,30 @@ class Learner:
         t_done = time.monotonic()
         spent /= self.group.k  # K learners serve K batches at a time: the time per batch
         self.step_s = spent if self.step_s is None else 0.9 * self.step_s + 0.1 * spent
-        site.link.post(self.wire.priorities(m.arrays["indices"], m.arrays["generations"], td,
-                                            m.batch_id, m.t_send, hold=t_done - arrived,
-                                            step=self.step_s, updates=self.updates),
-                       Tag.PRIORITIES)
+        site.link.post(
+            self.wire.priorities(
+                m.arrays["indices"],
+                m.arrays["generations"],
+                td,
+                m.batch_id,
+                m.t_send,
+                hold=t_done - arrived,
+                step=self.step_s,
+                updates=self.updates,
+            ),
+            Tag.PRIORITIES,
+        )
         pick = self.arrival_pick(len(td))  # the batch's own |td|: no extra forward pass
-        self.rows.batch(site.index, self.updates, m.n, nbytes, m.raw_nbytes or nbytes,
-                        int(m.arrays["window"][0]), m.arrays["priorities"],
-                        None if pick is None else td if len(pick) == len(td) else td[pick])
+        self.rows.batch(
+            site.index,
+            self.updates,
+            m.n,
+            nbytes,
+            m.raw_nbytes or nbytes,
+            int(m.arrays["window"][0]),
+            m.arrays["priorities"],
+            None if pick is None else td if len(pick) == len(td) else td[pick],
+        )
         self.sampled += m.n
 
     def next_batch(self):
@@ -461,8 +551,11 @@ class Learner:
                 return None
             source, scale, _ = got
             m = source[1]
-            records, weights, frames = m.arrays["records"], m.arrays["weights"], m.arrays.get(
-                "frames")
+            records, weights, frames = (
+                m.arrays["records"],
+                m.arrays["weights"],
+                m.arrays.get("frames"),
+            )
             if scale != 1.0:
                 weights = weights * np.float32(scale)
         t0 = time.monotonic()
@@ -474,8 +567,10 @@ class Learner:
         """replay_at=learner: whether --replay-ratio lets the learner(s) sample another batch
         (the ratio holds sampling too; credits hold inserts)."""
         cfg = self.cfg
-        return not (cfg.replay_ratio and self.sampled > cfg.replay_ratio * (
-            self.inserted - cfg.learning_starts))
+        return not (
+            cfg.replay_ratio
+            and self.sampled > cfg.replay_ratio * (self.inserted - cfg.learning_starts)
+        )
 
     def take_site_batch(self):
         """replay_at=buffer: the next site's batch in weighted fair order, or None:
@@ -531,20 +626,26 @@ class Learner:
         if td is None:
             return {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
         cfg = self.cfg
-        return {"arrival_td_mean": small_mean(td),
-                "arrival_priority_mean": small_mean((td + cfg.priority_eps) ** cfg.alpha),
-                "arrival_n": td.size}
+        return {
+            "arrival_td_mean": small_mean(td),
+            "arrival_priority_mean": small_mean((td + cfg.priority_eps) ** cfg.alpha),
+            "arrival_n": td.size,
+        }
 
     # ---- evaluate and stop --------------------------------------------------------------------
     def evaluate(self) -> None:
         """Hand the runner the weights of the last broadcast (or the current ones) when an
         evaluation is due; handle a finished one."""
         runner = self.eval_runner
-        if (self.updates and self.updates - self.last_eval >= self.cfg.eval_every
-                and not runner.busy):
+        if (
+            self.updates
+            and self.updates - self.last_eval >= self.cfg.eval_every
+            and not runner.busy
+        ):
             self.last_eval = self.updates
-            weights = (self.flat[1] if self.flat[0] == self.updates
-                       else self.trainer.online.flat_params())
+            weights = (
+                self.flat[1] if self.flat[0] == self.updates else self.trainer.online.flat_params()
+            )
             runner.request(weights, self.eval_round, self.updates, self.env_steps)
             self.eval_round += 1
         res = runner.poll()
@@ -556,20 +657,38 @@ class Learner:
         are the weights evaluated): its row, the best so far, the target-return stop."""
         rets = res.returns
         self.logs["evals"].append(
-            update=res.update, env_steps=res.env_steps, ret_mean=rets.mean(), ret_std=rets.std(),
-            ret_min=rets.min(), eval_s=res.eval_s, lag_updates=self.updates - res.update,
-            reference_loss=res.reference_loss, reference_td_abs_mean=res.reference_td,
-            reference_q_sq_mean=res.reference_q_sq)
+            update=res.update,
+            env_steps=res.env_steps,
+            ret_mean=rets.mean(),
+            ret_std=rets.std(),
+            ret_min=rets.min(),
+            eval_s=res.eval_s,
+            lag_updates=self.updates - res.update,
+            reference_loss=res.reference_loss,
+            reference_td_abs_mean=res.reference_td,
+            reference_q_sq_mean=res.reference_q_sq,
+        )
         if float(rets.mean()) > self.best_eval:  # the weights evaluated, not today's online net
-            best_model.offer(self.log.path.parent, self.trainer.state_dict_of(res.params), rets,
-                             self.best_eval, update=res.update, env_steps=res.env_steps)
+            best_model.offer(
+                self.log.path.parent,
+                self.trainer.state_dict_of(res.params),
+                rets,
+                self.best_eval,
+                update=res.update,
+                env_steps=res.env_steps,
+            )
         self.best_eval = max(self.best_eval, float(rets.mean()))
-        if (self.target_return is not None and rets.mean() >= self.target_return
-                and self.stop_reason is None):
+        if (
+            self.target_return is not None
+            and rets.mean() >= self.target_return
+            and self.stop_reason is None
+        ):
             self.stop_reason = "target_return"
             self.to_target = {
                 "time_to_target_s": self.elapsed_before + time.monotonic() - self.t_start,
-                "env_steps_to_target": res.env_steps, "updates_to_target": res.update}
+                "env_steps_to_target": res.env_steps,
+                "updates_to_target": res.update,
+            }
 
     def decide_stop(self, now: float) -> None:
         """The budgets (env steps, updates, seconds) and SIGTERM / SIGINT."""
@@ -591,9 +710,11 @@ class Learner:
         if self.stop_reason is None or self.stop_sent or self.cut.in_progress:
             return
         self.final_ckpt = self.cut.final_id()
-        self.say(f"mpirl: stopping ({self.stop_reason}) after {now - self.t_start:.1f} s, "
-                 f"{self.env_steps:,} env steps, {self.updates:,} updates, best eval "
-                 f"{self.best_eval:.1f}")
+        self.say(
+            f"mpirl: stopping ({self.stop_reason}) after {now - self.t_start:.1f} s, "
+            f"{self.env_steps:,} env steps, {self.updates:,} updates, best eval "
+            f"{self.best_eval:.1f}"
+        )
         for s in self.sites.values():
             s.link.post(self.wire.stop(self.final_ckpt), Tag.STOP, now)
         self.stop_sent = True
@@ -612,10 +733,17 @@ class Learner:
                 b_out, m_out, q_s = lk.sent.take()
                 b_in, m_in, _ = lk.received.take()
                 self.logs["link"].append(
-                    buffer=s.index, bytes_in=b_in, msgs_in=m_in, bytes_out=b_out,
-                    msgs_out=m_out, queue_s=q_s, interval_s=now - self.t_link,
-                    utilization=min(1.0, b_out * 8 / lk.profile.rate_bps
-                                    / max(now - self.t_link, 1e-9)))
+                    buffer=s.index,
+                    bytes_in=b_in,
+                    msgs_in=m_in,
+                    bytes_out=b_out,
+                    msgs_out=m_out,
+                    queue_s=q_s,
+                    interval_s=now - self.t_link,
+                    utilization=min(
+                        1.0, b_out * 8 / lk.profile.rate_bps / max(now - self.t_link, 1e-9)
+                    ),
+                )
             self.t_link = now
         self.log.maybe_flush(now)
 
@@ -627,31 +755,49 @@ class Learner:
         d_updates = self.updates - p["updates"]
         # from the totals: the /link rows reset the interval counters (take()) every
         # flush_seconds / 2, so those held only the bytes since the last /link row
-        link_total = sum(s.link.sent.total_bytes + s.link.received.total_bytes
-                         for s in self.sites.values())
-        row = dict(env_steps=env_steps, updates=self.updates,
-                   env_steps_per_s=d_steps / dt, updates_per_s=d_updates / dt,
-                   recent_return=float(np.mean(self.recent)) if self.recent else np.nan,
-                   loss=self.loss_sum / self.loss_n if self.loss_n else np.nan,
-                   busy_fraction=(self.busy - p["busy"]) / dt,
-                   link_bytes_per_s=(link_total - p["link"]) / dt, interval_s=dt,
-                   rho=d_updates * cfg.batch_size / d_steps if d_steps > 0 else np.nan,
-                   delivered_fraction=((self.inserted - p["inserted"]) / d_steps
-                                       if self.at_learner and d_steps > 0 else np.nan),
-                   capped_s=self.capped_s - p["capped"],
-                   idle_fraction=(self.backoff.idle_s - p["idle"]) / dt,
-                   rss_bytes=rss_bytes(), **self.sync.take())
+        link_total = sum(
+            s.link.sent.total_bytes + s.link.received.total_bytes for s in self.sites.values()
+        )
+        row = dict(
+            env_steps=env_steps,
+            updates=self.updates,
+            env_steps_per_s=d_steps / dt,
+            updates_per_s=d_updates / dt,
+            recent_return=float(np.mean(self.recent)) if self.recent else np.nan,
+            loss=self.loss_sum / self.loss_n if self.loss_n else np.nan,
+            busy_fraction=(self.busy - p["busy"]) / dt,
+            link_bytes_per_s=(link_total - p["link"]) / dt,
+            interval_s=dt,
+            rho=d_updates * cfg.batch_size / d_steps if d_steps > 0 else np.nan,
+            delivered_fraction=(
+                (self.inserted - p["inserted"]) / d_steps
+                if self.at_learner and d_steps > 0
+                else np.nan
+            ),
+            capped_s=self.capped_s - p["capped"],
+            idle_fraction=(self.backoff.idle_s - p["idle"]) / dt,
+            rss_bytes=rss_bytes(),
+            **self.sync.take(),
+        )
         self.logs["progress"].append(**row)
-        self.say(f"[{now - self.t_start:7.1f}s] env steps {env_steps:>10,} "
-                 f"({row['env_steps_per_s']:,.0f}/s) | updates {self.updates:>8,} "
-                 f"({row['updates_per_s']:,.0f}/s, busy {row['busy_fraction']:.0%}) | return "
-                 f"{row['recent_return']:7.1f} | eval {self.best_eval:7.1f} | loss "
-                 f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s | lag "
-                 f"{row['lag_median']:,.0f}")
+        self.say(
+            f"[{now - self.t_start:7.1f}s] env steps {env_steps:>10,} "
+            f"({row['env_steps_per_s']:,.0f}/s) | updates {self.updates:>8,} "
+            f"({row['updates_per_s']:,.0f}/s, busy {row['busy_fraction']:.0%}) | return "
+            f"{row['recent_return']:7.1f} | eval {self.best_eval:7.1f} | loss "
+            f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s | lag "
+            f"{row['lag_median']:,.0f}"
+        )
         self.t_prog = now
-        self.prog = {"steps": env_steps, "updates": self.updates, "inserted": self.inserted,
-                     "capped": self.capped_s, "busy": self.busy, "link": link_total,
-                     "idle": self.backoff.idle_s}
+        self.prog = {
+            "steps": env_steps,
+            "updates": self.updates,
+            "inserted": self.inserted,
+            "capped": self.capped_s,
+            "busy": self.busy,
+            "link": link_total,
+            "idle": self.backoff.idle_s,
+        }
         self.loss_sum, self.loss_n = 0.0, 0
 
     def wait(self, did: bool) -> None:
@@ -660,8 +806,7 @@ class Learner:
         if did:
             self.backoff.work()
             return
-        wake = [d for d in (s.link.next_departure() for s in self.sites.values())
-                if d is not None]
+        wake = [d for d in (s.link.next_departure() for s in self.sites.values()) if d is not None]
         if self.t_turn is not None:  # the cap holds a ready batch: wake when its token is there
             wake.append(self.cap.ready_at())
         self.backoff.idle(until=min(wake, default=None))
@@ -680,8 +825,10 @@ class Learner:
                 self.evaluated(res)
                 return
             if time.monotonic() >= end:
-                self.say(f"mpirl: the evaluation in flight at the stop did not finish within "
-                         f"{timeout:g} s; it is left out of /evals and best.pt")
+                self.say(
+                    f"mpirl: the evaluation in flight at the stop did not finish within "
+                    f"{timeout:g} s; it is left out of /evals and best.pt"
+                )
                 return
             time.sleep(0.002)
 
@@ -692,22 +839,31 @@ class Learner:
         if self.final_ckpt >= 0:
             t0 = time.monotonic()
             self.save(self.final_ckpt, self.stop_reason)
-            self.say(f"mpirl: checkpoint {self.final_ckpt} written in "
-                     f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}")
+            self.say(
+                f"mpirl: checkpoint {self.final_ckpt} written in "
+                f"{time.monotonic() - t0:.2f} s; continue with --resume {self.ckpt.run_dir}"
+            )
         self.group.close(CKPT_TIMEOUT_S)  # the other learners stop after the final checkpoint
         wall = time.monotonic() - self.t_start
         links = [s.link for s in self.sites.values()]
-        summary = {"stop_reason": self.stop_reason, "target_return": self.target_return,
-                   "updates": self.updates, "env_steps": self.env_steps,
-                   "wall_s": wall, "wall_s_total": self.elapsed_before + wall,
-                   "checkpoint": self.final_ckpt if self.final_ckpt >= 0 else None,
-                   "resumed_from": self.resume.id if self.resume is not None else None,
-                   "best_eval": self.best_eval, "busy_fraction": self.busy / wall,
-                   "delivered_fraction": (self.inserted / self.env_steps
-                                          if self.at_learner and self.env_steps else None),
-                   "link_bytes_in": sum(lk.received.total_bytes for lk in links),
-                   "link_bytes_out": sum(lk.sent.total_bytes for lk in links),
-                   **self.to_target}
+        summary = {
+            "stop_reason": self.stop_reason,
+            "target_return": self.target_return,
+            "updates": self.updates,
+            "env_steps": self.env_steps,
+            "wall_s": wall,
+            "wall_s_total": self.elapsed_before + wall,
+            "checkpoint": self.final_ckpt if self.final_ckpt >= 0 else None,
+            "resumed_from": self.resume.id if self.resume is not None else None,
+            "best_eval": self.best_eval,
+            "busy_fraction": self.busy / wall,
+            "delivered_fraction": (
+                self.inserted / self.env_steps if self.at_learner and self.env_steps else None
+            ),
+            "link_bytes_in": sum(lk.received.total_bytes for lk in links),
+            "link_bytes_out": sum(lk.sent.total_bytes for lk in links),
+            **self.to_target,
+        }
         self.log.set_attrs(**summary)
         self.eval_runner.close()
         return summary

@@ -66,12 +66,22 @@ class GTag(IntEnum):
 _GTAGS = {int(t) for t in GTag}
 
 
-def pack(kind: GTag, body=(), id_: int = 0, version: int = -1, n: int = 0, a: float = 0.0,
-         b: float = 0.0, c: float = 0.0, d: float = 0.0) -> np.ndarray:
+def pack(
+    kind: GTag,
+    body=(),
+    id_: int = 0,
+    version: int = -1,
+    n: int = 0,
+    a: float = 0.0,
+    b: float = 0.0,
+    c: float = 0.0,
+    d: float = 0.0,
+) -> np.ndarray:
     """One group message: the header, then each body array's bytes."""
     hdr = np.array([int(kind), id_, version, n, a, b, c, d], np.float64)
-    parts = [hdr.view(np.uint8)] + [np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-                                    for x in body]
+    parts = [hdr.view(np.uint8)] + [
+        np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in body
+    ]
     return np.concatenate(parts)
 
 
@@ -110,26 +120,42 @@ class GroupWire:
     run's)."""
 
     @staticmethod
-    def unpack(buf: np.ndarray, tag: int, source: str = "?", rank: int = -1,
-               t: float = 0.0) -> GroupMessage:
+    def unpack(
+        buf: np.ndarray, tag: int, source: str = "?", rank: int = -1, t: float = 0.0
+    ) -> GroupMessage:
         if buf.nbytes < HDR * 8:
-            raise RuntimeError(f"group message with tag {tag} from {source}: {buf.nbytes} "
-                               f"bytes is shorter than the {HDR * 8}-byte header")
+            raise RuntimeError(
+                f"group message with tag {tag} from {source}: {buf.nbytes} "
+                f"bytes is shorter than the {HDR * 8}-byte header"
+            )
         h = header(buf)
         if int(h[0]) != tag or tag not in _GTAGS:
-            raise RuntimeError(f"group message with tag {tag} from {source}: header says "
-                               f"kind {int(h[0])}")
-        return GroupMessage(GTag(tag), int(h[1]), int(h[2]), int(h[3]), float(h[4]),
-                            float(h[5]), float(h[6]), float(h[7]), body(buf), buf, rank, t)
+            raise RuntimeError(
+                f"group message with tag {tag} from {source}: header says kind {int(h[0])}"
+            )
+        return GroupMessage(
+            GTag(tag),
+            int(h[1]),
+            int(h[2]),
+            int(h[3]),
+            float(h[4]),
+            float(h[5]),
+            float(h[6]),
+            float(h[7]),
+            body(buf),
+            buf,
+            rank,
+            t,
+        )
 
 
 def body(buf: np.ndarray) -> np.ndarray:
-    return buf[HDR * 8:]
+    return buf[HDR * 8 :]
 
 
 def floats(raw: np.ndarray, count: int, offset: int = 0) -> np.ndarray:
     """``count`` float32 at byte ``offset`` of ``raw`` (copied: aligned)."""
-    return np.frombuffer(raw[offset: offset + 4 * count].tobytes(), np.float32)
+    return np.frombuffer(raw[offset : offset + 4 * count].tobytes(), np.float32)
 
 
 # ---- gradients as one contiguous buffer --------------------------------------------------------
@@ -153,7 +179,7 @@ def set_grads(params, flat: np.ndarray) -> None:
     with torch.no_grad():
         for p in params:
             k = p.numel()
-            g = torch.from_numpy(np.ascontiguousarray(flat[off: off + k])).view_as(p)
+            g = torch.from_numpy(np.ascontiguousarray(flat[off : off + k])).view_as(p)
             if p.grad is None:
                 p.grad = g.to(p.device, p.dtype).clone()
             else:
@@ -171,7 +197,7 @@ def set_params(params, flat: np.ndarray) -> None:
     with torch.no_grad():
         for p in params:
             k = p.numel()
-            p.copy_(torch.from_numpy(np.ascontiguousarray(flat[off: off + k])).view_as(p))
+            p.copy_(torch.from_numpy(np.ascontiguousarray(flat[off : off + k])).view_as(p))
             off += k
 
 
@@ -233,8 +259,13 @@ class AllreduceSync(LocalSync):
     def _step_nccl(self, trainer, n: float) -> None:  # pragma: no cover - needs 2+ GPUs
         torch, dist = trainer.torch, self.nccl
         with torch.no_grad():
-            flat = torch.cat([p.grad.reshape(-1) for p in trainer.params] +
-                             [torch.tensor([1.0], device=trainer.device)]) * n
+            flat = (
+                torch.cat(
+                    [p.grad.reshape(-1) for p in trainer.params]
+                    + [torch.tensor([1.0], device=trainer.device)]
+                )
+                * n
+            )
         t0 = time.monotonic()
         dist.all_reduce(flat)
         self.wait_s = time.monotonic() - t0
@@ -242,7 +273,7 @@ class AllreduceSync(LocalSync):
         with torch.no_grad():
             for p in trainer.params:
                 k = p.numel()
-                p.grad.copy_(flat[off: off + k].view_as(p) / flat[-1])
+                p.grad.copy_(flat[off : off + k].view_as(p) / flat[-1])
                 off += k
         trainer.apply_step()
 
@@ -285,8 +316,13 @@ def nccl_group(comm, device):  # pragma: no cover - needs one GPU per learner
         addr[: len(text)] = np.frombuffer(text, np.uint8)
     comm.Bcast([addr, MPI.BYTE], root=0)
     where = bytes(addr).rstrip(b"\0").decode()
-    dist.init_process_group("nccl", init_method=f"tcp://{where}", rank=comm.Get_rank(),
-                            world_size=comm.Get_size(), device_id=device)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://{where}",
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+        device_id=device,
+    )
     return dist
 
 

@@ -63,8 +63,7 @@ class HeldRows:
 
     BLOCK = 256
 
-    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float,
-                 huber_delta: float = 1.0):
+    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float, huber_delta: float = 1.0):
         self.updates_stream, self.transfers_stream = logs["updates"], logs["transfers"]
         self.t0, self.alpha, self.eps, self.delta = log.t0, alpha, eps, huber_delta
         self.u: list[tuple] = []  # (t, update, loss, beta)
@@ -82,8 +81,17 @@ class HeldRows:
         if len(self.u) >= self.BLOCK:
             self.flush()
 
-    def batch(self, buffer: int, update: int, n: int, nbytes: int, raw_nbytes: int, window: int,
-              priorities: np.ndarray, td) -> None:
+    def batch(
+        self,
+        buffer: int,
+        update: int,
+        n: int,
+        nbytes: int,
+        raw_nbytes: int,
+        window: int,
+        priorities: np.ndarray,
+        td,
+    ) -> None:
         td = np.zeros(0, np.float32) if td is None else td
         if not (self.b_pr.fits(priorities) and self.b_td.fits(td)):
             self.flush()
@@ -98,9 +106,14 @@ class HeldRows:
             t, update, loss, beta = zip(*self.u, strict=True)
             self.u = []
             td = self.u_td.take()
-            self.updates_stream.extend(t=t, update=update, loss=loss, beta=beta,
-                                       loss_unweighted=_row_means(huber(td, self.delta)),
-                                       td_abs_mean=_row_means(td))
+            self.updates_stream.extend(
+                t=t,
+                update=update,
+                loss=loss,
+                beta=beta,
+                loss_unweighted=_row_means(huber(td, self.delta)),
+                td_abs_mean=_row_means(td),
+            )
         if self.b:
             t, buffer, update, n, nbytes, raw, window = zip(*self.b, strict=True)
             self.b = []
@@ -111,12 +124,22 @@ class HeldRows:
             else:
                 med = p90 = np.full(k, np.nan)
             self.transfers_stream.extend(
-                t=t, buffer=buffer, update=update, kind=np.full(k, int(Tag.BATCH)), n=n,
-                nbytes=nbytes, raw_nbytes=raw, priority_mean=_row_means(pr),
-                priority_td_mean=_row_means(td_units(pr, self.alpha)), priority_median=med,
-                priority_p90=p90, arrival_td_mean=_row_means(td),
+                t=t,
+                buffer=buffer,
+                update=update,
+                kind=np.full(k, int(Tag.BATCH)),
+                n=n,
+                nbytes=nbytes,
+                raw_nbytes=raw,
+                priority_mean=_row_means(pr),
+                priority_td_mean=_row_means(td_units(pr, self.alpha)),
+                priority_median=med,
+                priority_p90=p90,
+                arrival_td_mean=_row_means(td),
                 arrival_priority_mean=_row_means((td + self.eps) ** self.alpha),
-                arrival_n=np.full(k, td.shape[1]), window=window)
+                arrival_n=np.full(k, td.shape[1]),
+                window=window,
+            )
 
 
 class _Rows:
@@ -132,8 +155,10 @@ class _Rows:
         """Append ``x`` (the caller empties the block with `take` first unless it `fits`)."""
         if self.a is None or x.shape[0] != self.a.shape[1]:
             if self.k:
-                raise ValueError(f"a row of {x.shape[0]} values in a block of "
-                                 f"{self.a.shape[1]}-value rows; take() the block first")
+                raise ValueError(
+                    f"a row of {x.shape[0]} values in a block of "
+                    f"{self.a.shape[1]}-value rows; take() the block first"
+                )
             self.a = np.empty((HeldRows.BLOCK, x.shape[0]), np.float32)
         elif self.k == len(self.a):
             self.a = np.concatenate([self.a, np.empty_like(self.a)])
@@ -141,7 +166,7 @@ class _Rows:
         self.k += 1
 
     def take(self) -> np.ndarray:
-        out = self.a[:self.k].copy() if self.a is not None else np.zeros((0, 0), np.float32)
+        out = self.a[: self.k].copy() if self.a is not None else np.zeros((0, 0), np.float32)
         self.k = 0
         return out
 

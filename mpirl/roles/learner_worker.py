@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mpirl.agent import device as device_mod
+from mpirl.agent.train_step import TrainStep
 from mpirl.logs import schema
-from mpirl.run import seeds
-from mpirl.run.checkpoint import memory_state, restore_memory
+from mpirl.replay.build import make_replay
 from mpirl.roles.learner_group import (
     GroupMessage,
     GTag,
@@ -30,23 +30,32 @@ from mpirl.roles.learner_group import (
     set_params,
     shard_config,
 )
-from mpirl.replay.build import make_replay
-from mpirl.agent.train_step import TrainStep
+from mpirl.run import seeds
+from mpirl.run.checkpoint import memory_state, restore_memory
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.wire import Tag, Wire
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
     from mpirl.agent.envs import EnvSpec
     from mpirl.logs.runlog import RunLog
+    from mpirl.run.config import Config
     from mpirl.transport.topology import Ends, Topology
 
 
 class GroupWorker:
     """Learner ``topo.learners.Get_rank()`` > 0: gradients on the lead's orders."""
 
-    def __init__(self, cfg: Config, topo: Topology, spec: EnvSpec, wire: Wire, log: RunLog,
-                 ends: Ends, ckpt=None, resume=None):
+    def __init__(
+        self,
+        cfg: Config,
+        topo: Topology,
+        spec: EnvSpec,
+        wire: Wire,
+        log: RunLog,
+        ends: Ends,
+        ckpt=None,
+        resume=None,
+    ):
         """``ends.group[0]``: the end toward the lead, ``ends.group_inbox`` for its messages
         (`mpirl.main.connect`)."""
         import torch
@@ -63,16 +72,25 @@ class GroupWorker:
             dev = torch.device(f"cuda:{self.index % torch.cuda.device_count()}")
         log.set_attrs(**device_mod.describe(dev, torch))
         self.trainer = TrainStep(cfg, spec, dev, cfg.amp)
-        self.sync = make_sync(cfg, comm, sum(p.numel() for p in self.trainer.params),
-                              self.trainer.device)
+        self.sync = make_sync(
+            cfg, comm, sum(p.numel() for p in self.trainer.params), self.trainer.device
+        )
         self.trainer.sync = self.sync
         self.end, self.inbox = ends.group[0], ends.group_inbox
-        self.handlers = {GTag.SHARD: self.on_shard, GTag.ORDER: self.on_order,
-                         GTag.CKPT: self.on_checkpoint, GTag.STOP: self.on_stop}
+        self.handlers = {
+            GTag.SHARD: self.on_shard,
+            GTag.ORDER: self.on_order,
+            GTag.CKPT: self.on_checkpoint,
+            GTag.STOP: self.on_stop,
+        }
         self.memory = None
         if cfg.replay_at == "learner":  # one shard of the group's memory
-            self.memory = make_replay(shard_config(cfg, comm.Get_size()), spec, wire.record,
-                                      seed=seed["replay"] + 7919 * self.index)
+            self.memory = make_replay(
+                shard_config(cfg, comm.Get_size()),
+                spec,
+                wire.record,
+                seed=seed["replay"] + 7919 * self.index,
+            )
         self.logs = schema.open_streams(log, "learner_worker")
         self.backoff = Backoff()
         self.version = 0
@@ -103,15 +121,14 @@ class GroupWorker:
     def on_order(self, g: GroupMessage) -> None:
         """One batch: load the weights it carries, compute, answer GRAD."""
         t0 = time.monotonic()
-        oid, version, n, beta, scale, relayed = (g.id, g.version, g.n, g.beta, g.scale,
-                                                 g.relayed)
+        oid, version, n, beta, scale, relayed = (g.id, g.version, g.n, g.beta, g.scale, g.relayed)
         raw = g.body
         t = self.trainer
         if version >= 0:  # the lead's weights: online, then target
             p = sum(x.numel() for x in t.params)
             set_params(t.params, floats(raw, p))
             set_params(list(t.target.parameters()), floats(raw, p, 4 * p))
-            raw = raw[8 * p:]
+            raw = raw[8 * p :]
             self.version = version
         sample = None
         if relayed:
@@ -128,10 +145,27 @@ class GroupWorker:
             self.memory.update(sample.indices, sample.generations, td)
         grad = [self.sync.taken()] if isinstance(self.sync, SubmitSync) else []
         spent = time.monotonic() - t0
-        self.end.post(pack(GTag.GRAD, [*grad, td.astype(np.float32)], oid, version_used,
-                           len(td), loss, spent, float(bool(grad))), GTag.GRAD)
-        self.logs["work"].append(order=oid, version=version_used, samples=len(td), loss=loss,
-                                 compute_s=spent, wait_s=self.sync.wait_s)
+        self.end.post(
+            pack(
+                GTag.GRAD,
+                [*grad, td.astype(np.float32)],
+                oid,
+                version_used,
+                len(td),
+                loss,
+                spent,
+                float(bool(grad)),
+            ),
+            GTag.GRAD,
+        )
+        self.logs["work"].append(
+            order=oid,
+            version=version_used,
+            samples=len(td),
+            loss=loss,
+            compute_s=spent,
+            wait_s=self.sync.wait_s,
+        )
         self.served += 1
 
     def on_checkpoint(self, g: GroupMessage) -> None:
@@ -143,9 +177,17 @@ class GroupWorker:
         arrays = None
         if self.memory is not None:
             arrays, meta["replay"] = memory_state(self.memory)
-        self.ckpt.write(cid, meta, arrays, {
-            "online": t.online.state_dict(), "target": t.target.state_dict(),
-            "optimizer": t.opt.state_dict(), "torch_rng": self.torch.get_rng_state()})
+        self.ckpt.write(
+            cid,
+            meta,
+            arrays,
+            {
+                "online": t.online.state_dict(),
+                "target": t.target.state_dict(),
+                "optimizer": t.opt.state_dict(),
+                "torch_rng": self.torch.get_rng_state(),
+            },
+        )
         self.end.post(pack(GTag.CKPT, id_=cid), GTag.CKPT)
 
     def restore(self, part) -> None:

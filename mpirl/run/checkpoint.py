@@ -172,7 +172,7 @@ def _write_npy(out, a: np.ndarray) -> None:
         return
     rows = max(1, CHUNK_BYTES // max(1, a[:1].nbytes))
     for i in range(0, a.shape[0], rows):
-        out.write(np.ascontiguousarray(a[i:i + rows]).reshape(-1).view(np.uint8))
+        out.write(np.ascontiguousarray(a[i : i + rows]).reshape(-1).view(np.uint8))
 
 
 def _write_npz(f, arrays: dict) -> None:
@@ -220,9 +220,15 @@ def next_id(run_dir: str | Path) -> int:
     return max([0, *man, *folders]) + 1
 
 
-def write_part(run_dir: str | Path, ckpt_id: int, name: str, meta: dict,
-               arrays: dict | None = None, torch_state: dict | None = None,
-               before_rename=None) -> dict:
+def write_part(
+    run_dir: str | Path,
+    ckpt_id: int,
+    name: str,
+    meta: dict,
+    arrays: dict | None = None,
+    torch_state: dict | None = None,
+    before_rename=None,
+) -> dict:
     """Write one rank's part of checkpoint ``ckpt_id`` atomically; returns its description.
 
     ``before_rename``: test hook called after the temp files are written, before any rename
@@ -245,8 +251,14 @@ def write_part(run_dir: str | Path, ckpt_id: int, name: str, meta: dict,
     for tmp, desc, final in tmps:
         files[final.name] = desc
         os.replace(tmp, final)
-    part = {"format": FORMAT, "id": ckpt_id, "name": name, "files": files, "meta": meta,
-            "written_unix": time.time()}
+    part = {
+        "format": FORMAT,
+        "id": ckpt_id,
+        "name": name,
+        "files": files,
+        "meta": meta,
+        "written_unix": time.time(),
+    }
     final = d / f"{name}.json"
     os.replace(_write_tmp(final, lambda f: f.write(_json_bytes(part))), final)
     _fsync_dir(d)
@@ -264,14 +276,21 @@ def write_manifest(run_dir: str | Path, ckpt_id: int, names: list[str], info: di
         try:
             part = json.loads(p.read_text())
         except (OSError, ValueError) as e:
-            raise RuntimeError(f"checkpoint {ckpt_id}: part {p} unreadable after its rank "
-                               f"acknowledged it ({e}); is RUN_DIR on a file system every rank "
-                               "sees?") from None
+            raise RuntimeError(
+                f"checkpoint {ckpt_id}: part {p} unreadable after its rank "
+                f"acknowledged it ({e}); is RUN_DIR on a file system every rank "
+                "sees?"
+            ) from None
         if part.get("id") != ckpt_id:
             raise RuntimeError(f"checkpoint {ckpt_id}: {p} belongs to checkpoint {part.get('id')}")
         parts[name] = part
-    manifest = {"format": FORMAT, "id": ckpt_id, "created_unix": time.time(), **info,
-                "parts": parts}
+    manifest = {
+        "format": FORMAT,
+        "id": ckpt_id,
+        "created_unix": time.time(),
+        **info,
+        "parts": parts,
+    }
     final = r / f"manifest-{ckpt_id:06d}.json"
     os.replace(_write_tmp(final, lambda f: f.write(_json_bytes(manifest))), final)
     _fsync_dir(r)
@@ -311,8 +330,10 @@ def _check(run_dir: Path, manifest: dict, expect_id: int) -> None:
             if not p.is_file():
                 raise ValueError(f"{p} is missing")
             if p.stat().st_size != want["bytes"]:
-                raise ValueError(f"{p} has {p.stat().st_size} bytes, the manifest says "
-                                 f"{want['bytes']} (truncated or overwritten)")
+                raise ValueError(
+                    f"{p} has {p.stat().st_size} bytes, the manifest says "
+                    f"{want['bytes']} (truncated or overwritten)"
+                )
             if _sha256(p) != want["sha256"]:
                 raise ValueError(f"{p} does not match its SHA-256 in the manifest (corrupt)")
 
@@ -331,7 +352,8 @@ def select(run_dir: str | Path) -> tuple[dict, list[str]]:
             f"--resume {str(run_dir)!r}: the run has no complete checkpoint (no "
             f"{DIRNAME}/manifest-*.json); it stopped before its first one. Start a new run "
             "(--run-dir NEW); a run writes one every --checkpoint-seconds and when it stops "
-            "cleanly")
+            "cleanly"
+        )
     skipped = []
     for i in reversed(man):
         p = root(run_dir) / f"manifest-{i:06d}.json"
@@ -344,9 +366,12 @@ def select(run_dir: str | Path) -> tuple[dict, list[str]]:
             skipped.append(f"checkpoint {i} ({p.name}) {e}")
             continue
         return m, skipped
-    raise CheckpointError(f"--resume {str(run_dir)!r}: no usable checkpoint: "
-                          + "; ".join(skipped) + ". The run cannot be resumed; start a new "
-                          "run (--run-dir NEW)")
+    raise CheckpointError(
+        f"--resume {str(run_dir)!r}: no usable checkpoint: "
+        + "; ".join(skipped)
+        + ". The run cannot be resumed; start a new "
+        "run (--run-dir NEW)"
+    )
 
 
 def learner_tensors(run_dir: str | Path, ckpt_id: int | None = None) -> tuple[int, dict]:
@@ -356,12 +381,14 @@ def learner_tensors(run_dir: str | Path, ckpt_id: int | None = None) -> tuple[in
     run_dir = Path(run_dir)
     man, _ = ids(run_dir)
     if ckpt_id is not None and ckpt_id not in man:
-        raise CheckpointError(f"checkpoint {ckpt_id} is not in {root(run_dir)} (complete ones: "
-                              f"{', '.join(map(str, man)) or 'none'})")
+        raise CheckpointError(
+            f"checkpoint {ckpt_id} is not in {root(run_dir)} (complete ones: "
+            f"{', '.join(map(str, man)) or 'none'})"
+        )
     if not man:
         raise CheckpointError(f"{run_dir} has no complete checkpoint ({DIRNAME}/manifest-*.json)")
     why = []
-    for i in ([ckpt_id] if ckpt_id is not None else reversed(man)):
+    for i in [ckpt_id] if ckpt_id is not None else reversed(man):
         try:
             m = json.loads((root(run_dir) / f"manifest-{i:06d}.json").read_text())
             want = m["parts"]["learner"]["files"]["learner.pt"]
@@ -382,9 +409,11 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
     ckpt_id = int(manifest["id"])
     part = manifest["parts"].get(name)
     if part is None:
-        raise CheckpointError(f"checkpoint {ckpt_id} has no part for {name} (parts: "
-                              f"{', '.join(sorted(manifest['parts']))}); resume with the same "
-                              "world size and --buffers as the run")
+        raise CheckpointError(
+            f"checkpoint {ckpt_id} has no part for {name} (parts: "
+            f"{', '.join(sorted(manifest['parts']))}); resume with the same "
+            "world size and --buffers as the run"
+        )
     d = root(run_dir) / f"{ckpt_id:06d}"
     arrays, tensors = {}, None
     try:
@@ -398,8 +427,10 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
 
             tensors = torch.load(d / f"{name}.pt", weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - any failure to read is a corrupt checkpoint
-        raise CheckpointError(f"checkpoint {ckpt_id}: {name}'s files cannot be read "
-                              f"({type(e).__name__}: {e}); the checkpoint is corrupt") from None
+        raise CheckpointError(
+            f"checkpoint {ckpt_id}: {name}'s files cannot be read "
+            f"({type(e).__name__}: {e}); the checkpoint is corrupt"
+        ) from None
     return Part(ckpt_id, part["meta"], arrays, tensors)
 
 
@@ -421,6 +452,7 @@ def file_rows(h5file) -> dict[str, int]:
 
 # ---- the replay memory ------------------------------------------------------------------------
 
+
 def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
     """(arrays, meta) of a PrioritizedReplay: only the slots in use (the ring starts at 0).
 
@@ -431,8 +463,7 @@ def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
     sd = memory.state_dict()
     n = len(memory)
     # views of the ring (write them before the memory changes): a copy would double its memory
-    arrays = {f"{prefix}storage": sd["storage"][:n],
-              f"{prefix}priorities": sd["priorities"][:n]}
+    arrays = {f"{prefix}storage": sd["storage"][:n], f"{prefix}priorities": sd["priorities"][:n]}
     if "rng_state" in sd:
         arrays[f"{prefix}rng_state"] = sd["rng_state"]
     meta = {k: sd[k] for k in ("inserted", "capacity", "alpha", "beta", "eps")}
@@ -450,15 +481,19 @@ def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") ->
             raise CheckpointError(f"replay memory in the checkpoint: {e}") from None
     cap = int(meta["capacity"])
     if cap != memory.capacity:
-        raise CheckpointError(f"replay memory of {cap:,} transitions in the checkpoint, "
-                              f"{memory.capacity:,} configured")
+        raise CheckpointError(
+            f"replay memory of {cap:,} transitions in the checkpoint, "
+            f"{memory.capacity:,} configured"
+        )
     stored = arrays[f"{prefix}storage"]
     prios = arrays[f"{prefix}priorities"]
     n = min(int(meta["inserted"]), cap)
     if stored.shape != (n,) or prios.shape != (n,) or stored.dtype != memory.dtype:
-        raise CheckpointError(f"replay memory in the checkpoint is {stored.dtype} "
-                              f"{stored.shape} with priorities {prios.shape}; expected "
-                              f"{memory.dtype} ({n},)")
+        raise CheckpointError(
+            f"replay memory in the checkpoint is {stored.dtype} "
+            f"{stored.shape} with priorities {prios.shape}; expected "
+            f"{memory.dtype} ({n},)"
+        )
     d = {"storage": stored, "priorities": prios, **meta}  # the held slots only: [0, n)
     try:
         if f"{prefix}rng_state" in arrays:
@@ -480,14 +515,16 @@ def restore_rng(rng: np.random.Generator, state: dict) -> None:
 class Checkpointer:
     """One rank's handle: where its parts go, the fault hook, and (learner) the manifest info."""
 
-    def __init__(self, run_dir: str | Path, name: str, fault=None, info: dict | None = None,
-                 log=None):
+    def __init__(
+        self, run_dir: str | Path, name: str, fault=None, info: dict | None = None, log=None
+    ):
         self.run_dir, self.name, self.fault, self.info = Path(run_dir), name, fault, info or {}
         self.log = log  # the rank's RunLog: flushed, its row counts go into every part
         self.seconds = 0.0  # time spent writing parts, for the logs
 
-    def write(self, ckpt_id: int, meta: dict, arrays: dict | None = None,
-              torch_state: dict | None = None) -> dict:
+    def write(
+        self, ckpt_id: int, meta: dict, arrays: dict | None = None, torch_state: dict | None = None
+    ) -> dict:
         t0 = time.monotonic()
         hook = self.fault.in_checkpoint if self.fault is not None else None
         if self.log is not None:
@@ -501,8 +538,9 @@ class Checkpointer:
         return part
 
     def manifest(self, ckpt_id: int, names: list[str], reason: str, counters: dict) -> Path:
-        return write_manifest(self.run_dir, ckpt_id, names,
-                              {**self.info, "reason": reason, "counters": counters})
+        return write_manifest(
+            self.run_dir, ckpt_id, names, {**self.info, "reason": reason, "counters": counters}
+        )
 
     def next_id(self) -> int:
         return next_id(self.run_dir)

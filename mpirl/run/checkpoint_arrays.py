@@ -59,8 +59,10 @@ class StoredArray:
             f.seek(at)
             got = f.readinto(view)
         if got != out.nbytes:
-            raise ValueError(f"{self.path}: {out.nbytes} bytes at offset {at} are past the end "
-                             "of the file (truncated); the checkpoint is corrupt")
+            raise ValueError(
+                f"{self.path}: {out.nbytes} bytes at offset {at} are past the end "
+                "of the file (truncated); the checkpoint is corrupt"
+            )
 
 
 def stored_members(path: Path, names) -> dict:
@@ -83,8 +85,9 @@ def stored_members(path: Path, names) -> dict:
             n_name, n_extra = struct.unpack("<HH", head[26:30])
             f.seek(info.header_offset + 30 + n_name + n_extra)
             version = npf.read_magic(f)
-            read_header = (npf.read_array_header_1_0 if version == (1, 0)
-                           else npf.read_array_header_2_0)
+            read_header = (
+                npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
+            )
             shape, fortran, dtype = read_header(f)
             if dtype.hasobject:
                 raise ValueError(f"member {info.filename} holds Python objects (no pickle)")

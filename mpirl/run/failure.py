@@ -52,8 +52,9 @@ class Watchdog:
         self.disarm()
 
         def fire():
-            sys.stderr.write(f"mpirl: {self.who}: {what} took longer than {seconds:g} s; "
-                             "aborting the job\n")
+            sys.stderr.write(
+                f"mpirl: {self.who}: {what} took longer than {seconds:g} s; aborting the job\n"
+            )
             sys.stderr.flush()
             time.sleep(FORWARD_GRACE_S)
             self.world.Abort(2)
@@ -92,8 +93,7 @@ class StopSignal:
     ranks. At exit they are ignored, so that one still on its way cannot kill a finished rank.
     """
 
-    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S,
-                 repeat_s: float = REPEAT_S):
+    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S):
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
         self._grace, self._repeat = grace_s, repeat_s
@@ -152,9 +152,11 @@ class Fault:
                 if act not in self.ACTIONS or len(parts) > 4:
                     raise ValueError
             except (ValueError, IndexError):
-                raise ValueError(f"MPIRL_FAULT={self.spec!r}: each item must be "
-                                 "ROLE:RANK:SECONDS[:ACTION] with ACTION one of "
-                                 f"{', '.join(self.ACTIONS)}") from None
+                raise ValueError(
+                    f"MPIRL_FAULT={self.spec!r}: each item must be "
+                    "ROLE:RANK:SECONDS[:ACTION] with ACTION one of "
+                    f"{', '.join(self.ACTIONS)}"
+                ) from None
             if r == role and k == rank:
                 self.action, self.delay = act, s
 
@@ -178,8 +180,10 @@ class Fault:
     def in_checkpoint(self) -> None:
         """Between a checkpoint's temp files and their rename."""
         if self.due("checkpoint"):
-            sys.stderr.write(f"mpirl: injected fault: SIGKILL while writing a checkpoint "
-                             f"(MPIRL_FAULT={self.spec!r})\n")
+            sys.stderr.write(
+                f"mpirl: injected fault: SIGKILL while writing a checkpoint "
+                f"(MPIRL_FAULT={self.spec!r})\n"
+            )
             sys.stderr.flush()
             time.sleep(FORWARD_GRACE_S)  # so that the line reaches mpirun's output
             os.kill(os.getpid(), signal.SIGKILL)
@@ -189,8 +193,9 @@ class Fault:
         # a kill happens FORWARD_GRACE_S after its line, so that the line reaches mpirun's
         # output; the time printed is the time of the raise or of the kill itself
         at = time.time() + (FORWARD_GRACE_S if action == "kill" else 0.0)
-        sys.stderr.write(f"mpirl: injected fault: {action} at unix {at:.3f} "
-                         f"(MPIRL_FAULT={self.spec!r})\n")
+        sys.stderr.write(
+            f"mpirl: injected fault: {action} at unix {at:.3f} (MPIRL_FAULT={self.spec!r})\n"
+        )
         sys.stderr.flush()
         if action == "kill":
             time.sleep(max(0.0, at - time.time()))
@@ -202,8 +207,7 @@ class Fault:
 FAULT = Fault(spec="")
 
 
-def forced_checks(rank: int, checks: tuple[str, ...], spec: str | None = None
-                  ) -> frozenset[str]:
+def forced_checks(rank: int, checks: tuple[str, ...], spec: str | None = None) -> frozenset[str]:
     """Test-only: ``MPIRL_FAULT_CHECK="RANK:CHECK"`` (several: comma) makes host check CHECK
     (one of ``checks``: mpirl.run.resources.CHECKS) fail on world rank RANK, as if that host lacked
     it.  Returns this rank's forced checks (empty without the variable); says so on stderr with
@@ -213,13 +217,17 @@ def forced_checks(rank: int, checks: tuple[str, ...], spec: str | None = None
     for item in filter(None, (x.strip() for x in spec.split(","))):
         r, _, check = item.partition(":")
         if not r.strip().isdigit() or check not in checks:
-            raise ValueError(f"MPIRL_FAULT_CHECK={spec!r}: each item must be RANK:CHECK with "
-                             f"CHECK one of {', '.join(checks)}")
+            raise ValueError(
+                f"MPIRL_FAULT_CHECK={spec!r}: each item must be RANK:CHECK with "
+                f"CHECK one of {', '.join(checks)}"
+            )
         if int(r) == rank:
             out.add(check)
     if out:
-        sys.stderr.write(f"mpirl: injected check failure: {', '.join(sorted(out))} on rank "
-                         f"{rank} at unix {time.time():.3f} (MPIRL_FAULT_CHECK={spec!r})\n")
+        sys.stderr.write(
+            f"mpirl: injected check failure: {', '.join(sorted(out))} on rank "
+            f"{rank} at unix {time.time():.3f} (MPIRL_FAULT_CHECK={spec!r})\n"
+        )
         sys.stderr.flush()
     return frozenset(out)
 

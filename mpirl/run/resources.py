@@ -34,14 +34,15 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
     from mpirl.agent.envs import EnvSpec
+    from mpirl.run.config import Config
 
 CHECKS = ("env", "memory", "tensorboard", "zstandard")
 
 #: one rank's findings, gathered as bytes (no pickle)
-ROW = np.dtype([("host", "S256"), ("avail", "<i8"), ("check", "S16"), ("error", "S1024"),
-                ("spec", "S1024")])
+ROW = np.dtype(
+    [("host", "S256"), ("avail", "<i8"), ("check", "S16"), ("error", "S1024"), ("spec", "S1024")]
+)
 
 
 class Failure(NamedTuple):
@@ -76,8 +77,9 @@ def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
 
 def who(place) -> str:
     """``rank 1 (buffer of site 0)``, as mpirl.run.failure names a rank."""
-    return f"rank {place.rank} ({place.role}" + (f" of site {place.site})" if place.site >= 0
-                                                 else ")")
+    return f"rank {place.rank} ({place.role}" + (
+        f" of site {place.site})" if place.site >= 0 else ")"
+    )
 
 
 def spec_json(spec: EnvSpec) -> str:
@@ -97,16 +99,17 @@ def spec_from_json(text: str) -> EnvSpec:
     return EnvSpec(**d)
 
 
-def local_row(cfg: Config, role: str, host: str,
-              forced: frozenset[str] = frozenset()) -> tuple[np.ndarray, object]:
+def local_row(
+    cfg: Config, role: str, host: str, forced: frozenset[str] = frozenset()
+) -> tuple[np.ndarray, object]:
     """Run this rank's checks here, on ``host``; returns its `ROW` and the env spec it built
     (or None).  ``forced``: checks made to fail (test hook; inert for checks this role does not
     run; a forced ``memory`` reads 0 bytes available)."""
     import importlib.util
 
     from mpirl.agent import envs
-    from mpirl.run.config import ConfigError
     from mpirl.replay.memory import available_memory
+    from mpirl.run.config import ConfigError
 
     row = np.zeros((), ROW)
     row["host"] = host.encode()[:256]
@@ -139,11 +142,16 @@ def local_row(cfg: Config, role: str, host: str,
             check_installed()
         except ConfigError as e:
             failed.append(("tensorboard", str(e)))
-    if "zstandard" in mine and ("zstandard" in forced
-                                or importlib.util.find_spec("zstandard") is None):
-        failed.append(("zstandard", f"compress={cfg.compress!r} needs zstandard, part of the "
-                       f"images extra: {envs.IMAGES_EXTRA}"
-                       + (hook if "zstandard" in forced else "")))
+    if "zstandard" in mine and (
+        "zstandard" in forced or importlib.util.find_spec("zstandard") is None
+    ):
+        failed.append(
+            (
+                "zstandard",
+                f"compress={cfg.compress!r} needs zstandard, part of the "
+                f"images extra: {envs.IMAGES_EXTRA}" + (hook if "zstandard" in forced else ""),
+            )
+        )
     if failed:
         row["check"], row["error"] = failed[0][0].encode(), failed[0][1].encode()[:1024]
     return row, spec
@@ -169,15 +177,19 @@ def memory_failures(rows: np.ndarray, places, cfg: Config, need: int) -> list[Fa
         k, per = len(ranks), need / cfg.replay_capacity
         most = int(avail * 0.8 / (per * k))
         if k == 1:
-            text = (f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
-                    f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
-                    f"available; lower --replay-capacity to at most {most:,}")
+            text = (
+                f"replay_capacity={cfg.replay_capacity:,} needs {need / 2**30:.2f} GiB "
+                f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
+                f"available; lower --replay-capacity to at most {most:,}"
+            )
         else:
-            text = (f"{k} replay memories of replay_capacity={cfg.replay_capacity:,} share this "
-                    f"host and need {k} x {need / 2**30:.2f} GiB = {total / 2**30:.2f} GiB "
-                    f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
-                    f"available; lower --replay-capacity to at most {most:,}, or place those "
-                    "ranks on different hosts")
+            text = (
+                f"{k} replay memories of replay_capacity={cfg.replay_capacity:,} share this "
+                f"host and need {k} x {need / 2**30:.2f} GiB = {total / 2**30:.2f} GiB "
+                f"({per:,.0f} bytes per transition) but only {avail / 2**30:.2f} GiB is "
+                f"available; lower --replay-capacity to at most {most:,}, or place those "
+                "ranks on different hosts"
+            )
         out.append(Failure(tuple(ranks), host, "memory", text))
     return out
 
@@ -185,15 +197,29 @@ def memory_failures(rows: np.ndarray, places, cfg: Config, need: int) -> list[Fa
 def verdict(rows: np.ndarray, places, cfg: Config, need: int | None) -> str:
     """The one error message for the gathered ``rows`` ("" when every check passed).
     ``need``: bytes of one replay memory (None: not known, the learner's env failed)."""
-    fails = [Failure((p.rank,), _text(rows[p.rank]["host"]), _text(rows[p.rank]["check"]),
-                     _text(rows[p.rank]["error"])) for p in places if rows[p.rank]["check"]]
+    fails = [
+        Failure(
+            (p.rank,),
+            _text(rows[p.rank]["host"]),
+            _text(rows[p.rank]["check"]),
+            _text(rows[p.rank]["error"]),
+        )
+        for p in places
+        if rows[p.rank]["check"]
+    ]
     ref = _text(rows[0]["spec"])
     for p in places:  # every env-building rank must build the learner's env
         got = _text(rows[p.rank]["spec"])
         if p.rank and got and ref and got != ref:
-            fails.append(Failure((p.rank,), _text(rows[p.rank]["host"]), "env",
-                                 f"env={cfg.env!r} gives {got} here but {ref} on rank 0; "
-                                 "install the same env and versions on every host"))
+            fails.append(
+                Failure(
+                    (p.rank,),
+                    _text(rows[p.rank]["host"]),
+                    "env",
+                    f"env={cfg.env!r} gives {got} here but {ref} on rank 0; "
+                    "install the same env and versions on every host",
+                )
+            )
     if not fails and need is not None:
         fails = memory_failures(rows, places, cfg, need)
     if not fails:
@@ -206,12 +232,14 @@ def verdict(rows: np.ndarray, places, cfg: Config, need: int | None) -> str:
         head, rest = first.text, [f for f in fails if f not in alike]  # alike on every rank
     else:
         names = ", ".join(who(places[r]) for r in first.ranks[:-1])
-        names = f"{names} and {who(places[first.ranks[-1]])}" if names else who(places[
-            first.ranks[0]])
+        names = (
+            f"{names} and {who(places[first.ranks[-1]])}" if names else who(places[first.ranks[0]])
+        )
         head, rest = f"{names} on host {first.host}: {first.check}: {first.text}", fails[1:]
     if rest:
         head += "; also failing: " + ", ".join(
-            f"{who(places[f.ranks[0]])} on host {f.host}: {f.check}" for f in rest[:8])
+            f"{who(places[f.ranks[0]])} on host {f.host}: {f.check}" for f in rest[:8]
+        )
         if len(rest) > 8:
             head += f" and {len(rest) - 8} more"
     return head
@@ -223,8 +251,8 @@ def check(world, cfg: Config) -> EnvSpec:
     from mpi4py import MPI
 
     from mpirl.run import failure
-    from mpirl.transport import topology
     from mpirl.run.config import ConfigError
+    from mpirl.transport import topology
 
     rank = world.Get_rank()
     places = topology.layout(world.Get_size(), cfg.buffers, cfg.learners)
@@ -241,8 +269,8 @@ def check(world, cfg: Config) -> EnvSpec:
 def decide(rows: np.ndarray, places, cfg) -> EnvSpec:
     """Every rank decides from the same gathered ``rows``: rank 0's env spec, or the same
     ConfigError (`verdict`)."""
-    from mpirl.run.config import ConfigError
     from mpirl.replay.build import replay_footprint
+    from mpirl.run.config import ConfigError
 
     ref = _text(rows[0]["spec"])
     spec = spec_from_json(ref) if ref else None

@@ -75,8 +75,10 @@ def env_reset(seed: int, kind: int, x: int) -> int:
     """The env reset seed of slot ``3 x + kind`` (module docstring): ``(a c + b) mod 2**32``."""
     c = 3 * x + kind
     if x < 0 or c >= RESET_SLOTS:
-        raise ValueError(f"env reset slot x={x} of kind {kind} is outside 0..{RESET_SLOTS // 3}"
-                         " (more evaluation rounds or resumed launches than 32-bit seeds hold)")
+        raise ValueError(
+            f"env reset slot x={x} of kind {kind} is outside 0..{RESET_SLOTS // 3}"
+            " (more evaluation rounds or resumed launches than 32-bit seeds hold)"
+        )
     a, b = _affine(seed)
     return (a * c + b) % RESET_SLOTS
 
@@ -99,23 +101,29 @@ def reference(seed: int) -> int:
 
 
 def learner(seed: int, sites: int, eval_episodes: int = 0) -> dict:
-    return {"torch": generator(seed, TORCH), "replay": generator(seed, REPLAY, 0),
-            "arrival": generator(seed, ARRIVAL),
-            "evaluation": evaluation(seed, eval_episodes, 0),
-            "link": [generator(seed, LINK, 0, s) for s in range(sites)]}
+    return {
+        "torch": generator(seed, TORCH),
+        "replay": generator(seed, REPLAY, 0),
+        "arrival": generator(seed, ARRIVAL),
+        "evaluation": evaluation(seed, eval_episodes, 0),
+        "link": [generator(seed, LINK, 0, s) for s in range(sites)],
+    }
 
 
 def buffer(seed: int, rank: int) -> dict:
     return {"replay": generator(seed, REPLAY, rank), "link": generator(seed, LINK, rank)}
 
 
-def actor(seed: int, rank: int, index: int, actors: int, envs: int,
-          checkpoint: int | None = None) -> dict:
+def actor(
+    seed: int, rank: int, index: int, actors: int, envs: int, checkpoint: int | None = None
+) -> dict:
     """Actor ``index`` (of ``actors``) at world rank ``rank``; ``checkpoint``: the id this launch
     resumed from (None: a new run)."""
     base = (0 if checkpoint is None else checkpoint) * actors * envs + index * envs
-    return {"exploration": generator(seed, EXPLORATION, rank),
-            "envs": [env_reset(seed, ACTOR_ENV, base + j) for j in range(envs)]}
+    return {
+        "exploration": generator(seed, EXPLORATION, rank),
+        "envs": [env_reset(seed, ACTOR_ENV, base + j) for j in range(envs)],
+    }
 
 
 def of_rank(cfg: Config, topo, checkpoint: int | None = None) -> dict:
@@ -126,5 +134,4 @@ def of_rank(cfg: Config, topo, checkpoint: int | None = None) -> dict:
         return learner(cfg.seed, cfg.buffers, cfg.eval_episodes)
     if place.role == "buffer":
         return buffer(cfg.seed, place.rank)
-    return actor(cfg.seed, place.rank, place.index, topo.n_actors, cfg.envs_per_actor,
-                 checkpoint)
+    return actor(cfg.seed, place.rank, place.index, topo.n_actors, cfg.envs_per_actor, checkpoint)

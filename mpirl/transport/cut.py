@@ -52,8 +52,12 @@ class Cut:
 
     def due(self, now: float, stopping: bool) -> bool:
         """A periodic checkpoint should start now."""
-        return (bool(self.every_s) and not self.in_progress and not stopping
-                and now - self.t_last >= self.every_s)
+        return (
+            bool(self.every_s)
+            and not self.in_progress
+            and not stopping
+            and now - self.t_last >= self.every_s
+        )
 
     def begin(self, now: float) -> int:
         """Start checkpoint ``next_id``; the caller posts CHECKPOINT(id) to every site."""
@@ -95,8 +99,10 @@ class Cut:
         if not self.in_progress or now - self.t0 <= self.timeout_s:
             return None
         missing = sorted(s - 1 for s in set(self.sites) - set(self.acked))
-        return (f"checkpoint {self.id}: no acknowledgement from buffer(s) {missing} after "
-                f"{self.timeout_s:.0f} s")
+        return (
+            f"checkpoint {self.id}: no acknowledgement from buffer(s) {missing} after "
+            f"{self.timeout_s:.0f} s"
+        )
 
     def final_id(self) -> int:
         """The id STOP carries: the final checkpoint every rank writes before DONE (-1: none)."""

@@ -47,8 +47,7 @@ class Inbox:
         self.wire, self.me, self.sender, self.comm = wire, me, sender, comm
         self.status = MPI.Status()
 
-    def dispatch(self, handlers: Handlers, tag: int, buf: np.ndarray, rank: int,
-                 now: float = 0.0):
+    def dispatch(self, handlers: Handlers, tag: int, buf: np.ndarray, rank: int, now: float = 0.0):
         """Unpack one message and hand it to the handler of its kind; returns the message."""
         name = self.sender(rank)
         m = self.wire.unpack(buf, tag, name, rank, now)
@@ -58,9 +57,15 @@ class Inbox:
         handler(m)
         return m
 
-    def serve(self, handlers: Handlers, source: int = MPI.ANY_SOURCE, limit: int | None = None,
-              sources: Callable[[], Iterable[int] | None] | None = None,
-              reuse: Mapping[int, np.ndarray] | None = None, now: float = 0.0) -> int:
+    def serve(
+        self,
+        handlers: Handlers,
+        source: int = MPI.ANY_SOURCE,
+        limit: int | None = None,
+        sources: Callable[[], Iterable[int] | None] | None = None,
+        reuse: Mapping[int, np.ndarray] | None = None,
+        now: float = 0.0,
+    ) -> int:
         """Every message waiting on ``comm`` (at most ``limit``), each to its handler; returns
         how many.  ``sources()``, asked before each probe, lists the only ranks to take from
         (None: ``source``): a handler may change it (the consistent cut holds a sender)."""
@@ -84,14 +89,20 @@ class Inbox:
                 return got
         return None
 
-    def deliver(self, handlers: Handlers, msgs: list, rank: int, now: float = 0.0,
-                until: Callable[[], bool] | None = None) -> list:
+    def deliver(
+        self,
+        handlers: Handlers,
+        msgs: list,
+        rank: int,
+        now: float = 0.0,
+        until: Callable[[], bool] | None = None,
+    ) -> list:
         """Messages a link end handed over (``(tag, buf)``, from ``rank``), each to its handler;
         stops after the one that makes ``until()`` true and returns the rest (else [])."""
         for i, (tag, buf) in enumerate(msgs):
             self.dispatch(handlers, tag, buf, rank, now)
             if until is not None and until():
-                return msgs[i + 1:]
+                return msgs[i + 1 :]
         return []
 
 

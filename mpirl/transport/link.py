@@ -62,9 +62,11 @@ PROFILES: dict[str, LinkProfile] = {
 def resolve_profile(cfg) -> LinkProfile:
     """The profile named by ``cfg.link`` with the CLI overrides applied; ConfigError if bad."""
     if cfg.link not in PROFILES:
-        raise ConfigError(f"link={cfg.link!r} is not a known profile; choose one of "
-                          f"{', '.join(PROFILES)} (and override with --latency-ms, "
-                          "--bandwidth-mbps, --jitter-ms)")
+        raise ConfigError(
+            f"link={cfg.link!r} is not a known profile; choose one of "
+            f"{', '.join(PROFILES)} (and override with --latency-ms, "
+            "--bandwidth-mbps, --jitter-ms)"
+        )
     p = PROFILES[cfg.link]
     lat = p.latency_s if cfg.latency_ms is None else cfg.latency_ms / 1e3
     rate = p.rate_bps if cfg.bandwidth_mbps is None else cfg.bandwidth_mbps * 1e6
@@ -175,8 +177,12 @@ class LinkEnd:
         self._isend(buf, tag, 0.0)
         return 0.0
 
-    def post_latest(self, tag: int, make: Callable[[], tuple[np.ndarray, Callable | None]],
-                    now: float | None = None) -> bool:
+    def post_latest(
+        self,
+        tag: int,
+        make: Callable[[], tuple[np.ndarray, Callable | None]],
+        now: float | None = None,
+    ) -> bool:
         """Hand a latest-wins message to the link: ``make()`` returns ``(buf, on_commit)``.
 
         ``make`` is called after the link has settled at ``now``, so it may encode against what

@@ -15,8 +15,9 @@ import time
 
 
 class TokenBucket:
-    def __init__(self, rate: float, take: int = 1, burst_s: float = 0.1,
-                 clock=time.monotonic) -> None:
+    def __init__(
+        self, rate: float, take: int = 1, burst_s: float = 0.1, clock=time.monotonic
+    ) -> None:
         """``rate`` tokens per second (> 0); ``take`` tokens per `try_take` (the bucket holds at
         least that many); ``burst_s``: seconds of tokens a rank that fell behind may catch up."""
         if not rate > 0:

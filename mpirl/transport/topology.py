@@ -167,15 +167,21 @@ def placement_warnings(places: list[Place], hosts: list[str], link_emulated: boo
     out = []
     for p in places:
         if p.role == BUFFER:
-            apart = [a.rank for a in places if a.role == ACTOR and a.site == p.site
-                     and hosts[a.rank] != hosts[p.rank]]
+            apart = [
+                a.rank
+                for a in places
+                if a.role == ACTOR and a.site == p.site and hosts[a.rank] != hosts[p.rank]
+            ]
             if apart:
-                out.append(f"buffer {p.site} (rank {p.rank}, {hosts[p.rank]}) does not share a "
-                           f"host with its actors {apart}: the edge network is not local")
+                out.append(
+                    f"buffer {p.site} (rank {p.rank}, {hosts[p.rank]}) does not share a "
+                    f"host with its actors {apart}: the edge network is not local"
+                )
     learner_host = hosts[0]
-    if not link_emulated and any(hosts[a.rank] == learner_host for a in places
-                                 if a.role == ACTOR):
-        out.append(f"the learner shares host {learner_host} with actors and --link none: the "
-                   "real link is not long-haul; place the learner on its own host or emulate "
-                   "the link with --link PROFILE")
+    if not link_emulated and any(hosts[a.rank] == learner_host for a in places if a.role == ACTOR):
+        out.append(
+            f"the learner shares host {learner_host} with actors and --link none: the "
+            "real link is not long-haul; place the learner on its own host or emulate "
+            "the link with --link PROFILE"
+        )
     return out

@@ -46,8 +46,11 @@ def quantize(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A float32 change -> (scales f4[n_blocks], q i1[n]) with ``s = max|d| / 127`` a block."""
     n = d.size
     pad = n_blocks(n) * BLOCK - n
-    blocks = np.concatenate([d, np.zeros(pad, np.float32)]).reshape(-1, BLOCK) if pad else \
-        d.reshape(-1, BLOCK)
+    blocks = (
+        np.concatenate([d, np.zeros(pad, np.float32)]).reshape(-1, BLOCK)
+        if pad
+        else d.reshape(-1, BLOCK)
+    )
     scales = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(1))
     q = np.rint(blocks / safe[:, None]).astype(np.int8).reshape(-1)[:n]

@@ -120,8 +120,12 @@ class WeightSync:
         key = ("delta", base_version, id(base))
         if key not in shared:
             scales, q, rebuilt = wc.encode_delta(params, base)
-            shared[key] = (self.wire.weights_delta(scales, q, base_version, wc.checksum(rebuilt),
-                                                   version, updates), rebuilt)
+            shared[key] = (
+                self.wire.weights_delta(
+                    scales, q, base_version, wc.checksum(rebuilt), version, updates
+                ),
+                rebuilt,
+            )
         buf, rebuilt = shared[key]
         return buf, False, (version, rebuilt)
 
@@ -147,14 +151,16 @@ class WeightSync:
     def take(self) -> dict:
         """The /progress fields of the interval since the last call."""
         lags = np.asarray(self.lags, np.float64)
-        row = {"weights_interval": (self.made_updates / (self.made - 1) if self.made > 1
-                                    else np.nan),
-               "weights_bytes": self.sent_bytes / self.sent_msgs if self.sent_msgs else np.nan,
-               "weights_sent": self.sent_msgs, "weights_keyframes": self.keyframes,
-               "weights_replaced": self.replaced(),
-               "lag_min": lags.min() if lags.size else np.nan,
-               "lag_median": float(np.median(lags)) if lags.size else np.nan,
-               "lag_max": lags.max() if lags.size else np.nan}
+        row = {
+            "weights_interval": (self.made_updates / (self.made - 1) if self.made > 1 else np.nan),
+            "weights_bytes": self.sent_bytes / self.sent_msgs if self.sent_msgs else np.nan,
+            "weights_sent": self.sent_msgs,
+            "weights_keyframes": self.keyframes,
+            "weights_replaced": self.replaced(),
+            "lag_min": lags.min() if lags.size else np.nan,
+            "lag_median": float(np.median(lags)) if lags.size else np.nan,
+            "lag_max": lags.max() if lags.size else np.nan,
+        }
         self.made = 1 if self.made else 0  # the last broadcast starts the next interval
         self.made_updates = 0
         self.sent_msgs = self.sent_bytes = self.keyframes = 0

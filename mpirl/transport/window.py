@@ -32,8 +32,9 @@ class InflightWindow:
         self.step: float | None = None
         self.tx = 0.0
 
-    def observe(self, rtt_total: float, hold: float, queue_wait: float, step: float,
-                tx: float = 0.0) -> None:
+    def observe(
+        self, rtt_total: float, hold: float, queue_wait: float, step: float, tx: float = 0.0
+    ) -> None:
         """One priority update came back: its round trip, the learner's timings and the batch's
         serialization time on the link."""
         net = max(0.0, rtt_total - hold - queue_wait)

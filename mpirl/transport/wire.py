@@ -80,8 +80,17 @@ VERSION = 6  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, fram
 # 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1];
 # 6: WEIGHTS encodings, KEYFRAME, STATS.seq
 
-HEADER = np.dtype([("magic", "<u4"), ("kind", "<u2"), ("version", "<u2"), ("count", "<i8"),
-                   ("seq", "<i8"), ("a", "<f8"), ("b", "<f8")])
+HEADER = np.dtype(
+    [
+        ("magic", "<u4"),
+        ("kind", "<u2"),
+        ("version", "<u2"),
+        ("count", "<i8"),
+        ("seq", "<i8"),
+        ("a", "<f8"),
+        ("b", "<f8"),
+    ]
+)
 assert HEADER.itemsize == 40
 
 
@@ -112,8 +121,15 @@ class WireError(RuntimeError):
 
 
 def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
-    return np.dtype([("obs", obs_dtype, obs_shape), ("action", "<i8"), ("reward", "<f4"),
-                     ("next_obs", obs_dtype, obs_shape), ("discount", "<f4")])
+    return np.dtype(
+        [
+            ("obs", obs_dtype, obs_shape),
+            ("action", "<i8"),
+            ("reward", "<f4"),
+            ("next_obs", obs_dtype, obs_shape),
+            ("discount", "<f4"),
+        ]
+    )
 
 
 FLAG_ZSTD = 0x100
@@ -227,9 +243,18 @@ class Checkpoint(Message):
 
 #: the view `Wire.unpack` returns for each kind
 VIEWS: dict[Tag, type[Message]] = {
-    Tag.EXPERIENCE: Experience, Tag.CREDIT: Credit, Tag.WEIGHTS: Weights,
-    Tag.KEYFRAME: Keyframe, Tag.FORWARD: Forward, Tag.BATCH: Batch, Tag.PRIORITIES: Priorities,
-    Tag.STATS: Stats, Tag.STOP: Stop, Tag.DONE: Done, Tag.CHECKPOINT: Checkpoint}
+    Tag.EXPERIENCE: Experience,
+    Tag.CREDIT: Credit,
+    Tag.WEIGHTS: Weights,
+    Tag.KEYFRAME: Keyframe,
+    Tag.FORWARD: Forward,
+    Tag.BATCH: Batch,
+    Tag.PRIORITIES: Priorities,
+    Tag.STATS: Stats,
+    Tag.STOP: Stop,
+    Tag.DONE: Done,
+    Tag.CHECKPOINT: Checkpoint,
+}
 
 
 def _header(kind: Tag, count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
@@ -249,8 +274,9 @@ class Wire:
     """Packs and unpacks every kind for one run (the transition dtype and parameter count; for
     image runs the frame shape; whether FORWARD and BATCH are compressed)."""
 
-    def __init__(self, record_dtype: np.dtype, n_params: int, frame_shape=None,
-                 compress: bool = False):
+    def __init__(
+        self, record_dtype: np.dtype, n_params: int, frame_shape=None, compress: bool = False
+    ):
         self.record = np.dtype(record_dtype)
         self.n_params = int(n_params)
         self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
@@ -267,8 +293,9 @@ class Wire:
             try:
                 import zstandard
             except ImportError:
-                raise RuntimeError("compressed messages need zstandard: "
-                                   'pip install -e ".[images]"') from None
+                raise RuntimeError(
+                    'compressed messages need zstandard: pip install -e ".[images]"'
+                ) from None
             self._zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
             self._zd = zstandard.ZstdDecompressor()
         return self._zc, self._zd
@@ -286,11 +313,21 @@ class Wire:
         if kind == Tag.FORWARD:
             return [("td_abs", f4, count), ("records", rec, count)]
         if kind == Tag.BATCH:
-            return [("window", i8, 1), ("indices", i8, count), ("generations", i8, count),
-                    ("weights", f4, count), ("priorities", f4, count), ("records", rec, count)]
+            return [
+                ("window", i8, 1),
+                ("indices", i8, count),
+                ("generations", i8, count),
+                ("weights", f4, count),
+                ("priorities", f4, count),
+                ("records", rec, count),
+            ]
         if kind == Tag.PRIORITIES:
-            return [("timing", f8, 2), ("indices", i8, count), ("generations", i8, count),
-                    ("td_abs", f4, count)]
+            return [
+                ("timing", f8, 2),
+                ("indices", i8, count),
+                ("generations", i8, count),
+                ("td_abs", f4, count),
+            ]
         if kind == Tag.WEIGHTS:
             return self._spec_weights(count)
         if kind == Tag.STATS:
@@ -306,8 +343,11 @@ class Wire:
         if encoding == BF16:
             return [("params", np.dtype("<u2"), p)]
         if encoding == DELTA:
-            return [("meta", np.dtype("<i8"), 2), ("scales", np.dtype("<f4"), n_blocks(p)),
-                    ("q", np.dtype("i1"), p)]
+            return [
+                ("meta", np.dtype("<i8"), 2),
+                ("scales", np.dtype("<f4"), n_blocks(p)),
+                ("q", np.dtype("i1"), p),
+            ]
         return [("unknown_encoding", np.dtype("u1"), -1)]  # never matches: a WireError
 
     def _layout(self, kind: Tag, count: int, b: float, nframes: int):
@@ -328,23 +368,33 @@ class Wire:
                 self._layouts[key] = lay
         return lay
 
-    def unpack(self, buf: np.ndarray, tag: int, source: str = "?", rank: int = -1,
-               t: float = 0.0) -> Message:
+    def unpack(
+        self, buf: np.ndarray, tag: int, source: str = "?", rank: int = -1, t: float = 0.0
+    ) -> Message:
         """Check and view a received buffer (no copy) as its kind's view (`VIEWS`); ``rank``
         and ``t`` are stored with it (`Message`).  WireError names the sender and the kind."""
         if buf.nbytes < HEADER.itemsize:
-            raise WireError(f"message with tag {tag} from {source}: {buf.nbytes} bytes is "
-                            "shorter than the 40-byte header")
+            raise WireError(
+                f"message with tag {tag} from {source}: {buf.nbytes} bytes is "
+                "shorter than the 40-byte header"
+            )
         magic, raw_kind, version, count, seq, a, b = buf[: HEADER.itemsize].view(HEADER)[0].item()
         kind = _TAGS.get(raw_kind & KIND_MASK)
-        if (magic != MAGIC or version != VERSION or kind is None or kind != tag
-                or raw_kind & ~(KIND_MASK | FLAG_ZSTD)):
+        if (
+            magic != MAGIC
+            or version != VERSION
+            or kind is None
+            or kind != tag
+            or raw_kind & ~(KIND_MASK | FLAG_ZSTD)
+        ):
             where = f"message with tag {tag} from {source}"
             if magic != MAGIC:
                 raise WireError(f"{where}: bad magic {magic:#x} (not an mpirl message)")
             if version != VERSION:
-                raise WireError(f"{where}: wire version {version}, this rank speaks "
-                                f"{VERSION}; run the same mpirl version on every rank")
+                raise WireError(
+                    f"{where}: wire version {version}, this rank speaks "
+                    f"{VERSION}; run the same mpirl version on every rank"
+                )
             if kind is None:
                 raise WireError(f"{where}: unknown kind {raw_kind}")
             if raw_kind & ~(KIND_MASK | FLAG_ZSTD):
@@ -355,21 +405,26 @@ class Wire:
             buf = self._decompress(buf, f"message with tag {tag} from {source}")
             raw_nbytes = buf.nbytes
         if count < 0 or b < 0 or b > 1e9:
-            raise WireError(f"message with tag {tag} from {source}: bad counts (count={count}, "
-                            f"b={b})")
+            raise WireError(
+                f"message with tag {tag} from {source}: bad counts (count={count}, b={b})"
+            )
         nframes = 0
         if self.frame is not None and kind in RECORD_KINDS:
             if buf.nbytes < HEADER.itemsize + 8:
-                raise WireError(f"message with tag {tag} from {source}: {kind.name} of an image "
-                                "run has no nframes field")
-            nframes = int(buf[HEADER.itemsize: HEADER.itemsize + 8].view("<i8")[0])
+                raise WireError(
+                    f"message with tag {tag} from {source}: {kind.name} of an image "
+                    "run has no nframes field"
+                )
+            nframes = int(buf[HEADER.itemsize : HEADER.itemsize + 8].view("<i8")[0])
             if nframes < 0 or nframes > 1e9:
                 raise WireError(f"message with tag {tag} from {source}: bad nframes={nframes}")
         need, parts = self._layout(kind, count, b, nframes)
         if need != buf.nbytes:
-            raise WireError(f"message with tag {tag} from {source}: {kind.name} with "
-                            f"count={count} must be {need} bytes, got {buf.nbytes} (mismatched "
-                            "observation shape or version?)")
+            raise WireError(
+                f"message with tag {tag} from {source}: {kind.name} with "
+                f"count={count} must be {need} bytes, got {buf.nbytes} (mismatched "
+                "observation shape or version?)"
+            )
         arrays = {}
         for name, (dt, shape), lo, hi in parts:
             part = buf[lo:hi].view(dt)
@@ -387,13 +442,14 @@ class Wire:
     def _decompress(self, buf: np.ndarray, where: str) -> np.ndarray:
         hsz = HEADER.itemsize
         if buf.nbytes < hsz + 8:
-            raise WireError(f"{where}: compressed message of {buf.nbytes} bytes has no "
-                            "raw_nbytes field")
-        raw = int(buf[hsz: hsz + 8].view("<i8")[0])
+            raise WireError(
+                f"{where}: compressed message of {buf.nbytes} bytes has no raw_nbytes field"
+            )
+        raw = int(buf[hsz : hsz + 8].view("<i8")[0])
         if raw < 0 or raw > 1 << 40:
             raise WireError(f"{where}: bad raw_nbytes={raw}")
         try:
-            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8:]), max_output_size=raw)
+            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
         except Exception as e:  # zstandard.ZstdError
             raise WireError(f"{where}: compressed body does not decompress ({e})") from None
         if len(body) != raw:
@@ -413,46 +469,87 @@ class Wire:
             frames = np.zeros((0,) + self.frame_shape, np.uint8)
         frames = np.ascontiguousarray(frames, np.uint8)
         if frames.shape[1:] != self.frame_shape:
-            raise ValueError(f"frames of shape {frames.shape[1:]}, this run's frames are "
-                             f"{self.frame_shape}")
+            raise ValueError(
+                f"frames of shape {frames.shape[1:]}, this run's frames are {self.frame_shape}"
+            )
         return [np.array([len(frames)], "<i8")], [frames]
 
     # ---- packers, one per kind (documented in the module docstring) --------------------------
-    def experience(self, records, td_abs, returns, env_steps: int, seq: int,
-                   frames=None) -> np.ndarray:
+    def experience(
+        self, records, td_abs, returns, env_steps: int, seq: int, frames=None
+    ) -> np.ndarray:
         returns = np.asarray(returns, "<f8")
         pre, post = self._frames_arrays(frames, len(records))
-        return pack(Tag.EXPERIENCE, pre + [returns, np.asarray(td_abs, "<f4"), records] + post,
-                    count=len(records), seq=seq, a=env_steps, b=len(returns))
+        return pack(
+            Tag.EXPERIENCE,
+            pre + [returns, np.asarray(td_abs, "<f4"), records] + post,
+            count=len(records),
+            seq=seq,
+            a=env_steps,
+            b=len(returns),
+        )
 
     def forward(self, records, td_abs, seq: int, frames=None) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(records))
         return self._maybe_compress(
-            pack(Tag.FORWARD, pre + [np.asarray(td_abs, "<f4"), records] + post,
-                 count=len(records), seq=seq))
+            pack(
+                Tag.FORWARD,
+                pre + [np.asarray(td_abs, "<f4"), records] + post,
+                count=len(records),
+                seq=seq,
+            )
+        )
 
-    def batch(self, sample, batch_id: int, t_send: float, max_weight: float = 1.0,
-              window: int = 0) -> np.ndarray:
+    def batch(
+        self, sample, batch_id: int, t_send: float, max_weight: float = 1.0, window: int = 0
+    ) -> np.ndarray:
         """A sampled batch (`mpirl.replay.Sample`, with its frame table for image runs)."""
         pre, post = self._frames_arrays(sample.frames, len(sample.indices))
         return self._maybe_compress(
-            pack(Tag.BATCH, pre + [np.array([window], "<i8"),
-                                   np.asarray(sample.indices, "<i8"),
-                                   np.asarray(sample.generations, "<i8"),
-                                   np.asarray(sample.weights, "<f4"),
-                                   np.asarray(sample.priorities, "<f4"), sample.records] + post,
-                 count=len(sample.indices), seq=batch_id, a=t_send,
-                 b=min(float(max_weight), MAX_WEIGHT)))
+            pack(
+                Tag.BATCH,
+                pre
+                + [
+                    np.array([window], "<i8"),
+                    np.asarray(sample.indices, "<i8"),
+                    np.asarray(sample.generations, "<i8"),
+                    np.asarray(sample.weights, "<f4"),
+                    np.asarray(sample.priorities, "<f4"),
+                    sample.records,
+                ]
+                + post,
+                count=len(sample.indices),
+                seq=batch_id,
+                a=t_send,
+                b=min(float(max_weight), MAX_WEIGHT),
+            )
+        )
 
-    def priorities(self, indices, generations, td_abs, batch_id: int, t_echo: float,
-                   hold: float = 0.0, step: float = 0.0, updates: int = 0):
+    def priorities(
+        self,
+        indices,
+        generations,
+        td_abs,
+        batch_id: int,
+        t_echo: float,
+        hold: float = 0.0,
+        step: float = 0.0,
+        updates: int = 0,
+    ):
         """One per trained batch: written straight into its cached layout (the generic `pack`
         builds and concatenates five arrays; this is the learner's one packer per update)."""
         n = len(indices)
         need, parts = self._layout(Tag.PRIORITIES, n, 0.0, 0)
         out = np.empty(need, np.uint8)
-        out[:HEADER.itemsize].view(HEADER)[0] = (MAGIC, int(Tag.PRIORITIES), VERSION, n, batch_id,
-                                                 t_echo, updates)
+        out[: HEADER.itemsize].view(HEADER)[0] = (
+            MAGIC,
+            int(Tag.PRIORITIES),
+            VERSION,
+            n,
+            batch_id,
+            t_echo,
+            updates,
+        )
         for (_, (dt, _), lo, hi), x in zip(parts, ((hold, step), indices, generations, td_abs)):
             out[lo:hi].view(dt)[:] = x
         return out
@@ -465,12 +562,17 @@ class Wire:
         """bfloat16 weights (encoding 1), ``bits`` from `mpirl.transport.weight_codec.to_bf16`."""
         return pack(Tag.WEIGHTS, [np.asarray(bits, "<u2")], count=1, seq=version, a=updates)
 
-    def weights_delta(self, scales, q, base_version: int, crc: int, version: int,
-                      updates: int) -> np.ndarray:
+    def weights_delta(
+        self, scales, q, base_version: int, crc: int, version: int, updates: int
+    ) -> np.ndarray:
         """A quantized change from version ``base_version`` (encoding 2), zstd-compressed."""
-        raw = pack(Tag.WEIGHTS, [np.array([base_version, crc], "<i8"),
-                                 np.asarray(scales, "<f4"), np.asarray(q, "i1")],
-                   count=2, seq=version, a=updates)
+        raw = pack(
+            Tag.WEIGHTS,
+            [np.array([base_version, crc], "<i8"), np.asarray(scales, "<f4"), np.asarray(q, "i1")],
+            count=2,
+            seq=version,
+            a=updates,
+        )
         return compress(raw, self._codecs()[0])
 
     @staticmethod
@@ -484,8 +586,9 @@ class Wire:
     @staticmethod
     def stats(returns, env_steps: int, episodes: int, weights_updates: int = 0) -> np.ndarray:
         returns = np.asarray(returns, "<f8")
-        return pack(Tag.STATS, [returns], count=len(returns), seq=weights_updates, a=env_steps,
-                    b=episodes)
+        return pack(
+            Tag.STATS, [returns], count=len(returns), seq=weights_updates, a=env_steps, b=episodes
+        )
 
     @staticmethod
     def stop(checkpoint: int = -1) -> np.ndarray:
@@ -507,6 +610,6 @@ def compress(buf: np.ndarray, compressor) -> np.ndarray:
     out = np.empty(hsz + 8 + len(body), np.uint8)
     out[:hsz] = buf[:hsz]
     out[:hsz].view(HEADER)["kind"] |= FLAG_ZSTD
-    out[hsz: hsz + 8].view("<i8")[0] = buf.nbytes - hsz
-    out[hsz + 8:] = np.frombuffer(body, np.uint8)
+    out[hsz : hsz + 8].view("<i8")[0] = buf.nbytes - hsz
+    out[hsz + 8 :] = np.frombuffer(body, np.uint8)
     return out
