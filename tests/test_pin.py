@@ -53,7 +53,8 @@ def test_under_mpirun():
             "-c",
             "import os; r = os.environ.get('PMI_RANK') or "
             "os.environ.get('OMPI_COMM_WORLD_RANK'); "
-            "print(r, sorted(os.sched_getaffinity(0)))",
+            # one write per rank: mpirun interleaves the ranks' output at write boundaries
+            "os.write(1, f'{r} {sorted(os.sched_getaffinity(0))}\\n'.encode())",
         ],
         capture_output=True,
         text=True,
