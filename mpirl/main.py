@@ -74,7 +74,7 @@ def _versions() -> dict:
     out = {
         "python": sys.version.split()[0],
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
     }
     for pkg in ("mpirl", "torch", "numpy", "gymnasium", "h5py", "mpi4py"):
         try:
@@ -376,7 +376,7 @@ def _run(world, setup: _Setup) -> int:
     wire = _wire(cfg, spec, setup.record, topo.role)
     layout = [
         {"rank": p.rank, "role": p.role, "site": p.site, "host": h}
-        for p, h in zip(topo.places, hosts)
+        for p, h in zip(topo.places, hosts, strict=True)
     ]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
     from mpirl.run.checkpoint import part_name

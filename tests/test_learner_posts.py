@@ -100,7 +100,7 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
         lrn.run()
     assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
     top = max(site_max.values())
-    for got, b in zip(trained, (1, 2)):
+    for got, b in zip(trained, (1, 2), strict=True):
         np.testing.assert_allclose(
             got, site_w[b] * site_max[b] / top, rtol=1e-6, err_msg=f"site {b - 1}'s weights"
         )

@@ -139,7 +139,7 @@ def test_learner_tensors_round_trip_without_pickle(tmp_path):
     q2(x).sum().backward()
     opt.step()
     opt2.step()
-    assert all(torch.equal(a, b) for a, b in zip(q.parameters(), q2.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(q.parameters(), q2.parameters(), strict=True))
     assert part.meta["updates"] == 3
 
 

@@ -107,7 +107,7 @@ class ForwardQueue:
             k += take
         self.len -= k
         if self.spec.image:
-            records, table = compact(*concat(zip(recs, tables)))
+            records, table = compact(*concat(zip(recs, tables, strict=True)))
         else:
             records, table = np.concatenate(recs), None
         return records, np.concatenate(tds), table

@@ -260,7 +260,7 @@ class LeadGroup(Solo):
             t.apply_step()
             lead.updates = t.updates
             first = min(c.arrived for c in taken.used)
-            for c, w, s in zip(taken.used, taken.scales, taken.staleness):
+            for c, w, s in zip(taken.used, taken.scales, taken.staleness, strict=True):
                 lead.logs["group"].append(
                     update=t.updates,
                     learner=c.learner,

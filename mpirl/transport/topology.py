@@ -156,7 +156,7 @@ class Ends:
 
 def format_table(places: list[Place], hosts: list[str]) -> str:
     lines = ["rank  role     site  host"]
-    for p, h in zip(places, hosts):
+    for p, h in zip(places, hosts, strict=True):
         site = "-" if p.site < 0 else str(p.site)
         lines.append(f"{p.rank:>4}  {p.role:<7}  {site:>4}  {h}")
     return "\n".join(lines)

@@ -448,9 +448,12 @@ class Wire:
         raw = int(buf[hsz : hsz + 8].view("<i8")[0])
         if raw < 0 or raw > 1 << 40:
             raise WireError(f"{where}: bad raw_nbytes={raw}")
+        zd = self._codecs()[1]
+        import zstandard  # importable: _codecs made zd
+
         try:
-            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
-        except Exception as e:  # zstandard.ZstdError
+            body = zd.decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
+        except zstandard.ZstdError as e:
             raise WireError(f"{where}: compressed body does not decompress ({e})") from None
         if len(body) != raw:
             raise WireError(f"{where}: decompressed to {len(body)} bytes, header says {raw}")
@@ -550,7 +553,9 @@ class Wire:
             t_echo,
             updates,
         )
-        for (_, (dt, _), lo, hi), x in zip(parts, ((hold, step), indices, generations, td_abs)):
+        for (_, (dt, _), lo, hi), x in zip(
+            parts, ((hold, step), indices, generations, td_abs), strict=True
+        ):
             out[lo:hi].view(dt)[:] = x
         return out
 
