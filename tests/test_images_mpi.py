@@ -111,8 +111,8 @@ def test_minatar_breakout_learns(tmp_path):
 def test_atari_smoke(tmp_path):
     """Pong, 1 learner + 1 buffer + 1 actor, replay at the learner (every experience crosses
         the link as FORWARD, compressed): runs, trains, stops cleanly, writes its HDF5 files.  One
-    run (about a minute on 2 cores, most of it start-up); --compress off is covered by the wire tests
-    and bench/images.py."""
+    run (about a minute on 2 cores, most of it start-up); --compress off is covered by the wire
+    tests and bench/images.py."""
     run_dir = tmp_path / "run"
     p = run_mpirl(
         3,

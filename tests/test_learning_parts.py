@@ -107,7 +107,8 @@ def test_train_step_runs_standalone():
 
 
 def test_adam_matches_torch_and_checkpoints_either_way():
-    """mpirl.agent.dqn.Adam is torch.optim.Adam's update (same kernel) with its state_dict format."""
+    """mpirl.agent.dqn.Adam is torch.optim.Adam's update (same kernel) with its
+    state_dict format."""
     import copy
 
     from mpirl.agent.dqn import Adam
@@ -146,7 +147,8 @@ def test_learner_train_step_does_not_import_dynamo():
     code = (
         "import sys, numpy as np\n"
         "from mpirl.run.config import Config\nfrom mpirl.agent.envs import inspect\n"
-        "from mpirl.agent.train_step import TrainStep\nfrom mpirl.transport.wire import transition_dtype\n"
+        "from mpirl.agent.train_step import TrainStep\n"
+        "from mpirl.transport.wire import transition_dtype\n"
         "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
         "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
         "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"

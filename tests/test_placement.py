@@ -420,7 +420,8 @@ def test_hydra_fills_generated_hostfile(tmp_path):
 def test_job_scripts_exist():
     names = {j.name for j in JOBS}
     assert {"single-node.sbatch", "edge-cloud.sbatch", "edge-cloud-hetjob.sbatch"} <= names
-    # sweeps (the former matrix-array.sbatch): python -m mpirl.sweep SPEC --slurm, tests/test_sweep.py
+    # sweeps (the former matrix-array.sbatch): python -m mpirl.sweep SPEC --slurm,
+    # tests/test_sweep.py
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.name)

@@ -17,13 +17,13 @@ buffer has not yet granted back.  Without a token it keeps stepping until ``4 * 
 transitions are waiting, then waits for a token (backpressure; the wait is counted as throttled
 time and the CPU goes to other ranks).
 
-Checkpoints (`mpirl.transport.cut`): on CHECKPOINT the actor writes its part (counters, epsilons, RNG
-state and the transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it
+Checkpoints (`mpirl.transport.cut`): on CHECKPOINT the actor writes its part (counters, epsilons,
+RNG state and the transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it
 writes its final part before DONE.  Resumed, it continues those counters with fresh episodes (env
 states are not saved: the episodes in progress and their incomplete n-step windows are dropped).
 
-Image observations (see mpirl.agent.frames): every frame gets an id in this actor's ``FrameLog``; the
-n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
+Image observations (see mpirl.agent.frames): every frame gets an id in this actor's ``FrameLog``;
+the n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
 it refers to once.  Rewards of image envs are clipped to [-1, 1] before the n-step sum (the
 episode returns logged stay unclipped); with ``--episodic-life`` a lost life ends the n-step
 return (discount 0) while the game goes on.  Image runs act with the torch CNN (imported here

@@ -162,7 +162,7 @@ class LeadGroup(Solo):
         )
         self.next_id += 1
 
-    # ---- orders ------------------------------------------------------------------------------------
+    # ---- orders ----------------------------------------------------------------------------------
     def _order(self, m: Member) -> bool:
         """Send ``m`` its next batch (relayed) or a sample order for its shard; False when there
         is no batch for it."""

@@ -138,10 +138,10 @@ def build(world, buffers: int, learners: int = 1) -> Topology:
 class Ends:
     """What `mpirl.main.connect` hands a role: its ends of the networks it uses and their inboxes.
 
-    ``site``   actor, buffer: the site network (`mpirl.transport.inbox.SitePort`: Isend + an inbox that
-               probes the site communicator)
-    ``links``  peer rank -> `mpirl.transport.link.LinkEnd`: the lead learner's, one per buffer (link rank
-               b = buffer b - 1); a buffer's, ``{0: the learner}``
+    ``site``   actor, buffer: the site network (`mpirl.transport.inbox.SitePort`: Isend + an inbox
+               that probes the site communicator)
+    ``links``  peer rank -> `mpirl.transport.link.LinkEnd`: the lead learner's, one per buffer (link
+               rank b = buffer b - 1); a buffer's, ``{0: the learner}``
     ``inbox``  unpacks and dispatches what the links deliver
     ``group``  --learners K: learner j -> end on ``learners`` (the lead's: every other learner;
                a worker's: ``{0: the lead}``), unemulated; ``group_inbox`` for their messages
