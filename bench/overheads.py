@@ -199,22 +199,9 @@ def pipeline(
     a, b = cores()
     a, b = ("-" if a is None else a), ("-" if b is None else b)
     run_dir, prefix = tmp / name, tmp / f"{name}-cpu"
-    args = [
-        "--run-dir",
-        str(run_dir),
-        "--max-seconds",
-        str(seconds),
-        "--target-return",
-        "none",
-        "--replay-ratio",
-        "0",
-        "--progress-seconds",
-        "1",
-        "--checkpoint-seconds",
-        "0",
-        "--seed",
-        "3",
-    ]
+    args = ["--run-dir", str(run_dir), "--max-seconds", str(seconds)]
+    args += "--target-return none --replay-ratio 0 --progress-seconds 1".split()
+    args += "--checkpoint-seconds 0 --seed 3".split()
     if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
         args += ["--flush-seconds", "0.25"]
     if not evaluate:  # the references never evaluate: like with like

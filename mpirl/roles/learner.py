@@ -165,15 +165,7 @@ class Learner:
         self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
-        # counters (a checkpoint's part; `restore` sets them on --resume)
-        self.updates = 0
-        self.weights_version = -1
-        self.inserted = self.sampled = 0
-        self.eval_round = 0
-        self.last_eval = -np.inf
-        self.best_eval = -np.inf
-        self.elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
-        self.to_target: dict = {}
+        self.zero_counters()
         # the loop's state
         self.flat = (-1, None)  # (updates, flat weights) of the last broadcast
         self.sync = WeightSync(cfg, wire, self.sites)  # when and how weights are broadcast
@@ -210,6 +202,18 @@ class Learner:
         self.eval_runner = None
         self.group = make_group(self, ends)  # --learners K: the other learners (K = 1: no-op)
         self.trainer.sync = self.group.sync
+
+    def zero_counters(self) -> None:
+        """The counters a checkpoint holds, at the start of a run (`restore` sets them on
+        --resume)."""
+        self.updates = 0
+        self.weights_version = -1
+        self.inserted = self.sampled = 0
+        self.eval_round = 0
+        self.last_eval = -np.inf
+        self.best_eval = -np.inf
+        self.elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
+        self.to_target: dict = {}
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
