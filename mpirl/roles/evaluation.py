@@ -17,7 +17,8 @@ plays it.
 * ``thread``: a thread of the learner.  torch releases the GIL inside its kernels, but
   gymnasium's CartPole and the numpy forward are Python that holds it, so the learner's Python
   (the loop, torch's dispatch) waits for the GIL while the thread plays.
-* ``inline``: in the update loop, which waits for it (the behaviour before issue 16).
+* ``inline``: in the update loop, which waits for it (the baseline the other two are measured
+  against).
 
 docs/design.md ("Evaluation off the update loop") has the measurement behind the default.
 
