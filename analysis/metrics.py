@@ -84,7 +84,8 @@ KNOWN_TARGETS = {
 
 class Kind(IntEnum):
     """``/transfers/kind``: the wire tag of the message that crossed the link (the values of
-    ``mpirl.transport.wire.Tag``; analysis does not import mpirl, tests/test_analysis.py checks them)."""
+    ``mpirl.transport.wire.Tag``; analysis does not import mpirl, tests/test_analysis.py
+    checks them)."""
 
     FORWARD = 4  # forwarded experiences (replay_at=learner)
     BATCH = 5  # a sampled batch (replay_at=buffer)

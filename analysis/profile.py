@@ -276,8 +276,8 @@ def report_markdown(
             f"their `t` is at or after update `j*`'s."
         ),
         (
-            "- **transferred priority**: `held by sender` = `transfers/priority_mean` (the buffer's "
-            "memory, or the actors' initial priority when forwarding), `on arrival` = "
+            "- **transferred priority**: `held by sender` = `transfers/priority_mean` (the "
+            "buffer's memory, or the actors' initial priority when forwarding), `on arrival` = "
             "`transfers/arrival_priority_mean` ((|td|+eps)^alpha under the learner's network); "
             "means weighted by `transfers/n`."
         ),

@@ -9,8 +9,8 @@ for newer rows: it rewrites its folder). The scalars are those of the live ``--t
 mirror, made by the same `mpirl.logs.dashboard.Scalars` from ``learner.h5`` (the folder itself) and
 `mpirl.logs.dashboard.BufferScalars` from each ``buffer-<s>.h5`` (its subfolder ``buffer-<s>``, a
 TensorBoard run of its own: the sites' curves share one chart per tag); the tags, steps and
-downsampling are in mpirl.logs.dashboard's docstring. This is the one module of analysis that imports
-mpirl: the mapping lives with the live mirror (mpirl does not import analysis). Needs the
+downsampling are in mpirl.logs.dashboard's docstring. This is the one module of analysis that
+imports mpirl: the mapping lives with the live mirror (mpirl does not import analysis). Needs the
 tensorboard package (``pip install -e ".[tensorboard]"``).
 """
 

@@ -4,9 +4,9 @@ and in a child process, against no evaluation at all, in one invocation.
     python bench/evaluation.py [--seconds 10] [--rounds 2] [--eval-every 500] [--out FILE.md]
 
 One process runs the learner's own ``TrainStep`` (CartPole-v1, the default MLP and batch, one
-torch thread) in a loop on prepared batches and asks an ``mpirl.roles.evaluation`` runner for a greedy
-evaluation every ``--eval-every`` updates, exactly as the learner loop does (one in flight; polled
-once per update).  The weights evaluated are a hand-set MLP that balances the pole (a linear
+torch thread) in a loop on prepared batches and asks an ``mpirl.roles.evaluation`` runner for a
+greedy evaluation every ``--eval-every`` updates, exactly as the learner loop does (one in flight;
+polled once per update).  The weights evaluated are a hand-set MLP that balances the pole (a linear
 controller written into the first layers), so every evaluation plays 10 full 500-step episodes:
 the cost of the evaluations near the target, where they matter for time to target.  Modes run
 interleaved, ``--rounds`` times each; the table gives the median updates/s, the median over rounds

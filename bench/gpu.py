@@ -5,8 +5,8 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
                         [--cpu-threads 1] [--out FILE.md]
     python bench/gpu.py --dry-run        # CPU only, tiny counts: checks the paths (CI runs it)
 
-1. **Train step** -- the learner's own ``mpirl.agent.train_step.TrainStep`` in a loop on prepared batches
-   of the form the learner receives (structured records; image batches as a frame table plus
+1. **Train step** -- the learner's own ``mpirl.agent.train_step.TrainStep`` in a loop on prepared
+   batches of the form the learner receives (structured records; image batches as a frame table plus
    indices, stacked by the learner), for ``--seconds`` per point after a warm-up:
 
    * ``cpu``: ``--cpu-threads`` torch threads (1 = what a learner rank uses by default);

@@ -2,15 +2,15 @@
 
     python bench/learner_loop.py [--seconds 3] [--rounds 8] [--batch-size 64] [--steps]
 
-`mpirl.roles.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop --
-receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
+`mpirl.roles.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop
+-- receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
 progress and link rows -- handed a scripted link (tests/fakes.py `ScriptedLink`, the tests' fake)
 that hands it a BATCH message (sampled from a prioritized memory and packed by `Wire.batch`, a
 fresh copy each time, as `LinkEnd.receive` gives) whenever it polls; what it posts is counted and
 dropped.  The reference is
-`mpirl.agent.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s reference).
-Both run in this process, one after the other, ``--rounds`` times; the table gives updates per
-CPU second of each and their ratio per round, and the median.
+`mpirl.agent.train_step.TrainStep` in a loop on the same batches (as `bench/overheads.py`'s
+reference).  Both run in this process, one after the other, ``--rounds`` times; the table gives
+updates per CPU second of each and their ratio per round, and the median.
 
 No MPI and no other rank: this isolates the loop's own cost from the pipeline's (the MPI calls,
 the other ranks' use of the shared caches) and from the shared machine's drift between

@@ -1,7 +1,8 @@
 """Component overheads: each part of mpirl against its raw reference, measured in one invocation.
 
-    python bench/overheads.py [--seconds 15] [--out FILE.md] [--only actor learner transport startup]
-                              [--keep DIR] [--mpirl-args "FLAGS"] [--rounds N] [--batch-size B]
+    python bench/overheads.py [--seconds 15] [--out FILE.md]
+                              [--only actor learner transport startup] [--keep DIR]
+                              [--mpirl-args "FLAGS"] [--rounds N] [--batch-size B]
 
 Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
 (targets from issue 9):
@@ -27,15 +28,15 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    uppercase mpi4py stream of messages of the same size, both under ``mpirun -n 2`` (this file's
    ``_transport`` mode).  The mpirl side sends synthetic EXPERIENCE messages of the real size (one
    ``actor_chunk`` of CartPole transitions, no episode returns), packed by ``Wire.experience`` for
-   every message, as fast as tokens allow, through the roles' own transport (`mpirl.transport.inbox`:
-   ``Inbox.serve``, matched ``Improbe``/``Recv`` into a fresh buffer, ``Wire.unpack``, the handler
-   of the kind; ``SitePort``: ``Isend`` kept until ``Test``) driven as ``Actor.receive``/
-   ``Actor.send_chunk`` and ``Buffer.receive_actors`` drive it: ``actor_credits`` tokens, one
-   CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps when a turn did nothing).
-   The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64 (``Waitall`` per
-   window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw, mpirl, no-nap,
-   credits, twice (``--seconds`` / 8 each); rates are bytes received after the first message /
-   time from first to last.  Two variants of the mpirl path, for the notes only: no-nap
+   every message, as fast as tokens allow, through the roles' own transport
+   (`mpirl.transport.inbox`: ``Inbox.serve``, matched ``Improbe``/``Recv`` into a fresh buffer,
+   ``Wire.unpack``, the handler of the kind; ``SitePort``: ``Isend`` kept until ``Test``) driven as
+   ``Actor.receive``/``Actor.send_chunk`` and ``Buffer.receive_actors`` drive it: ``actor_credits``
+   tokens, one CREDIT per buffer turn of at most 8 messages, the ``Backoff`` naps when a turn did
+   nothing).  The raw stream: ``Isend`` of one preallocated uint8 buffer in windows of 64
+   (``Waitall`` per window), blocking ``Recv`` into one preallocated buffer.  Phases alternate raw,
+   mpirl, no-nap, credits, twice (``--seconds`` / 8 each); rates are bytes received after the first
+   message / time from first to last.  Two variants of the mpirl path, for the notes only: no-nap
    (``Backoff(0, 0)``: idle turns only yield the CPU), which separates the cost of the calls from
    the latency of the naps, and credits (64 tokens, the raw stream's window, as
    ``--actor-credits 64`` would give).
@@ -53,13 +54,14 @@ measured rank gets a core to itself.  The job is launched MPMD, each rank throug
 ``_rank`` mode, which pins the rank (``os.sched_setaffinity``, as ``taskset -c``) and runs
 ``mpirl.main.main`` in-process::
 
-    actor run:   mpirun -n 2 python bench/overheads.py _rank B ... : -n 1 python bench/overheads.py _rank A ...
+    actor run:   mpirun -n 2 python bench/overheads.py _rank B ... \
+                   : -n 1 python bench/overheads.py _rank A ...
                  (ranks 0 learner and 1 buffer on core B, rank 2 the actor alone on core A)
     learner run: mpirun -n 1 ... _rank A ... : -n 2 ... _rank B ...
                  (rank 0 the learner alone on core A, buffer and actor on core B)
 
-(rank order: learner, buffer, then its actors; ``mpirl/transport/topology.py``).  Each reference runs in a
-subprocess pinned to the same core A, with one BLAS/torch thread as mpirl's ranks, while a
+(rank order: learner, buffer, then its actors; ``mpirl/transport/topology.py``).  Each reference
+runs in a subprocess pinned to the same core A, with one BLAS/torch thread as mpirl's ranks, while a
 spinning "ballast" process is pinned to core B: on a shared machine the scheduler moves other
 processes to the less busy core, so without the ballast core A would be crowded during the
 pipeline run (its core B busy with two ranks) and not during the reference.  The reference runs
@@ -197,22 +199,9 @@ def pipeline(
     a, b = cores()
     a, b = ("-" if a is None else a), ("-" if b is None else b)
     run_dir, prefix = tmp / name, tmp / f"{name}-cpu"
-    args = [
-        "--run-dir",
-        str(run_dir),
-        "--max-seconds",
-        str(seconds),
-        "--target-return",
-        "none",
-        "--replay-ratio",
-        "0",
-        "--progress-seconds",
-        "1",
-        "--checkpoint-seconds",
-        "0",
-        "--seed",
-        "3",
-    ]
+    args = ["--run-dir", str(run_dir), "--max-seconds", str(seconds)]
+    args += "--target-return none --replay-ratio 0 --progress-seconds 1".split()
+    args += "--checkpoint-seconds 0 --seed 3".split()
     if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
         args += ["--flush-seconds", "0.25"]
     if not evaluate:  # the references never evaluate: like with like
@@ -293,7 +282,7 @@ def pipeline(
     return out
 
 
-# ---- references -----------------------------------------------------------------------------------
+# ---- references ----------------------------------------------------------------------------------
 
 
 def ref_actor_mode(argv: list[str]) -> int:
@@ -436,7 +425,7 @@ def references(kind: str, seconds: float, between) -> tuple[dict, dict]:
     return got, ref
 
 
-# ---- transport: mpirun -n 2 ------------------------------------------------------------------------
+# ---- transport: mpirun -n 2 ----------------------------------------------------------------------
 
 RAW, END = 101, 102  # tags of the raw stream
 
@@ -484,8 +473,8 @@ def raw_phase(comm, size: int, secs: float):
 
 
 class TransportActor:
-    """Rank 0 of the mpirl phase: the actor's calls (`mpirl.transport.inbox` for the buffer's CREDIT,
-    `SitePort` sends kept until ``Test``, the ``Backoff`` wait without a token), sending one
+    """Rank 0 of the mpirl phase: the actor's calls (`mpirl.transport.inbox` for the buffer's
+    CREDIT, `SitePort` sends kept until ``Test``, the ``Backoff`` wait without a token), sending one
     freshly packed EXPERIENCE per token."""
 
     def __init__(self, port, wire, payload, credits: int, backoff):
@@ -664,7 +653,7 @@ def transport(seconds: float, keep: Path | None) -> dict:
     return last_json(run(cmd, timeout=seconds + 120).stdout)
 
 
-# ---- start-up ---------------------------------------------------------------------------------------
+# ---- start-up ------------------------------------------------------------------------------------
 
 #: The start-up reference: every rank imports what mpirl's ranks need, passes MPI_Init (the
 #: mpi4py.MPI import) and a barrier and reads its clock; rank 0 prints every rank's reading
@@ -728,7 +717,7 @@ def startup(tmp: Path, ranks: int = 9) -> dict:
     }
 
 
-# ---- the table ----------------------------------------------------------------------------------------
+# ---- the table -----------------------------------------------------------------------------------
 
 
 def parse_args() -> argparse.Namespace:

@@ -7,8 +7,8 @@ In process (cheap): each network is the learner's own (`mpirl.agent.qnet.make_to
 MLP 64x64, the MinAtar CNN, the Atari Nature CNN), trained with Adam at its usual learning rate
 on random batches (Adam moves every parameter by about lr a step whatever the data, so the
 change between broadcasts has the size a real run's has) for ``--updates`` updates between
-broadcasts.  Each broadcast is encoded as the learner does (`mpirl.transport.weight_sync`): full, bf16,
-delta (from the previous rebuilt weights, zstd); reported: bytes a broadcast (delta alone and
+broadcasts.  Each broadcast is encoded as the learner does (`mpirl.transport.weight_sync`): full,
+bf16, delta (from the previous rebuilt weights, zstd); reported: bytes a broadcast (delta alone and
 with a keyframe every 20), the reduction against full, encode + decode time, and at 0.5 and 10
 Mb/s the broadcasts a second the link carries and, with --weights-every auto at share 0.25, the
 seconds between broadcasts and the policy lag in seconds it gives (half the interval + one

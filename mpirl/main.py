@@ -1,9 +1,9 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
 Every rank is handed its ends of the networks by `connect` below (who talks to whom),
-and every message comes in through `mpirl.transport.inbox` (one receive loop).  All message kinds (layouts:
-mpirl.transport.wire ``Tag``; learner group: mpirl.roles.learner_group ``GTag``), their direction and, in
-[brackets], their flow control::
+and every message comes in through `mpirl.transport.inbox` (one receive loop).  All message kinds
+(layouts: mpirl.transport.wire ``Tag``; learner group: mpirl.roles.learner_group ``GTag``), their
+direction and, in [brackets], their flow control::
 
   actor            buffer s                         lead learner                learner j > 0
     | site network    |  long-haul link (LinkEnd)      |  learners network (K > 1)  |
@@ -33,11 +33,11 @@ mpirl.transport.wire ``Tag``; learner group: mpirl.roles.learner_group ``GTag``)
                                                        |--STOP---------------------->|
                                                        |<-----------------------DONE-|
 
-Rank 0 is the learner, then each site's buffer followed by its actors (see mpirl.transport.topology).
-Configuration is parsed and validated once on every rank (no communication needed: every rank
-reaches the same verdict); what depends on the host (the env, memory, optional packages) is
-checked by the ranks that use it and gathered into one verdict (mpirl.run.resources); errors are
-printed by rank 0 only and every rank exits non-zero.
+Rank 0 is the learner, then each site's buffer followed by its actors (see
+mpirl.transport.topology).  Configuration is parsed and validated once on every rank (no
+communication needed: every rank reaches the same verdict); what depends on the host (the env,
+memory, optional packages) is checked by the ranks that use it and gathered into one verdict
+(mpirl.run.resources); errors are printed by rank 0 only and every rank exits non-zero.
 ``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
 manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
 becomes one error on rank 0 (gathered), so every rank reaches the same verdict there too.
@@ -74,7 +74,7 @@ def _versions() -> dict:
     out = {
         "python": sys.version.split()[0],
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
     }
     for pkg in ("mpirl", "torch", "numpy", "gymnasium", "h5py", "mpi4py"):
         try:
@@ -376,7 +376,7 @@ def _run(world, setup: _Setup) -> int:
     wire = _wire(cfg, spec, setup.record, topo.role)
     layout = [
         {"rank": p.rank, "role": p.role, "site": p.site, "host": h}
-        for p, h in zip(topo.places, hosts)
+        for p, h in zip(topo.places, hosts, strict=True)
     ]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
     from mpirl.run.checkpoint import part_name
@@ -464,8 +464,8 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
 
 
 def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
-    """This rank's role: mpirl.roles.learner.Learner, mpirl.roles.buffer.Buffer or mpirl.roles.actor.Actor,
-    handed its ends of the networks (`connect`: who talks to whom)."""
+    """This rank's role: mpirl.roles.learner.Learner, mpirl.roles.buffer.Buffer or
+    mpirl.roles.actor.Actor, handed its ends of the networks (`connect`: who talks to whom)."""
     cfg, spec, part = setup.cfg, setup.spec, setup.part
     ends = connect(cfg, topo, wire)
     if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group

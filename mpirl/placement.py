@@ -4,7 +4,8 @@ Pure Python (no MPI, no torch): reads a SLURM allocation from the environment (o
 given by hand) and writes a hostfile for ``mpirun -f`` (MPICH/Hydra, ``host:slots``) or
 ``mpirun --hostfile`` (Open MPI, ``host slots=N``), or one host per rank for ``SLURM_HOSTFILE``
 with ``srun --distribution=arbitrary``. The launchers fill hosts in file order, so
-the file *is* the rank -> host map, and rank order is the role map (``mpirl.transport.topology.layout``)::
+the file *is* the rank -> host map, and rank order is the role map
+(``mpirl.transport.topology.layout``)::
 
     ranks 0..K-1              learners     -> the cloud host, alone (--learners K, default 1)
     per site s: buffer, actors             -> edge hosts, a site on one host when slots allow

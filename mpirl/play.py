@@ -7,10 +7,10 @@
 The env and the network are rebuilt from the run's stored config (``learner.h5``'s
 ``config_json``): ``--env``, ``--env-kwargs``, ``--env-wrappers``, ``--hidden``, ``--dueling``, and
 the Atari/MinAtar preprocessing of training.  Weights: ``best`` = ``RUN_DIR/best.pt`` (see
-mpirl.roles.best_model), ``latest`` = the newest complete checkpoint, ``ID`` = checkpoint ID; by default
-``best`` when the run has one, else ``latest``.  The policy is argmax Q under mpirl's own acting
-network (numpy MLP for vectors, the torch CNN for images), as the learner's greedy evaluation;
-episode ``i`` is reset with seed ``--seed + i``, so a play is repeatable.
+mpirl.roles.best_model), ``latest`` = the newest complete checkpoint, ``ID`` = checkpoint ID; by
+default ``best`` when the run has one, else ``latest``.  The policy is argmax Q under mpirl's own
+acting network (numpy MLP for vectors, the torch CNN for images), as the learner's greedy
+evaluation; episode ``i`` is reset with seed ``--seed + i``, so a play is repeatable.
 
 ``--export PATH`` writes the Q-network: TorchScript (``torch.jit.load(PATH)``) or ONNX
 (``--format onnx``, needs ``pip install -e ".[export]"``).  Input: a batch of observations as

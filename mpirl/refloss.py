@@ -321,8 +321,8 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 def reference_loss(
     online, target, refset: RefSet, huber_delta: float = 1.0, chunk: int = 4096
 ) -> dict[str, float]:
-    """The unweighted `mpirl.agent.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap) over
-    every transition of ``refset``, in chunks; no gradients, the networks are left as they are.
+    """The unweighted `mpirl.agent.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap)
+    over every transition of ``refset``, in chunks; no gradients, the networks are left as they are.
     Returns the mean Huber loss, the mean |td| and the number of transitions."""
     import torch
 
@@ -353,9 +353,9 @@ def reference_loss_self(
     chunk: int = 4096,
 ) -> dict[str, float]:
     """`reference_loss` with one network as both online and target, in numpy on any
-    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.agent.qnet.NumpyQ`, or the torch
-    CNN behind `mpirl.agent.qnet.TorchActorQ`), so the evaluation process needs no torch for vector
-    observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
+    ``q(obs_batch) -> Q values`` (the actors' and evaluator's `mpirl.agent.qnet.NumpyQ`, or the
+    torch CNN behind `mpirl.agent.qnet.TorchActorQ`), so the evaluation process needs no torch for
+    vector observations: ``a* = argmax_a Q(s', a)``, ``td = Q(s, a) - (R + discount * Q(s', a*))``,
     Huber with ``huber_delta``, unweighted means; ``q_sq_mean`` = mean Q(s, a)^2, the Q scale
     the loss is divided by to compare weights whose values grew by different amounts."""
     n = len(refset)

@@ -251,6 +251,34 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: {e}") from None
 
 
+def _slurm_table(path: Path, slurm) -> dict:
+    """A spec's checked [slurm] table."""
+    if not isinstance(slurm, dict):
+        raise SpecError(f"{path}: [slurm] must be a table")
+    bad = sorted(set(slurm) - SLURM_KEYS)
+    if bad:
+        raise SpecError(f"{path}: unknown key(s) {bad} in [slurm]; it has {sorted(SLURM_KEYS)}")
+    if "time" in slurm and not (isinstance(slurm["time"], str) and slurm["time"].strip()):
+        raise SpecError(
+            f'{path}: [slurm] time = {slurm["time"]!r} must be a SLURM time string, e.g. "00:30:00"'
+        )
+    mp = slurm.get("max_parallel")
+    if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool) or mp < 1):
+        raise SpecError(f"{path}: [slurm] max_parallel = {mp!r} must be an integer >= 1")
+    for key in ("sbatch", "setup"):
+        v = slurm.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise SpecError(f"{path}: [slurm] {key} = {v!r} must be a list of strings")
+    if "job_name" in slurm and not (
+        isinstance(slurm["job_name"], str) and re.fullmatch(r"[A-Za-z0-9._-]+", slurm["job_name"])
+    ):
+        raise SpecError(
+            f"{path}: [slurm] job_name = {slurm['job_name']!r} must be letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return slurm
+
+
 def _load_spec(path: Path) -> Spec:
     try:
         data = tomllib.loads(path.read_text())
@@ -319,30 +347,7 @@ def _load_spec(path: Path) -> Spec:
                     f"{path}: flag {n!r} is set in {seen[n]} and in {where}; set it in one place"
                 )
             seen[n] = where
-    slurm = data.get("slurm", {})
-    if not isinstance(slurm, dict):
-        raise SpecError(f"{path}: [slurm] must be a table")
-    bad = sorted(set(slurm) - SLURM_KEYS)
-    if bad:
-        raise SpecError(f"{path}: unknown key(s) {bad} in [slurm]; it has {sorted(SLURM_KEYS)}")
-    if "time" in slurm and not (isinstance(slurm["time"], str) and slurm["time"].strip()):
-        raise SpecError(
-            f'{path}: [slurm] time = {slurm["time"]!r} must be a SLURM time string, e.g. "00:30:00"'
-        )
-    mp = slurm.get("max_parallel")
-    if mp is not None and (not isinstance(mp, int) or isinstance(mp, bool) or mp < 1):
-        raise SpecError(f"{path}: [slurm] max_parallel = {mp!r} must be an integer >= 1")
-    for key in ("sbatch", "setup"):
-        v = slurm.get(key, [])
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise SpecError(f"{path}: [slurm] {key} = {v!r} must be a list of strings")
-    if "job_name" in slurm and not (
-        isinstance(slurm["job_name"], str) and re.fullmatch(r"[A-Za-z0-9._-]+", slurm["job_name"])
-    ):
-        raise SpecError(
-            f"{path}: [slurm] job_name = {slurm['job_name']!r} must be letters, "
-            "digits, '.', '_' or '-'"
-        )
+    slurm = _slurm_table(path, data.get("slurm", {}))
     return Spec(
         path=path,
         out=Path(out),

@@ -80,8 +80,8 @@ class ScriptedLink:
 
 
 class RecordingPort(SitePort):
-    """A `mpirl.transport.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts`` as
-    ``(Tag, buffer, dest)`` instead of sent."""
+    """A `mpirl.transport.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts``
+    as ``(Tag, buffer, dest)`` instead of sent."""
 
     def __init__(self, wire, me: str = "test rank"):
         super().__init__(MPI.COMM_SELF, Inbox(wire, me, lambda r: f"site rank {r}", MPI.COMM_SELF))
@@ -112,8 +112,8 @@ def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
 
 def wire_of(cfg, spec=None, role: str | None = None):
     """``(spec, wire)``: the env spec of ``cfg`` (inspected when not given) and the
-    `mpirl.transport.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that rank's
-    role), as `mpirl.main` builds them."""
+    `mpirl.transport.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that
+    rank's role), as `mpirl.main` builds them."""
     from mpirl.agent.envs import inspect
     from mpirl.main import _wire
     from mpirl.replay.build import record_dtype
@@ -140,8 +140,8 @@ def make_learner(cfg, spec, wire, log, links: dict, **kw):
 
 
 def make_buffer(cfg, spec, wire, log, link=None, **kw):
-    """A `mpirl.roles.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on a
-    one-rank site with no actors."""
+    """A `mpirl.roles.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on
+    a one-rank site with no actors."""
     from mpirl.roles.buffer import Buffer
 
     topo = SimpleNamespace(place=layout(3, 1)[1])

@@ -51,13 +51,14 @@ for u in range(UPDATES):
     if lone is not None:
         lone.step(rec, w)
 if rank == 0:
-    diff = max(float((a - b).abs().max()) for a, b in zip(group.params, lone.params))
+    diff = max(float((a - b).abs().max()) for a, b in zip(group.params, lone.params, strict=True))
     tdiff = max(
         float((a - b).abs().max())
-        for a, b in zip(group.target.parameters(), lone.target.parameters())
+        for a, b in zip(group.target.parameters(), lone.target.parameters(), strict=True)
     )
     moved = max(
-        float((a - b).abs().max()) for a, b in zip(group.params, TrainStep(cfg, spec).params)
+        float((a - b).abs().max())
+        for a, b in zip(group.params, TrainStep(cfg, spec).params, strict=True)
     )
     print(
         json.dumps(

@@ -21,7 +21,7 @@ def require() -> None:
             continue
         try:
             importlib.import_module(name)
-        except Exception as e:  # ImportError, or a module that breaks while importing
+        except Exception as e:  # noqa: BLE001 - ImportError, or a module that breaks while importing
             pytest.fail(
                 f"MPIRL_REQUIRE_IMAGES is set but {name} does not import "
                 f'({type(e).__name__}: {e}); pip install -e ".[images]"',

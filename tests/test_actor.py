@@ -55,7 +55,7 @@ def test_actor_sends_the_n_step_transitions_of_its_env_steps(tmp_path, run_wire,
         port = RecordingPort(wire)
         a = actor_mod.Actor(cfg, topo, spec, wire, log, port)
         recorded = [[] for _ in a.envs]
-        a.envs = [_Record(e, rec) for e, rec in zip(a.envs, recorded)]
+        a.envs = [_Record(e, rec) for e, rec in zip(a.envs, recorded, strict=True)]
         sent = port.posts  # (tag, buffer, dest)
         a.q.load(np.random.default_rng(1).normal(0, 0.5, a.q.size).astype(np.float32))
         a.weights_version = 0

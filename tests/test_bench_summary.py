@@ -1,5 +1,5 @@
 """The benches' own output. bench/time_to_target.py's summary: a seed that never reached the
-target is reported and counted, never dropped (NaN used to vanish from statistics.median,
+target is reported and counted, never dropped (a NaN inside statistics.median can vanish,
 depending on the order). bench/learner_loop.py's dry run."""
 
 import importlib.util

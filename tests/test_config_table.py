@@ -1,5 +1,6 @@
 """docs/configuration.md's tables are generated from `Config`'s help strings (as docs/hdf5.md is
-from mpirl.logs.schema): the committed text must be exactly what mpirl.run.config_table writes now."""
+from mpirl.logs.schema): the committed text must be exactly what
+mpirl.run.config_table writes now."""
 
 import dataclasses
 from pathlib import Path

@@ -73,7 +73,7 @@ def test_prefetched_updates_equal_serial_ones():
         if i + 1 < len(data):
             nxt = b.put(*data[i + 1])
         out.append(pending.result())
-    for (l1, td1), (l2, td2) in zip(serial, out):
+    for (l1, td1), (l2, td2) in zip(serial, out, strict=True):
         assert l1 == l2 and np.array_equal(td1, td2)
     np.testing.assert_array_equal(a.online.flat_params(), b.online.flat_params())
 
@@ -85,13 +85,13 @@ def test_clip_is_torchs_clip_grad_norm():
     loss.backward()
     ref = [p.grad.clone() for p in s.params]
     params = [torch.nn.Parameter(torch.zeros_like(g)) for g in ref]
-    for p, g in zip(params, ref):
+    for p, g in zip(params, ref, strict=True):
         p.grad = g.clone()
     torch.nn.utils.clip_grad_norm_(params, 0.05)
     s._clip()
     norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in ref]))
     assert norm > 0.05  # the clip is active in this batch
-    for p, q in zip(s.params, params):
+    for p, q in zip(s.params, params, strict=True):
         torch.testing.assert_close(p.grad, q.grad)
 
 

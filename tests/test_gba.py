@@ -1,4 +1,5 @@
-"""The GBA aggregator (mpirl.agent.gba): exactly the global batch, the staleness rule, never twice."""
+"""The GBA aggregator (mpirl.agent.gba): exactly the global batch, the staleness rule,
+never twice."""
 
 import numpy as np
 import pytest

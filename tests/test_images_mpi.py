@@ -111,8 +111,8 @@ def test_minatar_breakout_learns(tmp_path):
 def test_atari_smoke(tmp_path):
     """Pong, 1 learner + 1 buffer + 1 actor, replay at the learner (every experience crosses
         the link as FORWARD, compressed): runs, trains, stops cleanly, writes its HDF5 files.  One
-    run (about a minute on 2 cores, most of it start-up); --compress off is covered by the wire tests
-    and bench/images.py."""
+    run (about a minute on 2 cores, most of it start-up); --compress off is covered by the wire
+    tests and bench/images.py."""
     run_dir = tmp_path / "run"
     p = run_mpirl(
         3,
@@ -164,8 +164,9 @@ def test_atari_smoke(tmp_path):
 
 # --n-step 1 and the untrained policy's 6-step Breakout episodes carry ~9% more frames per
 # transition than the frame ring is sized for: the memory then holds ~2,750 of 3,000
-# transitions for good.  With --learning-starts 3000 it used to stall (actors throttled once
-# inserted > learning_starts, sampling waiting for len >= learning_starts): 0 updates.
+# transitions for good.  With --learning-starts 3000 the run must still train: a sampling rule
+# that waits for len >= learning_starts while the actors are throttled once inserted >
+# learning_starts stalls at 0 updates.
 NEAR_FULL = [
     "--env",
     "MinAtar/Breakout-v1",

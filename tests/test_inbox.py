@@ -1,5 +1,5 @@
-"""mpirl.transport.inbox, the one receive loop, on a one-rank communicator (messages sent to self): each
-message reaches the handler of its kind as its view, an unexpected kind names itself and its
+"""mpirl.transport.inbox, the one receive loop, on a one-rank communicator (messages sent to self):
+each message reaches the handler of its kind as its view, an unexpected kind names itself and its
 sender, and the limit, the source filter and the buffer reuse hold."""
 
 import numpy as np

@@ -100,7 +100,7 @@ def test_batches_of_several_sites_are_weighted_on_one_scale(tmp_path):
         lrn.run()
     assert len(trained) == 2  # site 0 first (fair queueing, tie), then site 1
     top = max(site_max.values())
-    for got, b in zip(trained, (1, 2)):
+    for got, b in zip(trained, (1, 2), strict=True):
         np.testing.assert_allclose(
             got, site_w[b] * site_max[b] / top, rtol=1e-6, err_msg=f"site {b - 1}'s weights"
         )
@@ -241,9 +241,9 @@ def test_held_rows_match_one_row_at_a_time(tmp_path):
 
 
 def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
-    """The evaluation runs off the update loop (issue 16); one requested in the turn the run
-    stops used to be dropped at the stop (no /evals row, no best.pt), so a run could lose its
-    last and best evaluation.  The learner now waits for it after the final checkpoint."""
+    """The evaluation runs off the update loop; one requested in the turn the run stops is
+    waited for after the final checkpoint, so its /evals row and best.pt are kept (dropping it
+    would lose the run's last and possibly best evaluation)."""
     import h5py
 
     cfg = Config(

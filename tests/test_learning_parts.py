@@ -107,7 +107,8 @@ def test_train_step_runs_standalone():
 
 
 def test_adam_matches_torch_and_checkpoints_either_way():
-    """mpirl.agent.dqn.Adam is torch.optim.Adam's update (same kernel) with its state_dict format."""
+    """mpirl.agent.dqn.Adam is torch.optim.Adam's update (same kernel) with its
+    state_dict format."""
     import copy
 
     from mpirl.agent.dqn import Adam
@@ -122,7 +123,7 @@ def test_adam_matches_torch_and_checkpoints_either_way():
             o.zero_grad()
             n(x).pow(2).mean().backward()
             o.step()
-    for p, q in zip(net.parameters(), ref_net.parameters()):
+    for p, q in zip(net.parameters(), ref_net.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     back = Adam(copy.deepcopy(ref_net).parameters(), lr=1e-2)
     back.load_state_dict(ref.state_dict())  # a checkpoint written by torch's Adam
@@ -146,7 +147,8 @@ def test_learner_train_step_does_not_import_dynamo():
     code = (
         "import sys, numpy as np\n"
         "from mpirl.run.config import Config\nfrom mpirl.agent.envs import inspect\n"
-        "from mpirl.agent.train_step import TrainStep\nfrom mpirl.transport.wire import transition_dtype\n"
+        "from mpirl.agent.train_step import TrainStep\n"
+        "from mpirl.transport.wire import transition_dtype\n"
         "cfg = Config(hidden=(16,)); spec = inspect(cfg.env)\n"
         "rec = np.zeros(8, transition_dtype(spec.obs_shape, spec.obs_dtype))\n"
         "s = TrainStep(cfg, spec); s.step(rec, np.ones(8, np.float32)); s.sync_target()\n"
@@ -265,7 +267,7 @@ def test_gradients_above_the_clip_are_scaled_to_the_clip_norm(reward, weight, cl
     want = [g * (0.5 / norm) for g in raw] if clipped else raw
     assert (norm > 50) if clipped else (norm < 0.5), norm
     got = [p.grad for p in step.online.parameters()]
-    for g, e in zip(got, want):
+    for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-7)
     if clipped:
         assert float(torch.sqrt(sum((g**2).sum() for g in got))) == pytest.approx(0.5, rel=1e-4)
@@ -285,7 +287,7 @@ def test_grad_clip_zero_leaves_gradients_alone():
     step = TrainStep(Config(hidden=(16,), grad_clip=0.0), spec)
     raw = _grads_by_hand(step, rec, w)
     step.step(rec, w)
-    for g, e in zip((p.grad for p in step.online.parameters()), raw):
+    for g, e in zip((p.grad for p in step.online.parameters()), raw, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
 
 

@@ -50,7 +50,7 @@ def test_profiles_and_overrides():
 
 def test_real_link_delivers_in_the_same_call():
     """With no emulation a message is handed over by the receive() call that takes it off MPI,
-    even when the caller's clock reading predates its arrival (it used to wait one loop turn)."""
+    even when the caller's clock reading predates its arrival (not one loop turn later)."""
     import time
 
     import numpy as np

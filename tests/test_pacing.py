@@ -93,7 +93,7 @@ def test_max_updates_is_a_budget_resume_may_change():
         parse(["--resume", "runs/x", "--actor-steps-per-s", "1"], stored=stored)
 
 
-# --- the fixed window (pure, and on a run's files) -------------------------------------------------
+# --- the fixed window (pure, and on a run's files) ------------------------------------------------
 
 
 def test_fixed_window_is_updates_half_to_budget():
@@ -108,7 +108,7 @@ def test_fixed_window_is_updates_half_to_budget():
     assert n == 0 and not mask.any()
 
 
-# --- real runs (mpirun, a few seconds each) ----------------------------------------------------------
+# --- real runs (mpirun, a few seconds each) -------------------------------------------------------
 
 S, U, BATCH, ACTORS = 200.0, 20.0, 64, 2  # far below what this machine does: P 400/s, U 20/s
 RHO = U * BATCH / (S * ACTORS)  # 3.2

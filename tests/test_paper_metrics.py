@@ -331,9 +331,8 @@ def test_cells_ratios_decision_and_crossover_by_hand(tmp_path):
     # a deciding cell that neither reproduces nor refutes: "inconclusive", not "holds only
     # where no deciding cell" (the pilot's report said that)
     slow.decision = dataclasses.replace(slow.decision, verdict="inconclusive")
-    assert (
-        P.headline([slow, fast])
-        == "**inconclusive**: no deciding cell reproduces it (bandwidth_mbps=0.4, rho=1: inconclusive)"
+    assert P.headline([slow, fast]) == (
+        "**inconclusive**: no deciding cell reproduces it (bandwidth_mbps=0.4, rho=1: inconclusive)"
     )
 
     grid = P.crossover_map([slow, fast])

@@ -149,7 +149,7 @@ def _brute_best(n, b, caps):
     best = None
     for order in set(itertools.permutations(caps)):
 
-        def rec(r, i, acc):
+        def rec(r, i, acc, order=order):
             nonlocal best
             if r == n:
                 if best is None or acc > best:
@@ -159,7 +159,7 @@ def _brute_best(n, b, caps):
                 return
             for e in range(r + 1, min(r + order[i], n) + 1):
                 sc = pl._chunk_score(r, e, sites)
-                rec(e, i + 1, tuple(x + y for x, y in zip(acc, sc)))
+                rec(e, i + 1, tuple(x + y for x, y in zip(acc, sc, strict=True)))
 
         rec(1, 0, (0, 0, 0, 0))
     return best
@@ -180,7 +180,7 @@ def test_plan_is_as_good_as_brute_force(n, b, caps):
     sites = pl._sites(n, b)
     got, r = (0, 0, 0, 0), 1
     for _, count in chunks:
-        got = tuple(x + y for x, y in zip(got, pl._chunk_score(r, r + count, sites)))
+        got = tuple(x + y for x, y in zip(got, pl._chunk_score(r, r + count, sites), strict=True))
         r += count
     assert r == n
     assert got == _brute_best(n, b, caps)
@@ -420,7 +420,8 @@ def test_hydra_fills_generated_hostfile(tmp_path):
 def test_job_scripts_exist():
     names = {j.name for j in JOBS}
     assert {"single-node.sbatch", "edge-cloud.sbatch", "edge-cloud-hetjob.sbatch"} <= names
-    # sweeps (the former matrix-array.sbatch): python -m mpirl.sweep SPEC --slurm, tests/test_sweep.py
+    # sweeps (the former matrix-array.sbatch): python -m mpirl.sweep SPEC --slurm,
+    # tests/test_sweep.py
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j.name)

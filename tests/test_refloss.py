@@ -106,8 +106,11 @@ def test_collection_is_deterministic_and_n_step_consistent(tmp_path):
     assert full.any() and (~full).any()  # random play ends episodes
     np.testing.assert_allclose(a.reward[full], 1 + 0.9 + 0.81, rtol=1e-6)
     np.testing.assert_allclose(a.discount[full], 0.9**3, rtol=1e-6)
+
     # epsilon-greedy with a Q-function: greedy steps follow it
-    always_left = lambda x: np.tile([1.0, 0.0], (len(x), 1))
+    def always_left(x):
+        return np.tile([1.0, 0.0], (len(x), 1))
+
     g = R.collect("CartPole-v1", seed=5, size=50, n_step=1, gamma=0.9, q=always_left, epsilon=0.0)
     assert (g.action == 0).all() and g.meta["policy"] == "epsilon-greedy"
     p = tmp_path / "ref.npz"
@@ -203,7 +206,7 @@ def test_evaluation_reports_the_reference_loss_of_the_weights_it_played(kind, tm
     sha = R.save(rs, path)
     nets = [qnet.make_learner_q(spec, cfg.hidden, cfg.dueling) for _ in range(2)]
     want = [R.reference_loss(n, n, rs, huber_delta=0.5) for n in nets]
-    for w, n in zip(want, nets):  # the Q scale: mean Q(s, a)^2 of the taken actions
+    for w, n in zip(want, nets, strict=True):  # the Q scale: mean Q(s, a)^2 of the taken actions
         with torch.no_grad():
             q_a = n(torch.from_numpy(rs.obs)).gather(
                 1, torch.from_numpy(rs.action).long().view(-1, 1)

@@ -56,7 +56,7 @@ class Reference:
 
     def add(self, serials, tds):
         written = []
-        for s, td in zip(serials, tds):
+        for s, td in zip(serials, tds, strict=True):
             slot = self.n % self.capacity
             self.p[slot] = self.priority(td)
             self.serial[slot] = int(s)
@@ -66,7 +66,7 @@ class Reference:
 
     def update(self, idx, gens, tds):
         stale = 0
-        for i, g, td in zip(idx, gens, tds):
+        for i, g, td in zip(idx, gens, tds, strict=True):
             if self.serial[i] != g:
                 stale += 1
             else:
@@ -374,7 +374,7 @@ def test_state_dict_round_trip_via_npz(top):
     assert m2.total_priority() == m.total_priority()
     assert m2.min_priority() == m.min_priority()
     a, b = m.sample(32), m2.sample(32)  # rng state restored too
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x, y)
     with pytest.raises(ValueError, match="capacity=50 differs from this memory's capacity=60"):
         PrioritizedReplay(60, DT).load_state_dict(loaded)

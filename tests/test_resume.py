@@ -101,8 +101,8 @@ def test_memory_arrays_are_read_from_the_file_on_demand(tmp_path):
 
 
 def test_learner_tensors_round_trip_without_pickle(tmp_path):
-    """Networks, the learner's Adam state (mpirl.agent.dqn.Adam, fused kernel) and the torch RNG load
-    with torch.load(weights_only=True)."""
+    """Networks, the learner's Adam state (mpirl.agent.dqn.Adam, fused kernel) and the torch RNG
+    load with torch.load(weights_only=True)."""
     import torch
 
     from mpirl.agent.dqn import Adam
@@ -139,7 +139,7 @@ def test_learner_tensors_round_trip_without_pickle(tmp_path):
     q2(x).sum().backward()
     opt.step()
     opt2.step()
-    assert all(torch.equal(a, b) for a, b in zip(q.parameters(), q2.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(q.parameters(), q2.parameters(), strict=True))
     assert part.meta["updates"] == 3
 
 

@@ -1,6 +1,6 @@
-"""mpirl.logs.schema declares every HDF5 stream once; docs/hdf5.md must describe exactly those streams
-and fields, with the same dtypes, units and text (no run needed: the files are written from the
-same declarations, and tests/test_analysis.py checks a real run's files against the doc)."""
+"""mpirl.logs.schema declares every HDF5 stream once; docs/hdf5.md must describe exactly those
+streams and fields, with the same dtypes, units and text (no run needed: the files are written from
+the same declarations, and tests/test_analysis.py checks a real run's files against the doc)."""
 
 from pathlib import Path
 

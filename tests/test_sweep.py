@@ -193,7 +193,7 @@ def test_dry_run_lists_every_run_and_its_status(tmp_path, capsys):
     assert lines[0].startswith(f"# {p}: 8 runs (2 seeds x 2 bandwidth_mbps x 2 replay_at)")
     listed = [x for x in lines if x.startswith("[")]
     assert len(listed) == 8
-    for r, line in zip(runs, listed):
+    for r, line in zip(runs, listed, strict=True):
         assert line.startswith(f"[{r.index}] ") and line.endswith(f"  {r.run_dir}")
     assert "done (skipped)" in listed[0] and "incomplete (set aside" in listed[1]
     assert "incomplete (set aside" in listed[2] and "todo" in listed[3]

@@ -1,1 +1,2 @@
-"""The learning agent, no MPI: Q-network, DQN loss and train step, GBA, n-step returns, frames, environments, the torch device."""
+"""The learning agent, no MPI: Q-network, DQN loss and train step, GBA, n-step returns, frames,
+environments, the torch device."""

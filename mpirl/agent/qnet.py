@@ -9,11 +9,11 @@ Parameter order (the wire format of WEIGHTS): for each layer, weight (out, in) r
 bias (out,); hidden layers first, then the head(s): ``q`` or, with dueling, ``value`` then
 ``advantage``.
 
-Image observations ([C, H, W] uint8, see mpirl.agent.envs) get a CNN: the Nature DQN stack (conv 32 8x8
-/4, conv 64 4x4 /2, conv 64 3x3 /1, FC 512) when H, W >= 36, else the MinAtar paper's stack (conv
-16 3x3 /1, FC 128); then the same ``q`` or ``value`` + ``advantage`` head(s).  The input is cast
-to float32 and multiplied by ``obs_scale`` (1/255 for pixels) inside the network, so uint8 frames
-travel and are stored as uint8.  Parameters follow ``nn.Module.parameters()``: conv weights
+Image observations ([C, H, W] uint8, see mpirl.agent.envs) get a CNN: the Nature DQN stack (conv 32
+8x8 /4, conv 64 4x4 /2, conv 64 3x3 /1, FC 512) when H, W >= 36, else the MinAtar paper's stack
+(conv 16 3x3 /1, FC 128); then the same ``q`` or ``value`` + ``advantage`` head(s).  The input is
+cast to float32 and multiplied by ``obs_scale`` (1/255 for pixels) inside the network, so uint8
+frames travel and are stored as uint8.  Parameters follow ``nn.Module.parameters()``: conv weights
 (out, in, kh, kw) then biases, layer by layer, then the FC, then the head(s).  Actors of image
 runs run the same torch module (``TorchActorQ``, torch imported lazily, one thread, no_grad): a
 numpy convolution would be slower than torch's and a second implementation to keep in step.

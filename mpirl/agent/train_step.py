@@ -1,10 +1,10 @@
 """The learner's train step on its own: the online and target networks on a device, Adam, and
 one double-DQN update on a batch (no MPI, no logging).
 
-`mpirl.roles.learner.Learner` calls it; bench/overheads.py and bench/gpu.py time it standalone.  A batch
-goes host -> device with ``put`` (on CUDA through pinned staging buffers and non-blocking copies),
-the update is queued with ``launch``, and ``Pending.result`` brings the loss and |td| back in one
-copy, so the learner can put the next batch on its way while the current one trains.
+`mpirl.roles.learner.Learner` calls it; bench/overheads.py and bench/gpu.py time it standalone.  A
+batch goes host -> device with ``put`` (on CUDA through pinned staging buffers and non-blocking
+copies), the update is queued with ``launch``, and ``Pending.result`` brings the loss and |td| back
+in one copy, so the learner can put the next batch on its way while the current one trains.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ docs/hdf5.md are generated from the files the roles write (``python -m analysis.
 --update docs/hdf5.md``), and ``tests/test_schema.py`` checks that every stream and field declared
 here is in docs/hdf5.md with the same doc text, without a run.
 
-Every stream also has ``t`` first (`mpirl.logs.runlog.T_FIELD`), added by `mpirl.logs.runlog.RunLog.stream`.
+Every stream also has ``t`` first (`mpirl.logs.runlog.T_FIELD`), added by
+`mpirl.logs.runlog.RunLog.stream`.
 """
 
 from __future__ import annotations

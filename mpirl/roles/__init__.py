@@ -1,1 +1,2 @@
-"""The roles: what each rank does (actor, buffer, learner and the learner group), each a class whose turn is a list of named steps."""
+"""The roles: what each rank does (actor, buffer, learner and the learner group), each a class whose
+turn is a list of named steps."""

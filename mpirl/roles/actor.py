@@ -17,13 +17,13 @@ buffer has not yet granted back.  Without a token it keeps stepping until ``4 * 
 transitions are waiting, then waits for a token (backpressure; the wait is counted as throttled
 time and the CPU goes to other ranks).
 
-Checkpoints (`mpirl.transport.cut`): on CHECKPOINT the actor writes its part (counters, epsilons, RNG
-state and the transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it
+Checkpoints (`mpirl.transport.cut`): on CHECKPOINT the actor writes its part (counters, epsilons,
+RNG state and the transitions it has not sent yet) and acknowledges; on STOP with a checkpoint id it
 writes its final part before DONE.  Resumed, it continues those counters with fresh episodes (env
 states are not saved: the episodes in progress and their incomplete n-step windows are dropped).
 
-Image observations (see mpirl.agent.frames): every frame gets an id in this actor's ``FrameLog``; the
-n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
+Image observations (see mpirl.agent.frames): every frame gets an id in this actor's ``FrameLog``;
+the n-step accumulator and the outgoing lists hold stacks of ids, and a message carries each frame
 it refers to once.  Rewards of image envs are clipped to [-1, 1] before the n-step sum (the
 episode returns logged stay unclipped); with ``--episodic-life`` a lost life ends the n-step
 return (discount 0) while the game goes on.  Image runs act with the torch CNN (imported here
@@ -84,10 +84,10 @@ class Outgoing:
     def columns(self, k: int | None = None) -> tuple[list, ...]:
         """The first ``k`` transitions (all: None) as seven lists: NAMES, then the boxes."""
         rows = self.rows if k is None else self.rows[:k]
-        return tuple(map(list, zip(*rows))) if rows else tuple([] for _ in range(7))
+        return tuple(map(list, zip(*rows, strict=True))) if rows else tuple([] for _ in range(7))
 
     def extend(self, *columns) -> None:
-        self.rows.extend(zip(*columns))
+        self.rows.extend(zip(*columns, strict=True))
 
     def drop(self, k: int) -> None:
         del self.rows[:k]
@@ -197,7 +197,7 @@ class Actor:
     def start_episodes(self) -> None:
         if self.cfg.actor_steps_per_s:  # P = actors x this, whatever the placement
             self.pace = TokenBucket(self.cfg.actor_steps_per_s, take=self.m)
-        first = [e.reset(seed=s) for s, e in zip(self.seed["envs"], self.envs)]
+        first = [e.reset(seed=s) for s, e in zip(self.seed["envs"], self.envs, strict=True)]
         self.obs = np.stack([o for o, _ in first])
         for j, (o, info) in enumerate(first):
             self.lives[j] = info.get("lives", 0)
@@ -418,7 +418,8 @@ class Actor:
         spec, out = self.spec, self.out
         k = len(out)
         cols = out.columns()
-        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, cols)}
+        # the boxes (seventh column) are not saved: a resume refills them with NaN
+        arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, cols, strict=False)}
         o_obs, o_next = cols[0], cols[3]
         if self.flog is not None:  # image run: frame ids -> indices into a saved frame table
             idx, arrays["out_frames"] = self.flog.pack(o_obs, o_next)

@@ -2,12 +2,12 @@
 
 Two placements of the prioritized replay memory (``--replay-at``), same loop:
 
-* ``learner`` (existing, Ape-X style): every experience is forwarded over the link, in chunks of
+* ``learner``: every experience is forwarded over the link, in chunks of
   ``forward_chunk``, against tokens the learner grants (``forward_credits`` in flight).  The
   forward queue (`ForwardQueue`) is bounded: when it is full the buffer stops granting tokens to
   its actors (backpressure) or drops the oldest (``--forward-overflow drop-oldest``), so memory
   stays bounded whatever the link does.
-* ``buffer`` (proposed): experiences go into this node's prioritized replay memory; the buffer
+* ``buffer``: experiences go into this node's prioritized replay memory; the buffer
   keeps ``inflight`` sampled batches (with importance weights) in flight to the learner and
   applies the priority updates that come back, generation-checked (an update for a slot that
   was overwritten meanwhile is dropped and counted).  Token control paces the actors so the
@@ -107,7 +107,7 @@ class ForwardQueue:
             k += take
         self.len -= k
         if self.spec.image:
-            records, table = compact(*concat(zip(recs, tables)))
+            records, table = compact(*concat(zip(recs, tables, strict=True)))
         else:
             records, table = np.concatenate(recs), None
         return records, np.concatenate(tds), table

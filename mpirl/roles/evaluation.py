@@ -4,11 +4,11 @@ The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an eval
 keeps training; it polls for the result once per loop turn and handles it in one place
 (``Learner.evaluated``).  At most one evaluation is in flight: one that is due while
 another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
-``mpirl.run.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.agent.envs.Evaluator), whichever runner plays
-it.
+``mpirl.run.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.agent.envs.Evaluator), whichever runner
+plays it.
 
-* ``process`` (default): a child process (``python -m mpirl.roles.evaluation``) with its own envs and
-  network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
+* ``process`` (default): a child process (``python -m mpirl.roles.evaluation``) with its own envs
+  and network; weights in and returns out over its stdin/stdout pipes as raw bytes (fixed int64
   headers, float32 weights, float64 returns: no pickle).  It runs in parallel with the learner,
   on whatever core is free.  A writer thread feeds the pipe: the weights (530 KB MinAtar, 6.75
   MB Atari) exceed the pipe's 64 KB, and the child reads only once it has imported its modules
@@ -17,7 +17,8 @@ it.
 * ``thread``: a thread of the learner.  torch releases the GIL inside its kernels, but
   gymnasium's CartPole and the numpy forward are Python that holds it, so the learner's Python
   (the loop, torch's dispatch) waits for the GIL while the thread plays.
-* ``inline``: in the update loop, which waits for it (the behaviour before issue 16).
+* ``inline``: in the update loop, which waits for it (the baseline the other two are measured
+  against).
 
 docs/design.md ("Evaluation off the update loop") has the measurement behind the default.
 

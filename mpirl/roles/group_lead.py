@@ -162,7 +162,7 @@ class LeadGroup(Solo):
         )
         self.next_id += 1
 
-    # ---- orders ------------------------------------------------------------------------------------
+    # ---- orders ----------------------------------------------------------------------------------
     def _order(self, m: Member) -> bool:
         """Send ``m`` its next batch (relayed) or a sample order for its shard; False when there
         is no batch for it."""
@@ -260,7 +260,7 @@ class LeadGroup(Solo):
             t.apply_step()
             lead.updates = t.updates
             first = min(c.arrived for c in taken.used)
-            for c, w, s in zip(taken.used, taken.scales, taken.staleness):
+            for c, w, s in zip(taken.used, taken.scales, taken.staleness, strict=True):
                 lead.logs["group"].append(
                     update=t.updates,
                     learner=c.learner,

@@ -5,7 +5,8 @@
     receive        take what every buffer sent; one handler per message kind (``on_<kind>``)
     group          --learners K: the other learners' answers, orders for them, the global
                    updates of async / gba (`mpirl.roles.group_lead`; K = 1: nothing)
-    checkpoint     advance the consistent cut (`mpirl.transport.cut.Cut`): start one, write when complete
+    checkpoint     advance the consistent cut (`mpirl.transport.cut.Cut`): start one, write when
+                   complete
     grant_tokens   replay_at=learner: tokens for more forwarded experiences (rate limiter)
     train          one double-DQN update (`mpirl.agent.train_step.TrainStep`) on the next batch, its
                    priorities back to the buffer (replay_at=buffer) or into the memory here
@@ -19,9 +20,9 @@ Stop protocol: the learner sends STOP to every buffer and keeps serving the link
 buffer answers DONE (it has collected DONE from its actors and handed everything over), then
 acknowledges with DONE.  No rank is left waiting; every file is closed.
 
-Checkpoints (``checkpoint_seconds``, and always at a clean stop): see `mpirl.transport.cut`.  The learner's
-part holds the networks, optimizer, counters, RNG states and the replay memory at the learner;
-the manifest is written last.
+Checkpoints (``checkpoint_seconds``, and always at a clean stop): see `mpirl.transport.cut`.  The
+learner's part holds the networks, optimizer, counters, RNG states and the replay memory at the
+learner; the manifest is written last.
 """
 
 from __future__ import annotations
@@ -164,15 +165,7 @@ class Learner:
         self.arrival_rng = np.random.default_rng(self.seed["arrival"])
         self.backoff = Backoff()
         self.fault = failure.FAULT
-        # counters (a checkpoint's part; `restore` sets them on --resume)
-        self.updates = 0
-        self.weights_version = -1
-        self.inserted = self.sampled = 0
-        self.eval_round = 0
-        self.last_eval = -np.inf
-        self.best_eval = -np.inf
-        self.elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
-        self.to_target: dict = {}
+        self.zero_counters()
         # the loop's state
         self.flat = (-1, None)  # (updates, flat weights) of the last broadcast
         self.sync = WeightSync(cfg, wire, self.sites)  # when and how weights are broadcast
@@ -209,6 +202,18 @@ class Learner:
         self.eval_runner = None
         self.group = make_group(self, ends)  # --learners K: the other learners (K = 1: no-op)
         self.trainer.sync = self.group.sync
+
+    def zero_counters(self) -> None:
+        """The counters a checkpoint holds, at the start of a run (`restore` sets them on
+        --resume)."""
+        self.updates = 0
+        self.weights_version = -1
+        self.inserted = self.sampled = 0
+        self.eval_round = 0
+        self.last_eval = -np.inf
+        self.best_eval = -np.inf
+        self.elapsed_before = 0.0  # wall time of earlier launches (resumed runs)
+        self.to_target: dict = {}
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
@@ -653,8 +658,8 @@ class Learner:
             self.evaluated(res)
 
     def evaluated(self, res) -> None:
-        """A finished greedy evaluation (``res``: mpirl.roles.evaluation.EvalResult, whose ``params``
-        are the weights evaluated): its row, the best so far, the target-return stop."""
+        """A finished greedy evaluation (``res``: mpirl.roles.evaluation.EvalResult, whose
+        ``params`` are the weights evaluated): its row, the best so far, the target-return stop."""
         rets = res.returns
         self.logs["evals"].append(
             update=res.update,

@@ -17,7 +17,8 @@ backward pass.  `LocalSync` (K = 1) clips and steps, as a lone learner does.  Th
 ``async``      parameter server: workers send GRAD (gradient, the weights' version, |td|); the
                lead applies each as it arrives (`mpirl.agent.gba.GlobalBatch` of B, no decay).
 ``gba``        the lead assembles K x B samples' worth of gradients from whichever learners
-               deliver (its own included), drops / decays stale ones (`mpirl.agent.gba`), applies one.
+               deliver (its own included), drops / decays stale ones (`mpirl.agent.gba`), applies
+               one.
 
 Token control (async, gba): a worker holds at most one ORDER; an ORDER carries the lead's
 current weights (online and target) when the worker's copy is older, so a gradient's version is
@@ -116,8 +117,8 @@ class GroupMessage(NamedTuple):
 
 
 class GroupWire:
-    """Unpacks the group's messages for `mpirl.transport.inbox.Inbox` (as `mpirl.transport.wire.Wire` does the
-    run's)."""
+    """Unpacks the group's messages for `mpirl.transport.inbox.Inbox` (as
+    `mpirl.transport.wire.Wire` does the run's)."""
 
     @staticmethod
     def unpack(

@@ -1,8 +1,8 @@
 """One frozen, documented configuration, parsed once (CLI, optionally a TOML file), validated once.
 
 Every field's ``help`` metadata is the documentation: ``python -m mpirl.main --help`` prints it and
-docs/configuration.md's tables are generated from the same text (``python -m mpirl.run.config_table``;
-the ``# --- group ---`` comments below are their sections).
+docs/configuration.md's tables are generated from the same text
+(``python -m mpirl.run.config_table``; the ``# --- group ---`` comments below are their sections).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ MPI's default is to hang: a rank that raises sits in MPI_Finalize while the othe
 (naming the rank and role) and call ``MPI.COMM_WORLD.Abort(1)``: measured, a 9-rank job ended
 0.4 s after the raise.  ``Watchdog`` aborts if a clean shutdown takes too long.
 ``Fault`` is the test-only injection hook (``MPIRL_FAULT``) the fault tests use to check all this;
-``forced_checks`` (``MPIRL_FAULT_CHECK``) makes a host check of mpirl.run.resources fail on one rank.
+``forced_checks`` (``MPIRL_FAULT_CHECK``) makes a host check of mpirl.run.resources
+fail on one rank.
 """
 
 from __future__ import annotations

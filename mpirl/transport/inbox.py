@@ -8,9 +8,10 @@ network, no emulation) or from a link end that has held it for the emulated late
         -> handlers[m.kind](m)      (no handler for the kind: RuntimeError naming it and the
                                      sender; a malformed message: mpirl.transport.wire.WireError)
 
-A handler gets one argument, the message's view (`mpirl.transport.wire.VIEWS`), which carries the sender's
-rank (``m.rank``), the time it was handed over (``m.t``) and the buffer as received (``m.buf``).
-Nothing here blocks: a rank with nothing to do naps (`mpirl.transport.waiting`), it never spins in MPI.
+A handler gets one argument, the message's view (`mpirl.transport.wire.VIEWS`), which carries the
+sender's rank (``m.rank``), the time it was handed over (``m.t``) and the buffer as received
+(``m.buf``).  Nothing here blocks: a rank with nothing to do naps (`mpirl.transport.waiting`), it
+never spins in MPI.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def take(comm, source: int, status, reuse: Mapping[int, np.ndarray] | None = Non
 
 class Inbox:
     """One rank's inbox: ``me`` names the rank in errors, ``sender(rank)`` names a sender;
-    ``wire`` unpacks (`mpirl.transport.wire.Wire`, or the learner group's `mpirl.roles.learner_group.GroupWire`);
-    ``comm`` is the communicator `serve` probes (None: messages come from link ends only)."""
+    ``wire`` unpacks (`mpirl.transport.wire.Wire`, or the learner group's
+    `mpirl.roles.learner_group.GroupWire`); ``comm`` is the communicator `serve` probes (None:
+    messages come from link ends only)."""
 
     def __init__(self, wire, me: str, sender: Callable[[int], str], comm=None):
         self.wire, self.me, self.sender, self.comm = wire, me, sender, comm

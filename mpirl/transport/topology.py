@@ -138,10 +138,10 @@ def build(world, buffers: int, learners: int = 1) -> Topology:
 class Ends:
     """What `mpirl.main.connect` hands a role: its ends of the networks it uses and their inboxes.
 
-    ``site``   actor, buffer: the site network (`mpirl.transport.inbox.SitePort`: Isend + an inbox that
-               probes the site communicator)
-    ``links``  peer rank -> `mpirl.transport.link.LinkEnd`: the lead learner's, one per buffer (link rank
-               b = buffer b - 1); a buffer's, ``{0: the learner}``
+    ``site``   actor, buffer: the site network (`mpirl.transport.inbox.SitePort`: Isend + an inbox
+               that probes the site communicator)
+    ``links``  peer rank -> `mpirl.transport.link.LinkEnd`: the lead learner's, one per buffer (link
+               rank b = buffer b - 1); a buffer's, ``{0: the learner}``
     ``inbox``  unpacks and dispatches what the links deliver
     ``group``  --learners K: learner j -> end on ``learners`` (the lead's: every other learner;
                a worker's: ``{0: the lead}``), unemulated; ``group_inbox`` for their messages
@@ -156,7 +156,7 @@ class Ends:
 
 def format_table(places: list[Place], hosts: list[str]) -> str:
     lines = ["rank  role     site  host"]
-    for p, h in zip(places, hosts):
+    for p, h in zip(places, hosts, strict=True):
         site = "-" if p.site < 0 else str(p.site)
         lines.append(f"{p.rank:>4}  {p.role:<7}  {site:>4}  {h}")
     return "\n".join(lines)

@@ -14,9 +14,9 @@ EXPERIENCE  actor -> buffer       count=n, seq=msg no, a=env steps since last, b
 CREDIT      buffer -> actor,      count=tokens granted, a=samples drawn by the learner so far
             learner -> buffer
 WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
-            -> actors             (mpirl.transport.weight_codec): 0 full: params f4[P]; 1 bf16: params
-                                  u2[P]; 2 delta: meta i8[2] (base version, crc32 of the rebuilt
-                                  f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
+            -> actors             (mpirl.transport.weight_codec): 0 full: params f4[P]; 1 bf16:
+                                  params u2[P]; 2 delta: meta i8[2] (base version, crc32 of the
+                                  rebuilt f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
                                   (FLAG_ZSTD).  Buffer -> actors: always full
 KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
 FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
@@ -52,9 +52,9 @@ CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forward
 n-step return), next_obs (n steps later), discount (gamma^k, 0 if the episode terminated).
 
 **Image runs** (``Wire(..., frame_shape=...)``, see mpirl.agent.frames): records are
-``mpirl.agent.frames.record_dtype(stack)`` (action, reward, discount, frames i8[2S]: indices into the
-message's frame table), and EXPERIENCE, FORWARD and BATCH carry two more arrays: ``nframes i8[1]``
-first (before every other array) and ``frames u8[nframes, *frame_shape]`` last.
+``mpirl.agent.frames.record_dtype(stack)`` (action, reward, discount, frames i8[2S]: indices into
+the message's frame table), and EXPERIENCE, FORWARD and BATCH carry two more arrays:
+``nframes i8[1]`` first (before every other array) and ``frames u8[nframes, *frame_shape]`` last.
 
 **Flags** live in the high byte of ``kind`` (the tag is the low byte, so the header layout is
 unchanged): ``FLAG_ZSTD`` (0x100) = the body after the header is zstd-compressed::
@@ -135,7 +135,8 @@ def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
 FLAG_ZSTD = 0x100
 KIND_MASK = 0xFF
 #: zstd level 1: on Atari frames 2-2.5x fewer bytes than lz4 at comparable speed (hundreds of
-#: MB/s, far above any WAN rate); higher levels gained ~15% more for 2x the CPU.  See docs/images.md.
+#: MB/s, far above any WAN rate); higher levels gained ~15% more for 2x the CPU.
+#: See docs/images.md.
 ZSTD_LEVEL = 1
 
 
@@ -448,9 +449,12 @@ class Wire:
         raw = int(buf[hsz : hsz + 8].view("<i8")[0])
         if raw < 0 or raw > 1 << 40:
             raise WireError(f"{where}: bad raw_nbytes={raw}")
+        zd = self._codecs()[1]
+        import zstandard  # importable: _codecs made zd
+
         try:
-            body = self._codecs()[1].decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
-        except Exception as e:  # zstandard.ZstdError
+            body = zd.decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
+        except zstandard.ZstdError as e:
             raise WireError(f"{where}: compressed body does not decompress ({e})") from None
         if len(body) != raw:
             raise WireError(f"{where}: decompressed to {len(body)} bytes, header says {raw}")
@@ -550,7 +554,9 @@ class Wire:
             t_echo,
             updates,
         )
-        for (_, (dt, _), lo, hi), x in zip(parts, ((hold, step), indices, generations, td_abs)):
+        for (_, (dt, _), lo, hi), x in zip(
+            parts, ((hold, step), indices, generations, td_abs), strict=True
+        ):
             out[lo:hi].view(dt)[:] = x
         return out
 
