@@ -184,3 +184,20 @@ def test_pilot_picks_the_bandwidth_the_plan_names(tmp_path):
     rows = [r for r in rows if not r["cell"].endswith("2.5")]
     (tmp_path / "b").mkdir()
     assert "No pilot bandwidth met both" in E.pilot_section(_write(tmp_path / "b", rows))
+
+
+def test_an_incomplete_family_decides_nothing(tmp_path):
+    """Cell A alone with 12 of its 20 pairs, a clear effect in the data: every outcome is
+    interim and the verdict says not decided (the Plan decides at its planned pairs only)."""
+    rng = np.random.default_rng(2)
+    seeds = range(12)
+    rows = _rows("cell=A", "learner", rng, seeds=seeds) + _rows(
+        "cell=A", "buffer", rng, loss=0.26, prio=1.5, seeds=seeds
+    )
+    text = E.section(_write(tmp_path, rows))
+    assert text.startswith("**training loss (paper 0.26x): not decided yet (interim")
+    assert "reproduced" not in text.split("Pairs per cell")[0]
+    row = next(x for x in text.splitlines() if x.startswith("| cell=A | training loss (0.26)"))
+    assert row.endswith(
+        "| interim, not decided (pairs: cell=A 12 of 20, cell=B 0 of 20, cell=M 0 of 10) |"
+    )
