@@ -34,8 +34,9 @@ def test_latency_and_bandwidth_hold(lat_ms, mbps):
         times = [a[0] - d["t0"] for a in d["arrivals"]]
         assert [a[2] for a in d["arrivals"]] == [i % 251 for i in range(count)]  # in order, intact
         # first message: one serialization + the latency, never earlier; a little later at most
+        # (25 ms: a receiver's turn at load 4 on 2 cores came 15 ms late)
         assert times[0] >= lat_ms / 1e3 + tx - 1e-4
-        assert times[0] <= lat_ms / 1e3 + tx + 0.015
+        assert times[0] <= lat_ms / 1e3 + tx + 0.025
         # the stream: never faster than the modelled bandwidth (each message leaves no earlier
         # than the model says), and within 20% of it on a loaded 2-core machine
         rate = count * size * 8 / (times[-1] - lat_ms / 1e3)
