@@ -32,3 +32,33 @@ def test_analysis_finds_cells(tmp_path):
     (tmp_path / "env=minatar,weights_encoding=delta" / "seed2").mkdir()  # unfinished: skipped
     cells = wd.cells(tmp_path)
     assert sorted(cells) == ["minatar"] and sorted(cells["minatar"]["delta"]) == [0, 1]
+
+
+def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
+    """Ten seeds whose delta run returns 0.95x its full run, +-2%: not worse (lower end > 0.9);
+    at 0.85x it is not, and the interval is the paired t-interval, not a bootstrap."""
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
+    wd = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(wd)
+    for enc in ("full", "delta"):
+        for seed in range(10):
+            d = tmp_path / f"env=cartpole,weights_encoding={enc}" / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text("{}")
+    noise = [1.02, 0.98] * 5
+    for factor, verdict in ((0.95, True), (0.85, False)):
+
+        def figures(d, factor=factor):
+            seed = int(d.name[4:])
+            base = 100.0 + 10 * seed
+            ret = base * factor * noise[seed] if "delta" in d.parent.name else base
+            return {"return": ret, "weights_bytes": 1.0, "lag_median": 1.0}
+
+        monkeypatch.setattr(wd, "run_figures", figures)
+        r = wd.analyse(tmp_path)["cartpole"]
+        assert r["n"] == 10 and r["not_worse"] is verdict
+        assert abs(r["ratio"] - factor) < 0.01
+        # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
+        assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
