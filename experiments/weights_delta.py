@@ -1,6 +1,7 @@
 """The analysis of experiments/weights-delta.toml: is learning with delta weights not worse?
 
-    python experiments/weights_delta.py runs/weights-delta [--json FILE]
+    python experiments/weights_delta.py runs/weights-delta [--csv ROWS] [--json FILE]
+    python experiments/weights_delta.py docs/results/data/weights-delta/runs.csv   # committed rows
 
 Per env cell (``env=<label>``): each run's mean greedy return over updates N/2..N
 (`analysis.metrics.run_metrics` ``return_window``), paired by seed across
@@ -62,13 +63,53 @@ def run_figures(d: Path) -> dict:
     }
 
 
-def analyse(root: Path) -> dict:
+FIELDS = ("env", "encoding", "seed", "return", "weights_bytes", "lag_median")
+
+
+def rows(root: Path) -> list[dict]:
+    """One row per finished run of the sweep under ``root`` (`FIELDS`), from its HDF5 files."""
+    return [
+        {"env": env, "encoding": enc, "seed": seed, **run_figures(d)}
+        for env, by_enc in cells(root).items()
+        for enc, runs in by_enc.items()
+        for seed, d in sorted(runs.items())
+    ]
+
+
+def write_rows(path: Path, table: list[dict]) -> None:
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(
+            {k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS} for r in table
+        )
+
+
+def read_rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [
+            {**r, "seed": int(r["seed"]), **{k: float(r[k]) for k in FIELDS[3:]}}
+            for r in csv.DictReader(f)
+        ]
+
+
+def summarize(table: list[dict]) -> dict:
+    """Per env: the paired ratio delta / full of the returns, its verdict, and each encoding's
+    median return, weight-message bytes and policy lag."""
     from analysis.paired import log_ratio_t
 
     res = {}
-    for env, by_enc in cells(root).items():
-        figs = {enc: {s: run_figures(d) for s, d in runs.items()} for enc, runs in by_enc.items()}
-        full, delta = figs.get("full", {}), figs.get("delta", {})
+    for env in dict.fromkeys(r["env"] for r in table):
+        by = {
+            enc: {r["seed"]: r for r in table if r["env"] == env and r["encoding"] == enc}
+            for enc in dict.fromkeys(r["encoding"] for r in table if r["env"] == env)
+        }
+        full, delta = by.get("full", {}), by.get("delta", {})
         r = log_ratio_t(
             {s: f["return"] for s, f in delta.items()},
             {s: f["return"] for s, f in full.items()},
@@ -83,19 +124,28 @@ def analyse(root: Path) -> dict:
             "not_worse": bool(r.low > LOSS),
             **{
                 f"{enc}_{k}": float(np.nanmedian([f[k] for f in fs.values()]))
-                for enc, fs in figs.items()
+                for enc, fs in by.items()
                 for k in ("return", "weights_bytes", "lag_median")
             },
         }
     return res
 
 
+def analyse(root: Path) -> dict:
+    return summarize(rows(root))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("root", help="the sweep's folder (runs/weights-delta), or a rows CSV")
+    ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--csv", default=None, help="write the per-run rows here")
     a = ap.parse_args()
-    res = analyse(Path(a.root))
+    src = Path(a.root)
+    table = read_rows(src) if src.suffix == ".csv" else rows(src)
+    if a.csv:
+        write_rows(Path(a.csv), table)
+    res = summarize(table)
     for env, r in res.items():
         print(
             f"{env}: return delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
@@ -107,6 +157,9 @@ def main() -> None:
             f"{r.get('delta_lag_median', math.nan):.0f}"
             " updates (median)"
         )
+    if len(res) > 1:
+        both = all(r["not_worse"] for r in res.values())
+        print(f"delta {'is not worse in every env' if both else 'is not shown not worse'}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

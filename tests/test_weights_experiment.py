@@ -59,6 +59,9 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         monkeypatch.setattr(wd, "run_figures", figures)
         r = wd.analyse(tmp_path)["cartpole"]
         assert r["n"] == 10 and r["not_worse"] is verdict
+        wd.write_rows(tmp_path / "rows.csv", wd.rows(tmp_path))  # the committed form
+        again = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))["cartpole"]
+        assert again["not_worse"] is verdict and abs(again["low"] - r["low"]) < 1e-5
         assert abs(r["ratio"] - factor) < 0.01
         # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
         assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
