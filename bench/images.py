@@ -112,13 +112,12 @@ def codecs_table(frames: np.ndarray) -> list[str]:
 def run_pipeline(env_id, replay_at, compress, link, seconds, extra=()) -> dict:
     import h5py
 
-    mpirun = Path(sys.executable).parent / "mpirun"
+    from mpirl.launch import mpirun_cmd
+
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [
-            str(mpirun),
-            "-n",
-            "3",
+            *mpirun_cmd(3),
             sys.executable,
             "-m",
             "mpirl.main",

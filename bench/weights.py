@@ -127,12 +127,11 @@ def mpirl_run(enc: str, seconds: float) -> dict:
     """One short CartPole run on a 0.2 Mb/s link; /progress figures after the first third."""
     import h5py
 
+    from mpirl.launch import mpirun_cmd
+
     d = Path(tempfile.mkdtemp(prefix="bench-weights-"))
-    mpirun = str(Path(sys.executable).parent / "mpirun")
     cmd = [
-        mpirun if Path(mpirun).exists() else (shutil.which("mpirun") or "mpirun"),
-        "-n",
-        "3",
+        *mpirun_cmd(3),
         sys.executable,
         "-m",
         "mpirl.main",
