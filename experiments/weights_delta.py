@@ -1,10 +1,10 @@
-"""The analysis of experiments/weights-delta.toml: is learning with delta weights not worse?
+"""The analysis of experiments/weights-delta/: is learning with delta weights not worse?
 
     python experiments/weights_delta.py runs/weights-delta [--csv ROWS] [--json FILE]
     python experiments/weights_delta.py docs/results/data/weights-delta/runs.csv   # committed rows
 
-Per env cell (``env=<label>``): each run's mean greedy return over updates N/2..N
-(`analysis.metrics.run_metrics` ``return_window``), paired by seed across
+Per env cell (``env=<label>``): each run's return AUC over its whole run (`run_figures`),
+paired by seed across
 ``weights_encoding=full`` and ``=delta``; the ratio of geometric means delta / full with a 95%
 t-interval on the paired log ratios (`analysis.paired.log_ratio_t`: it keeps its coverage at
 n = 10, where a bootstrap interval does not).  Verdict "not worse" in a cell when the interval's
@@ -44,16 +44,26 @@ def cells(root: Path) -> dict:
 
 
 def run_figures(d: Path) -> dict:
+    """One run's figures: ``return`` = its return AUC over [0, T] (the mean of the held greedy
+    evaluation curve, `analysis.export`'s rule; T = the run's wall time under its update budget,
+    the same in both encodings as the learner is paced), ``final_return`` (evaluations in
+    [0.75 T, T]), ``return_window`` (updates N/2..N), the achieved rates and link MB, the mean
+    bytes of a weight message and the median policy lag."""
+    from analysis.export import run_row
     from analysis.metrics import run_metrics
     from analysis.runs import load_run
 
     run = load_run(d)
+    row = run_row(run, d.parent.parent)
     pr = run.learner.stream("progress")
     sent = np.asarray(pr.get("weights_sent", []), "f8")
     wbytes = np.asarray(pr.get("weights_bytes", []), "f8")
     ok = sent > 0
     return {
-        "return": run_metrics(run)["return_window"],
+        "return": row["auc_return"],
+        "final_return": row["final_return"],
+        "return_window": run_metrics(run)["return_window"],
+        **{k: row[k] for k in ("T", "updates", "U", "P", "evals", "link_mb", "load_max")},
         "weights_bytes": float(np.sum(wbytes[ok] * sent[ok]) / np.sum(sent[ok]))
         if ok.any()
         else math.nan,
@@ -63,7 +73,23 @@ def run_figures(d: Path) -> dict:
     }
 
 
-FIELDS = ("env", "encoding", "seed", "return", "weights_bytes", "lag_median")
+FIELDS = (
+    "env",
+    "encoding",
+    "seed",
+    "return",
+    "final_return",
+    "return_window",
+    "T",
+    "updates",
+    "U",
+    "P",
+    "evals",
+    "link_mb",
+    "load_max",
+    "weights_bytes",
+    "lag_median",
+)
 
 
 def rows(root: Path) -> list[dict]:
@@ -93,7 +119,7 @@ def read_rows(path: Path) -> list[dict]:
 
     with open(path, newline="") as f:
         return [
-            {**r, "seed": int(r["seed"]), **{k: float(r[k]) for k in FIELDS[3:]}}
+            {**r, "seed": int(r["seed"]), **{k: float(r[k] or "nan") for k in FIELDS[3:]}}
             for r in csv.DictReader(f)
         ]
 
@@ -114,7 +140,14 @@ def summarize(table: list[dict]) -> dict:
             {s: f["return"] for s, f in delta.items()},
             {s: f["return"] for s, f in full.items()},
         )
+        fin = log_ratio_t(
+            {s: f["final_return"] for s, f in delta.items()},
+            {s: f["final_return"] for s, f in full.items()},
+        )
         res[env] = {
+            "final_ratio": fin.estimate,
+            "final_low": fin.low,
+            "final_high": fin.high,
             "ratio": r.estimate,
             "low": r.low,
             "high": r.high,
@@ -125,7 +158,7 @@ def summarize(table: list[dict]) -> dict:
             **{
                 f"{enc}_{k}": float(np.nanmedian([f[k] for f in fs.values()]))
                 for enc, fs in by.items()
-                for k in ("return", "weights_bytes", "lag_median")
+                for k in ("return", "final_return", "weights_bytes", "lag_median", "U", "load_max")
             },
         }
     return res
@@ -148,14 +181,15 @@ def main() -> None:
     res = summarize(table)
     for env, r in res.items():
         print(
-            f"{env}: return delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
+            f"{env}: return AUC delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
             f"(n={r['n']}, {r['method']}) -> "
             f"{'not worse (low > 0.9)' if r['not_worse'] else 'undecided'}; weights "
             f"{r.get('full_weights_bytes', math.nan):,.0f} B full vs "
             f"{r.get('delta_weights_bytes', math.nan):,.0f} B delta a message; lag "
             f"{r.get('full_lag_median', math.nan):.0f} vs "
             f"{r.get('delta_lag_median', math.nan):.0f}"
-            " updates (median)"
+            " updates (median); final-window return delta/full "
+            f"{r['final_ratio']:.3f} [{r['final_low']:.3f}, {r['final_high']:.3f}]"
         )
     if len(res) > 1:
         both = all(r["not_worse"] for r in res.values())

@@ -1,5 +1,5 @@
-"""experiments/weights-delta.toml (the learning comparison of issue 26) is a valid sweep of
-paired seeds, and its analysis reads the sweep's folders."""
+"""experiments/weights-delta/*.toml (the learning comparison of issue 26) are valid sweeps of
+paired seeds, and their analysis reads the sweep's folders."""
 
 import importlib.util
 from pathlib import Path
@@ -10,12 +10,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_spec_pairs_full_and_delta_per_seed():
-    spec = S.load_spec(ROOT / "experiments" / "weights-delta.toml")
-    runs = S.expand(spec)
-    assert S.check(spec, runs) == []
-    assert len(spec.seeds) >= 10 and list(spec.axes)[-1] == "weights_encoding"
-    assert [lab for lab, _ in spec.axes["weights_encoding"]] == ["full", "delta"]
-    assert len(runs) == len(spec.seeds) * 2 * 2
+    for name, seeds in (("cartpole", 20), ("minatar", 10)):  # the power estimates in the specs
+        spec = S.load_spec(ROOT / "experiments" / "weights-delta" / f"{name}.toml")
+        runs = S.expand(spec)
+        assert S.check(spec, runs) == []
+        assert len(spec.seeds) == seeds and list(spec.axes)[-1] == "weights_encoding"
+        assert [lab for lab, _ in spec.axes["weights_encoding"]] == ["full", "delta"]
+        assert [lab for lab, _ in spec.axes["env"]] == [name]
+        assert len(runs) == len(spec.seeds) * 2
+        assert Path(spec.out).parts[-2:] == ("runs", "weights-delta")  # one root, both cells
 
 
 def test_analysis_finds_cells(tmp_path):
@@ -54,7 +57,7 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
             seed = int(d.name[4:])
             base = 100.0 + 10 * seed
             ret = base * factor * noise[seed] if "delta" in d.parent.name else base
-            return {"return": ret, "weights_bytes": 1.0, "lag_median": 1.0}
+            return {**dict.fromkeys(wd.FIELDS[3:], 1.0), "return": ret, "final_return": ret}
 
         monkeypatch.setattr(wd, "run_figures", figures)
         r = wd.analyse(tmp_path)["cartpole"]
