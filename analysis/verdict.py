@@ -291,20 +291,22 @@ SECTIONS: dict[str, Callable[[], str]] = {
 }
 
 
+def replace_section(page: str, name: str, body: str, where: str = "docs/results.md") -> str:
+    """``page`` with the generated section ``name`` (between its BEGIN/END markers) set to
+    ``body``; a page without the markers is an error naming them."""
+    pat = re.compile(
+        rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?(<!-- END generated: {name} -->)",
+        re.S,
+    )
+    if not pat.search(page):
+        raise ValueError(f"{where} has no generated section {name!r}: add the BEGIN/END markers")
+    return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), page)
+
+
 def render(page: str) -> str:
     """``page`` with every generated section replaced by what the data give now."""
     for name, make in SECTIONS.items():
-        pat = re.compile(
-            rf"(<!-- BEGIN generated: {name} -->\n)(?:.*?\n)?(<!-- END generated: "
-            rf"{name} -->)",
-            re.S,
-        )
-        if not pat.search(page):
-            raise ValueError(
-                f"docs/results.md has no generated section {name!r}: add the BEGIN/END markers"
-            )
-        body = make()
-        page = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), page)
+        page = replace_section(page, name, make())
     return page
 
 

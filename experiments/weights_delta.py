@@ -1,7 +1,8 @@
 """The analysis of experiments/weights-delta/: is learning with delta weights not worse?
 
     python experiments/weights_delta.py runs/weights-delta [--csv ROWS] [--json FILE]
-    python experiments/weights_delta.py docs/results/data/weights-delta/runs.csv   # committed rows
+    python experiments/weights_delta.py docs/results/data/weights-delta/runs.csv \
+        --update docs/benchmarks.md       # the committed rows -> the generated table there
 
 Per env cell (``env=<label>``): each run's return AUC over its whole run (`run_figures`),
 paired by seed across
@@ -168,34 +169,96 @@ def analyse(root: Path) -> dict:
     return summarize(rows(root))
 
 
+def planned() -> dict[str, int]:
+    """Seeds each env cell plans (its spec under experiments/weights-delta/)."""
+    from mpirl.sweep import load_spec
+
+    out = {}
+    for path in sorted((ROOT / "experiments" / "weights-delta").glob("*.toml")):
+        spec = load_spec(path)
+        for label, _ in spec.axes["env"]:
+            out[label] = len(spec.seeds)
+    return out
+
+
+def _r(x: float, lo: float, hi: float) -> str:
+    if not math.isfinite(lo):
+        return f"{x:.3g} (no interval)" if math.isfinite(x) else "-"
+    return f"{x:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+def markdown(res: dict, plan: dict[str, int]) -> str:
+    """The results table and the verdict sentence, from `summarize`'s output."""
+    lines = [
+        "| cell | pairs | return AUC delta / full [95% t] | final-window return delta / full "
+        "| bytes a weight message, full / delta | median policy lag, full / delta (updates) "
+        "| U full / delta (updates/s) | load max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    done = True
+    for env, r in res.items():
+        want = plan.get(env, 0)
+        done &= r["n"] >= want
+        g = {k: r.get(k, math.nan) for k in r} | {
+            f"{e}_{k}": r.get(f"{e}_{k}", math.nan)
+            for e in ("full", "delta")
+            for k in ("weights_bytes", "lag_median", "U", "load_max")
+        }
+        fb, db = g["full_weights_bytes"], g["delta_weights_bytes"]
+        lines.append(
+            f"| {env} | {r['n']} of {want} | {_r(r['ratio'], r['low'], r['high'])} "
+            f"| {_r(r['final_ratio'], r['final_low'], r['final_high'])} "
+            f"| {fb:,.0f} / {db:,.0f} B ({fb / db:.1f}x) "
+            f"| {g['full_lag_median']:.0f} / {g['delta_lag_median']:.0f} "
+            f"| {g['full_U']:.1f} / {g['delta_U']:.1f} "
+            f"| {max(g['full_load_max'], g['delta_load_max']):.1f} |"
+        )
+    verdicts = []
+    for env, r in res.items():
+        if r["not_worse"]:
+            verdicts.append(f"{env}: not worse (the interval's lower end {r['low']:.3g} > {LOSS})")
+        elif not math.isfinite(r["low"]):
+            verdicts.append(f"{env}: no interval yet at n = {r['n']}")
+        else:
+            verdicts.append(
+                f"{env}: inconclusive at n = {r['n']} (lower end {r['low']:.3g}, not above {LOSS})"
+            )
+    if not done:
+        head = "Interim, not decided (a cell has fewer pairs than planned)"
+    elif all(r["not_worse"] for r in res.values()) and set(res) >= set(plan):
+        head = "**delta is not worse than full weights in every cell**"
+    else:
+        head = "**delta is not shown to be not worse in every cell**"
+    return "\n".join([*lines, "", f"{head}. " + "; ".join(verdicts) + "."])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", help="the sweep's folder (runs/weights-delta), or a rows CSV")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--csv", default=None, help="write the per-run rows here")
+    ap.add_argument("--update", default=None, help="rewrite this page's generated section")
+    ap.add_argument("--check", default=None, help="exit 1 if this page's section differs")
     a = ap.parse_args()
     src = Path(a.root)
     table = read_rows(src) if src.suffix == ".csv" else rows(src)
     if a.csv:
         write_rows(Path(a.csv), table)
     res = summarize(table)
-    for env, r in res.items():
-        print(
-            f"{env}: return AUC delta/full {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
-            f"(n={r['n']}, {r['method']}) -> "
-            f"{'not worse (low > 0.9)' if r['not_worse'] else 'undecided'}; weights "
-            f"{r.get('full_weights_bytes', math.nan):,.0f} B full vs "
-            f"{r.get('delta_weights_bytes', math.nan):,.0f} B delta a message; lag "
-            f"{r.get('full_lag_median', math.nan):.0f} vs "
-            f"{r.get('delta_lag_median', math.nan):.0f}"
-            " updates (median); final-window return delta/full "
-            f"{r['final_ratio']:.3f} [{r['final_low']:.3f}, {r['final_high']:.3f}]"
-        )
-    if len(res) > 1:
-        both = all(r["not_worse"] for r in res.values())
-        print(f"delta {'is not worse in every env' if both else 'is not shown not worse'}")
+    text = markdown(res, planned())
+    print(text)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+    for page, write in ((a.update, True), (a.check, False)):
+        if page:
+            from analysis.verdict import replace_section
+
+            old = Path(page).read_text()
+            new = replace_section(old, "weights_delta", text, where=page)
+            if write:
+                Path(page).write_text(new)
+            elif new != old:
+                sys.exit(f"{page} is not what {src} gives: rerun with --update {page}")
 
 
 if __name__ == "__main__":

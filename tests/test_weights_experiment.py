@@ -65,6 +65,17 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         wd.write_rows(tmp_path / "rows.csv", wd.rows(tmp_path))  # the committed form
         again = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))["cartpole"]
         assert again["not_worse"] is verdict and abs(again["low"] - r["low"]) < 1e-5
+        res = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))
+        assert wd.markdown(res, {"cartpole": 20}).splitlines()[-1].startswith("Interim")
+        text = wd.markdown(res, {"cartpole": 10})
+        assert ("**delta is not worse" in text) is verdict and "| cartpole | 10 of 10 |" in text
+        page = tmp_path / "page.md"
+        marks = "<!-- BEGIN generated: weights_delta -->\n<!-- END generated: weights_delta -->"
+        page.write_text(f"a\n{marks}\n")
+        from analysis.verdict import replace_section
+
+        assert text in replace_section(page.read_text(), "weights_delta", text)
         assert abs(r["ratio"] - factor) < 0.01
         # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
         assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
+    assert wd.planned() == {"cartpole": 20, "minatar": 10}
