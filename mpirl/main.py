@@ -443,7 +443,11 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
         )
         ends.links = {
             0: LinkEnd(
-                topo.link, 0, resolve_profile(cfg), seed=seeds.buffer(cfg.seed, me.rank)["link"]
+                topo.link,
+                0,
+                resolve_profile(cfg),
+                seed=seeds.buffer(cfg.seed, me.rank)["link"],
+                piece_s=cfg.weights_piece_ms / 1e3,
             )
         }
         ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
@@ -451,7 +455,10 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
         n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
         link_seeds = seeds.learner(cfg.seed, n)["link"]
         ends.links = {
-            b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1]) for b in range(1, n + 1)
+            b: LinkEnd(
+                topo.link, b, profile, seed=link_seeds[b - 1], piece_s=cfg.weights_piece_ms / 1e3
+            )
+            for b in range(1, n + 1)
         }
         ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
         k = topo.learners.Get_size() if topo.learners is not None else 1

@@ -127,6 +127,7 @@ def test_weights_flags(tmp_path):
         (["--weights-every", "often"], "weights_every='often'"),
         (["--weights-link-share", "1.5"], "weights_link_share=1.5"),
         (["--weights-keyframe-every", "0"], "weights_keyframe_every=0"),
+        (["--weights-piece-ms", "-1"], "weights_piece_ms=-1.0"),
     ]:
         with pytest.raises(ConfigError, match=match):
             parse(argv)

@@ -165,6 +165,51 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
     assert np.isfinite(lag).any()
 
 
+def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
+    """100 kB of weights on a 1 Mb/s link (0.8 s) go in 16 KiB pieces (piece_s 50 ms gives
+    6 kB, raised to MIN_PIECE): a STOP posted just after the weights leaves after the first piece
+    (0.13 s), not after the whole broadcast; the pieces add up to the message, the last one
+    under the message's own tag, the others under PIECE + tag."""
+    from mpirl.transport.link import MIN_PIECE, PIECE
+
+    comm = _Comm()
+    end = LinkEnd(comm, 1, LinkProfile(rate_bps=1e6), piece_s=0.05)
+    assert end.piece_bytes() == MIN_PIECE
+    assert end.post_latest(Tag.WEIGHTS, lambda: (_weights(1, 100_000), None), 0.0)
+    end.post(np.full(8, 9, np.uint8), Tag.STOP, 0.01)
+    stop_at = None
+    for k in range(1, 101):  # 10 ms steps to 1 s
+        end.poll(k * 0.01)
+        if stop_at is None and any(t == Tag.STOP for t, _, _ in comm.sent):
+            stop_at = k * 0.01
+    tags = [t for t, _, _ in comm.sent]
+    assert tags == [PIECE + Tag.WEIGHTS, Tag.STOP, *[PIECE + Tag.WEIGHTS] * 5, Tag.WEIGHTS]
+    assert stop_at == pytest.approx(0.14)  # the first piece leaves at 0.131 s
+    assert sum(n for t, _, n in comm.sent if t != Tag.STOP) == 100_000
+    assert end.backlog == 0 and end.latest_rate_bps == pytest.approx(1e6)
+
+
+def test_pieces_are_joined_into_the_message_at_the_receiver():
+    """Over MPI (a link end sending to itself): the receiver hands over the STOP that went
+    between the pieces first, then the weights, byte for byte, under their own tag."""
+    import time
+
+    from mpi4py import MPI
+
+    end = LinkEnd(MPI.COMM_SELF, 0, LinkProfile(rate_bps=1e8), piece_s=1e-3)
+    w = np.random.default_rng(0).integers(0, 256, 50_000).astype(np.uint8)
+    end.post_latest(Tag.WEIGHTS, lambda: (w, None))
+    end.post(np.full(8, 9, np.uint8), Tag.STOP)
+    got, t_end = [], time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < t_end:
+        end.poll()
+        got += end.receive()
+    while end.backlog and time.monotonic() < t_end:  # no request pending at MPI_Finalize
+        end.poll()
+    assert [t for t, _ in got] == [Tag.STOP, Tag.WEIGHTS]
+    assert np.array_equal(got[1][1], w) and end.backlog == 0 and not end._parts
+
+
 def test_drop_latest_leaves_nothing_for_a_peer_that_left():
     comm = _Comm()
     end = LinkEnd(comm, 1, LinkProfile(rate_bps=1e6))
@@ -175,3 +220,9 @@ def test_drop_latest_leaves_nothing_for_a_peer_that_left():
     end.poll(1.0)
     end.poll(1.0)
     assert [b for _, b, _ in comm.sent] == [1, 9] and end.backlog == 0
+    pieces = LinkEnd(comm, 1, LinkProfile(rate_bps=1e6), piece_s=0.05)  # 2 pieces of 16 KiB
+    pieces.post_latest(Tag.WEIGHTS, lambda: (_weights(3, 30_000), None), 1.0)
+    pieces.drop_latest()  # the second piece is never sent
+    pieces.poll(2.0)
+    pieces.poll(2.0)
+    assert [b for _, b, _ in comm.sent][2:] == [3] and pieces.backlog == 0

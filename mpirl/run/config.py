@@ -200,6 +200,12 @@ class Config:
         "zstandard); buffers relay float32 to their actors",
         choices=("full", "bf16", "delta"),
     )
+    weights_piece_ms: float = _f(
+        50.0,
+        "a weight broadcast crosses the long-haul link in pieces of this many ms of link time "
+        "(at least 16 KiB; at the emulated rate, else the rate measured for the last one), so "
+        "priorities, credits and STOP wait behind one piece, not a whole broadcast; 0 = whole",
+    )
     weights_keyframe_every: int = _f(
         20,
         "--weights-encoding delta: a full keyframe every K "
@@ -460,6 +466,11 @@ class Config:
     def _validate_modes(self) -> None:
         c = self
         c.weights_every_fixed()  # raises on a bad --weights-every
+        if not c.weights_piece_ms >= 0:
+            raise ConfigError(
+                f"weights_piece_ms={c.weights_piece_ms!r} must be >= 0 (0: broadcasts go whole), "
+                "e.g. --weights-piece-ms 50"
+            )
         if not 0 < c.weights_link_share <= 1:
             raise ConfigError(
                 f"weights_link_share={c.weights_link_share!r} must be in (0, 1], "

@@ -10,10 +10,15 @@ on top (with profile ``none`` it is all there is).
 
 **Latest-wins messages** (``LinkEnd.post_latest``; the learner's weights): at most one is on
 the wire (serializing, or in MPI until its send completes) and at most one waits in a slot that
-a newer one replaces.  The slot enters the wire only when the wire has drained, so a control
-message posted at any time waits behind at most the one latest-wins message in transit, and the
-bytes held for the kind never exceed two messages.  docs/design.md, "Weights on slow links",
-maps this onto MPI's eager and rendezvous paths.
+a newer one replaces.  The slot enters the wire only when the wire has drained, and the bytes
+held for the kind never exceed two messages.  On the wire a latest-wins message goes in
+**pieces** of ``piece_s`` seconds of link time (at least `MIN_PIECE` bytes; at the emulated
+rate, else at the rate measured for the last one): one piece at a time, each after the messages
+posted while the one before it was on the wire.  So a control message (priorities, credits,
+STOP) waits behind one piece, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s,
+which starved the buffer of credits for as long).  Every piece but the last carries
+``PIECE + tag``; the receiving end joins them, and the message is delivered when its last piece
+is.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
 
 ``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
 communicator with uppercase mpi4py calls.
@@ -30,6 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpirl.run.errors import ConfigError
+
+PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
+MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
 
 
 @dataclass(frozen=True)
@@ -137,9 +145,10 @@ class LinkEnd:
     ``post(buf, tag)`` hands a uint8 buffer to the link (it must not be reused by the caller);
     ``poll()`` starts the sends whose departure time has come and completes finished ones;
     ``receive()`` returns the ``(tag, buf)`` messages whose delivery time has come.
+    ``piece_s``: a latest-wins message goes in pieces of this much link time (0: whole).
     """
 
-    def __init__(self, comm, peer: int, profile: LinkProfile, seed: int = 0):
+    def __init__(self, comm, peer: int, profile: LinkProfile, seed: int = 0, piece_s: float = 0.0):
         from mpi4py import MPI
 
         from mpirl.transport.inbox import take  # (mpi4py on first use: the pure parts import none)
@@ -153,9 +162,13 @@ class LinkEnd:
         self._pending: list = []  # (request, buf) in MPI
         self._held: deque = deque()  # (delivery, tag, buf) arrived, waiting out the latency
         self._status = MPI.Status()
+        self.piece_s = piece_s
         self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
-        self._latest_buf = None  # the latest-wins message on the wire (until its send completes)
-        self._latest_t0 = 0.0  # when it entered the wire
+        self._pieces: deque = deque()  # (tag, view) of the one on the wire, not handed over yet
+        self._latest_buf = None  # the piece handed to the wire (until its send completes)
+        self._latest_t0 = 0.0  # when the message's first piece entered the wire
+        self._latest_bytes = 0
+        self._parts: dict[int, list] = {}  # received pieces of a latest-wins message, by tag
         self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
         self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
 
@@ -200,41 +213,63 @@ class LinkEnd:
         return self._slot is None
 
     def drop_latest(self) -> None:
-        """Forget the latest-wins message waiting in the slot (the peer has left: its DONE)."""
+        """Forget the latest-wins message waiting in the slot, and the pieces of the one on the
+        wire not handed over yet (the peer has left: its DONE)."""
         self._slot = None
+        self._pieces.clear()
 
     @property
     def latest_waiting_bytes(self) -> int:
         """Bytes of the latest-wins message waiting in the slot (0 or one message)."""
         return 0 if self._slot is None else self._slot[1].nbytes
 
-    def _commit_latest(self, now: float) -> None:
-        """The slot enters the wire once the last latest-wins message has left it (its send
-        completed) and every message queued before has departed."""
-        if self._slot is None or self._latest_buf is not None or self._queue:
+    def piece_bytes(self) -> int:
+        """Bytes of a piece now (0: the message goes whole)."""
+        rate = self.profile.rate_bps if self.profile.emulated else self.latest_rate_bps
+        if self.piece_s <= 0 or not 0 < rate < float("inf"):
+            return 0
+        return max(MIN_PIECE, int(rate * self.piece_s / 8))
+
+    def _advance_latest(self, now: float) -> None:
+        """Hand the next piece of the message on the wire, or the slot's message, to the wire:
+        once the last piece has left (its send completed) and every message queued before it
+        has departed."""
+        if self._latest_buf is not None or self._queue:
             return
-        tag, buf, on_commit, handed = self._slot
-        self._slot = None
-        if on_commit is not None:
-            on_commit()
-        self._latest_buf, self._latest_t0 = buf, now
+        if not self._pieces:
+            if self._slot is None:
+                return
+            tag, buf, on_commit, handed = self._slot
+            self._slot = None
+            if on_commit is not None:
+                on_commit()
+            self._latest_t0, self._latest_bytes = now, buf.nbytes
+            c = self.piece_bytes() or buf.nbytes
+            k = max(1, -(-buf.nbytes // c))
+            self._pieces.extend((PIECE + tag, buf[i * c : (i + 1) * c]) for i in range(k - 1))
+            self._pieces.append((tag, buf[(k - 1) * c :]))
+        else:
+            handed = now
+        tag, piece = self._pieces.popleft()
+        self._latest_buf = piece
         if self.profile.emulated:
-            dep = self.out_model.departure(now, buf.nbytes)
-            self._queue.append((dep, handed, tag, buf))
+            dep = self.out_model.departure(now, piece.nbytes)
+            self._queue.append((dep, handed, tag, piece))
             if dep <= now:
                 self._queue.popleft()
-                self._isend(buf, tag, max(0.0, dep - handed))
+                self._isend(piece, tag, max(0.0, dep - handed))
         else:
-            self._isend(buf, tag, now - handed)
+            self._isend(piece, tag, now - handed)
 
-    def _latest_left(self, now: float) -> None:
-        buf = self._latest_buf
+    def _piece_left(self, now: float) -> None:
         self._latest_buf = None
+        if self._pieces:
+            return
         dt = now - self._latest_t0
         if self.profile.emulated:  # the model's time on the wire, not the loop's poll delay
-            dt = buf.nbytes * 8.0 / self.profile.rate_bps
+            dt = self._latest_bytes * 8.0 / self.profile.rate_bps
         if dt > 0:
-            self.latest_rate_bps = buf.nbytes * 8.0 / dt
+            self.latest_rate_bps = self._latest_bytes * 8.0 / dt
 
     def set_profile(self, profile: LinkProfile) -> None:
         """Change the emulated link from now on (messages already queued keep their times, and
@@ -259,21 +294,22 @@ class LinkEnd:
                 if not r.Test():
                     still.append((r, b))
                 elif b is self._latest_buf:
-                    self._latest_left(now)
+                    self._piece_left(now)
             self._pending = still
-        if self._slot is not None:
-            self._commit_latest(now)
+        if self._slot is not None or self._pieces:
+            self._advance_latest(now)
 
     @property
     def backlog(self) -> int:
-        """Messages handed to the link that have not completed yet (the slot's included)."""
-        return len(self._queue) + len(self._pending) + (self._slot is not None)
+        """Messages handed to the link that have not completed yet (the slot's and the pieces
+        not handed over yet included)."""
+        return len(self._queue) + len(self._pending) + len(self._pieces) + (self._slot is not None)
 
     def next_departure(self) -> float | None:
         """When the next queued message leaves (the loop sleeps until then at most)."""
         if self._queue:
             return self._queue[0][0]
-        if self._slot is not None and self._latest_buf is None:
+        if (self._slot is not None or self._pieces) and self._latest_buf is None:
             return time.monotonic()
         return None
 
@@ -288,6 +324,11 @@ class LinkEnd:
             _, tag, buf = got
             t = time.monotonic()
             self.received.count(buf.nbytes)
+            if tag >= PIECE:  # a piece of a latest-wins message: its last one delivers it
+                self._parts.setdefault(tag - PIECE, []).append(buf)
+                continue
+            if self._parts.get(tag):
+                buf = np.concatenate([*self._parts.pop(tag), buf])
             if self.profile.emulated:
                 self._held.append((self.in_model.delivery(t), tag, buf))
             else:
