@@ -141,6 +141,20 @@ MUTATIONS = [
         "        self.post(buf, tag, now)\n        return True",
         ("tests/test_weights_link.py", "-k", "over_mpi"),
     ),
+    Mutation(
+        "link: a weight broadcast goes whole (no pieces)",
+        "mpirl/transport/link.py",
+        "            c = self.piece_bytes() or buf.nbytes",
+        "            c = buf.nbytes",
+        ("tests/test_weights_link.py", "-k", "piece"),
+    ),
+    Mutation(
+        "link: pieces handed over unjoined",
+        "mpirl/transport/link.py",
+        "                buf = np.concatenate([*self._parts.pop(tag), buf])",
+        "                self._parts.pop(tag)",
+        ("tests/test_weights_link.py", "-k", "piece"),
+    ),
 ]
 
 
