@@ -45,17 +45,24 @@ def cells(root: Path) -> dict:
 
 
 def run_figures(d: Path) -> dict:
-    """One run's figures: ``return`` = its return AUC over [0, T] (the mean of the held greedy
-    evaluation curve, `analysis.export`'s rule; T = the run's wall time under its update budget,
-    the same in both encodings as the learner is paced), ``final_return`` (evaluations in
-    [0.75 T, T]), ``return_window`` (updates N/2..N), the achieved rates and link MB, the mean
-    bytes of a weight message and the median policy lag."""
-    from analysis.export import run_row
+    """One run's figures: ``return`` = its return AUC, the mean of the held greedy-evaluation
+    curve (`analysis.export.auc`) over the run's budget, the same in both encodings: [0, T] of
+    wall time for a time-budgeted run (CartPole), [0, N] of updates for an update-budgeted one
+    (MinAtar, whose wall time the weights' traffic can stretch); ``final_return`` (evaluations
+    in [0.75 T, T]), ``return_window`` (updates N/2..N), the achieved rates and link MB, the
+    mean bytes of a weight message and the median policy lag."""
+    from analysis.export import auc, run_row
     from analysis.metrics import run_metrics
     from analysis.runs import load_run
 
     run = load_run(d)
     row = run_row(run, d.parent.parent)
+    n = int(run.config.get("max_updates") or 0)
+    if n:
+        ev = run.learner.stream("evals")
+        upd, ret = np.asarray(ev["update"], "f8"), np.asarray(ev["ret_mean"], "f8")
+        order = np.argsort(upd, kind="stable")
+        row["auc_return"] = auc(upd[order], ret[order], float(n))
     pr = run.learner.stream("progress")
     sent = np.asarray(pr.get("weights_sent", []), "f8")
     wbytes = np.asarray(pr.get("weights_bytes", []), "f8")
