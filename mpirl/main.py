@@ -10,8 +10,9 @@ direction and, in [brackets], their flow control::
     |--EXPERIENCE---->|                                |
     |<--------CREDIT--|  [actor_credits unanswered per actor; one back per EXPERIENCE unless
     |                 |   --replay-ratio or the full forward queue holds it: backpressure]
-    |<-------WEIGHTS--|<-----------------------WEIGHTS-|  [latest wins: one on the link, one
-    |  (relayed, f4)  |--KEYFRAME--------------------->|   waiting; KEYFRAME: resend in full]
+    |<-------WEIGHTS--|<-----------------------WEIGHTS-|  [latest wins: one on the link, in
+    |  (relayed, f4)  |                                |   pieces other kinds pass; one waiting]
+    |                 |--KEYFRAME--------------------->|  [ask for the next in full]
     |                 |--FORWARD---------------------->|  replay_at=learner
     |                 |<------------------------CREDIT-|  [forward_credits unanswered FORWARDs]
     |                 |--BATCH------------------------>|  replay_at=buffer
