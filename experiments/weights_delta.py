@@ -230,8 +230,10 @@ def markdown(res: dict, plan: dict[str, int]) -> str:
             verdicts.append(
                 f"{env}: inconclusive at n = {r['n']} (lower end {r['low']:.3g}, not above {LOSS})"
             )
-    if not done:
+    missing = [env for env in plan if env not in res]
+    if not done or missing:
         head = "Interim, not decided (a cell has fewer pairs than planned)"
+        verdicts += [f"{env}: no pairs yet" for env in missing]
     elif all(r["not_worse"] for r in res.values()) and set(res) >= set(plan):
         head = "**delta is not worse than full weights in every cell**"
     else:

@@ -67,6 +67,8 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         assert again["not_worse"] is verdict and abs(again["low"] - r["low"]) < 1e-5
         res = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))
         assert wd.markdown(res, {"cartpole": 20}).splitlines()[-1].startswith("Interim")
+        both = wd.markdown(res, {"cartpole": 10, "minatar": 10}).splitlines()[-1]
+        assert both.startswith("Interim") and "minatar: no pairs yet" in both
         text = wd.markdown(res, {"cartpole": 10})
         assert ("**delta is not worse" in text) is verdict and "| cartpole | 10 of 10 |" in text
         page = tmp_path / "page.md"
@@ -79,3 +81,26 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
         assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
     assert wd.planned() == {"cartpole": 20, "minatar": 10}
+
+
+def test_committed_table_is_what_the_committed_rows_give():
+    """docs/benchmarks.md's generated weights_delta section equals what
+    docs/results/data/weights-delta/runs.csv gives (python experiments/weights_delta.py
+    docs/results/data/weights-delta/runs.csv --update docs/benchmarks.md)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [
+            sys.executable,
+            "experiments/weights_delta.py",
+            "docs/results/data/weights-delta/runs.csv",
+            "--check",
+            "docs/benchmarks.md",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
