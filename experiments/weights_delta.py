@@ -222,7 +222,9 @@ def markdown(res: dict, plan: dict[str, int]) -> str:
         )
     verdicts = []
     for env, r in res.items():
-        if r["not_worse"]:
+        if r["n"] < plan.get(env, 0):  # a cell decides only at its planned pairs
+            verdicts.append(f"{env}: {r['n']} of {plan[env]} pairs so far")
+        elif r["not_worse"]:
             verdicts.append(f"{env}: not worse (the interval's lower end {r['low']:.3g} > {LOSS})")
         elif not math.isfinite(r["low"]):
             verdicts.append(f"{env}: no interval yet at n = {r['n']}")

@@ -66,7 +66,8 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         again = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))["cartpole"]
         assert again["not_worse"] is verdict and abs(again["low"] - r["low"]) < 1e-5
         res = wd.summarize(wd.read_rows(tmp_path / "rows.csv"))
-        assert wd.markdown(res, {"cartpole": 20}).splitlines()[-1].startswith("Interim")
+        interim = wd.markdown(res, {"cartpole": 20}).splitlines()[-1]
+        assert interim.startswith("Interim") and "cartpole: 10 of 20 pairs so far" in interim
         both = wd.markdown(res, {"cartpole": 10, "minatar": 10}).splitlines()[-1]
         assert both.startswith("Interim") and "minatar: no pairs yet" in both
         text = wd.markdown(res, {"cartpole": 10})
