@@ -110,16 +110,28 @@ def rows(root: Path) -> list[dict]:
     ]
 
 
+def _key(r: dict) -> tuple:
+    return r["env"], r["encoding"], int(r["seed"])
+
+
 def write_rows(path: Path, table: list[dict]) -> None:
+    """Merge ``table`` into the rows CSV at ``path``: a run in ``table`` replaces its row (same
+    env, encoding and seed), the file's other rows are kept. Sittings on different machines
+    (or an array's tasks) each add their runs; a run folder lost with its machine keeps its row."""
     import csv
 
+    new = {_key(r): r for r in table}
+    kept = [r for r in read_rows(path) if _key(r) not in new] if path.exists() else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(
-            {k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS} for r in table
+            {k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS}
+            for r in sorted([*kept, *new.values()], key=_key)
         )
+    tmp.replace(path)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -247,7 +259,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", help="the sweep's folder (runs/weights-delta), or a rows CSV")
     ap.add_argument("--json", default=None, help="write the summary here")
-    ap.add_argument("--csv", default=None, help="write the per-run rows here")
+    ap.add_argument(
+        "--csv", default=None, help="merge the per-run rows into this CSV (a run's row replaced)"
+    )
     ap.add_argument("--update", default=None, help="rewrite this page's generated section")
     ap.add_argument("--check", default=None, help="exit 1 if this page's section differs")
     a = ap.parse_args()

@@ -105,3 +105,29 @@ def test_committed_table_is_what_the_committed_rows_give():
         timeout=120,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_rows_csv_merges_sittings(tmp_path):
+    """--csv merges: a sitting's runs replace their own rows and keep every other row, so rows
+    whose run folders went with an earlier machine are not lost (they were, when it overwrote)."""
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
+    wd = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(wd)
+
+    def row(enc, seed, ret):
+        return {
+            "env": "minatar",
+            "encoding": enc,
+            "seed": seed,
+            **dict.fromkeys(wd.FIELDS[3:], 1.0),
+            "return": ret,
+        }
+
+    path = tmp_path / "runs.csv"
+    wd.write_rows(path, [row("full", 0, 10.0), row("delta", 0, 11.0)])  # first sitting
+    wd.write_rows(path, [row("full", 1, 12.0), row("delta", 0, 13.0)])  # second: seed 0 rerun
+    got = {(r["encoding"], r["seed"]): r["return"] for r in wd.read_rows(path)}
+    assert got == {("full", 0): 10.0, ("delta", 0): 13.0, ("full", 1): 12.0}
+    assert [(r["encoding"], r["seed"]) for r in wd.read_rows(path)] == sorted(got)
