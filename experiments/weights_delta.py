@@ -200,10 +200,10 @@ def planned() -> dict[str, int]:
     return out
 
 
-def _r(x: float, lo: float, hi: float) -> str:
-    if not math.isfinite(lo):
-        return f"{x:.3g} (no interval)" if math.isfinite(x) else "-"
-    return f"{x:.3g} [{lo:.3g}, {hi:.3g}]"
+def _r(x: float, lo: float, hi: float, n: int) -> str:
+    from analysis.paired import LogRatio
+
+    return LogRatio(x, lo, hi, math.nan, n, math.nan).text() if math.isfinite(x) else "-"
 
 
 def markdown(res: dict, plan: dict[str, int]) -> str:
@@ -225,8 +225,8 @@ def markdown(res: dict, plan: dict[str, int]) -> str:
         }
         fb, db = g["full_weights_bytes"], g["delta_weights_bytes"]
         lines.append(
-            f"| {env} | {r['n']} of {want} | {_r(r['ratio'], r['low'], r['high'])} "
-            f"| {_r(r['final_ratio'], r['final_low'], r['final_high'])} "
+            f"| {env} | {r['n']} of {want} | {_r(r['ratio'], r['low'], r['high'], r['n'])} "
+            f"| {_r(r['final_ratio'], r['final_low'], r['final_high'], r['n'])} "
             f"| {fb:,.0f} / {db:,.0f} B ({fb / db:.1f}x) "
             f"| {g['full_lag_median']:.0f} / {g['delta_lag_median']:.0f} "
             f"| {g['full_U']:.1f} / {g['delta_U']:.1f} "
