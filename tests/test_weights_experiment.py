@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_spec_pairs_full_and_delta_per_seed():
-    for name, seeds in (("cartpole", 20), ("minatar", 10)):  # the power estimates in the specs
+    stage1 = set()
+    for name, seeds in (("cartpole", 20), ("minatar", 10), ("cartpole-confirm", 30)):  # power
         spec = S.load_spec(ROOT / "experiments" / "weights-delta" / f"{name}.toml")
         runs = S.expand(spec)
         assert S.check(spec, runs) == []
@@ -19,6 +20,10 @@ def test_spec_pairs_full_and_delta_per_seed():
         assert [lab for lab, _ in spec.axes["env"]] == [name]
         assert len(runs) == len(spec.seeds) * 2
         assert Path(spec.out).parts[-2:] == ("runs", "weights-delta")  # one root, both cells
+        if name == "cartpole":
+            stage1 = set(spec.seeds)
+        if name == "cartpole-confirm":  # a fresh confirmatory run: no seed of the first stage
+            assert not stage1 & set(spec.seeds)
 
 
 def test_analysis_finds_cells(tmp_path):
@@ -81,7 +86,7 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         assert abs(r["ratio"] - factor) < 0.01
         # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
         assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
-    assert wd.planned() == {"cartpole": 20, "minatar": 10}
+    assert wd.planned() == {"cartpole": 20, "cartpole-confirm": 30, "minatar": 10}
 
 
 def test_committed_table_is_what_the_committed_rows_give():
@@ -131,3 +136,44 @@ def test_rows_csv_merges_sittings(tmp_path):
     got = {(r["encoding"], r["seed"]): r["return"] for r in wd.read_rows(path)}
     assert got == {("full", 0): 10.0, ("delta", 0): 13.0, ("full", 1): 12.0}
     assert [(r["encoding"], r["seed"]) for r in wd.read_rows(path)] == sorted(got)
+
+
+def test_a_confirmatory_cell_decides_and_its_first_stage_is_a_pilot():
+    """With cartpole-confirm planned, the first-stage cartpole cell is reported but no longer
+    decides: the verdict waits for the confirmatory pairs and then follows them alone."""
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
+    wd = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(wd)
+    assert wd.CONFIRMS == {"cartpole-confirm": "cartpole"}
+    plan = wd.planned()
+    assert plan["cartpole-confirm"] == 30 and plan["cartpole"] == 20
+
+    def rows(env, n, factor, seed0=0):
+        return [
+            {
+                "env": env,
+                "encoding": enc,
+                "seed": seed0 + s,
+                **dict.fromkeys(wd.FIELDS[3:], 1.0),
+                "return": (100.0 + s) * (factor * (1.02, 0.98)[s % 2] if enc == "delta" else 1),
+            }
+            for s in range(n)
+            for enc in ("full", "delta")
+        ]
+
+    stage1 = rows("cartpole", 4, 0.8) + rows("minatar", 4, 1.0)
+    small = {"cartpole": 4, "minatar": 4, "cartpole-confirm": 4}
+    text = wd.markdown(wd.summarize(stage1), small).splitlines()[-1]
+    assert text.startswith("Interim") and "cartpole-confirm: no pairs yet" in text
+    assert "cartpole: first stage, n = 4" in text
+    both = stage1 + rows("cartpole-confirm", 4, 1.0, seed0=20)
+    text = wd.markdown(wd.summarize(both), small).splitlines()[-1]
+    assert text.startswith("**delta is not worse than full weights in every cell**"), text
+    worse = stage1 + rows("cartpole-confirm", 4, 0.8, seed0=20)
+    text = wd.markdown(wd.summarize(worse), small).splitlines()[-1]
+    assert text.startswith("**delta is not shown"), text
+    # without the confirmatory cell in the plan, the first stage decides as before
+    text = wd.markdown(wd.summarize(stage1), {"cartpole": 4, "minatar": 4}).splitlines()[-1]
+    assert text.startswith("**delta is not shown") and "first stage" not in text
