@@ -226,3 +226,22 @@ def test_drop_latest_leaves_nothing_for_a_peer_that_left():
     pieces.poll(2.0)
     pieces.poll(2.0)
     assert [b for _, b, _ in comm.sent][2:] == [3] and pieces.backlog == 0
+
+
+@pytest.mark.parametrize("piece_s", [0.0, 1e-3])
+def test_an_empty_latest_message_is_sent(piece_s):
+    """A 0-byte latest-wins message (none is posted today: WEIGHTS carry a header) leaves as one
+    empty message, pieces on or off (with them off it divided by zero)."""
+    import time
+
+    from mpi4py import MPI
+
+    end = LinkEnd(MPI.COMM_SELF, 0, LinkProfile(rate_bps=1e8), piece_s=piece_s)
+    end.post_latest(Tag.WEIGHTS, lambda: (np.zeros(0, np.uint8), None))
+    got, t_end = [], time.monotonic() + 10
+    while not got and time.monotonic() < t_end:
+        end.poll()
+        got += end.receive()
+    while end.backlog and time.monotonic() < t_end:
+        end.poll()
+    assert [(t, b.nbytes) for t, b in got] == [(Tag.WEIGHTS, 0)] and end.backlog == 0

@@ -244,7 +244,7 @@ class LinkEnd:
             if on_commit is not None:
                 on_commit()
             self._latest_t0, self._latest_bytes = now, buf.nbytes
-            c = self.piece_bytes() or buf.nbytes
+            c = self.piece_bytes() or max(1, buf.nbytes)  # an empty message goes as one
             k = max(1, -(-buf.nbytes // c))
             self._pieces.extend((PIECE + tag, buf[i * c : (i + 1) * c]) for i in range(k - 1))
             self._pieces.append((tag, buf[(k - 1) * c :]))
