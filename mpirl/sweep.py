@@ -42,7 +42,10 @@ has whole seeds; put ``replay_at`` last and each pair of placements runs back to
 
 Each run's folder is ``OUT/<axis>=<value>,<axis>=<value>/seed<k>`` (``OUT/seed<k>`` without axes).
 A run is *complete* when its folder has ``summary.json`` with a stop that was not a signal; those
-are skipped, so rerunning the same command continues a sweep. An incomplete folder is renamed
+are skipped, so rerunning the same command continues a sweep. With ``export``, a run whose row
+is already in the export's runs.csv is skipped too (it finished in an earlier sitting, maybe on
+another machine, and its row was committed; delete the row to run it again). An incomplete folder
+is renamed
 ``<folder>.incomplete-<n>`` (kept, never deleted) and the run starts over, or, with
 ``resume = true`` and a complete checkpoint in it, continues with ``--resume`` (``--max-seconds``
 then counts the new launch only). After each run, ``sweep.json`` in its folder records the
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import io
 import itertools
@@ -83,7 +87,18 @@ else:  # pragma: no cover
 from mpirl.launch import Relay
 from mpirl.run.failure import STOP_SIGNALS
 
-__all__ = ["Run", "Spec", "SpecError", "expand", "load_spec", "main", "run_status", "slurm_script"]
+__all__ = [
+    "Run",
+    "Spec",
+    "SpecError",
+    "expand",
+    "exported",
+    "load_spec",
+    "main",
+    "run_key",
+    "run_status",
+    "slurm_script",
+]
 
 TOP_KEYS = {
     "out",
@@ -462,6 +477,23 @@ def run_status(run_dir: Path) -> str:
     return "incomplete"
 
 
+def exported(spec: Spec) -> frozenset[str]:
+    """The runs whose rows ``spec.export``'s runs.csv holds, by its ``run`` column (the folder
+    relative to the current folder, as analysis.export writes it; see `run_key`)."""
+    if spec.export is None or not (spec.export / "runs.csv").is_file():
+        return frozenset()
+    with open(spec.export / "runs.csv", newline="") as f:
+        return frozenset(row.get("run") or "" for row in csv.DictReader(f)) - {""}
+
+
+def run_key(run_dir: Path) -> str:
+    """A run folder as the export's ``run`` column names it (analysis.export.run_id)."""
+    try:
+        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 def _set_aside(run_dir: Path) -> Path:
     for n in itertools.count(1):
         dest = run_dir.with_name(f"{run_dir.name}.incomplete-{n}")
@@ -485,6 +517,9 @@ def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
     status = run_status(run.run_dir)
     if status == "done":
         say(f"[{run.index}] {run.run_dir}: complete, skipped")
+        return 0
+    if run_key(run.run_dir) in exported(spec):
+        say(f"[{run.index}] {run.run_dir}: its row is in {spec.export}/runs.csv, skipped")
         return 0
     args = run.mpirl_args()
     if status == "resumable" and spec.resume:
@@ -609,11 +644,15 @@ def _dry_run(spec: Spec, runs: list[Run]) -> None:
     )
     print(f"# {spec.path}: {len(runs)} runs ({shape}), {spec.ranks} ranks each, out {spec.out}")
     counts: dict[str, int] = {}
+    rows = exported(spec)
     for r in runs:
         st = run_status(r.run_dir)
+        if st != "done" and run_key(r.run_dir) in rows:
+            st = "exported"
         counts[st] = counts.get(st, 0) + 1
         what = {
             "done": "done (skipped)",
+            "exported": "exported (skipped: its row is committed)",
             "todo": "todo",
             "resumable": "resume" if spec.resume else "incomplete (set aside, rerun)",
             "incomplete": "incomplete (set aside, rerun)",

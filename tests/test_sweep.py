@@ -277,6 +277,38 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path, capsys):
     assert out.count("FAILED (exit 1") == 8 and "8 of 8 run(s) failed" in err
 
 
+def test_runs_whose_rows_are_exported_are_skipped(tmp_path, monkeypatch, capsys):
+    """A sweep continued on another machine (no runs/ folder) skips the runs whose rows the
+    spec's export already holds, by the export's own run key; the rest still run (here the
+    launcher `false` fails them)."""
+    from types import SimpleNamespace
+
+    from analysis.export import run_id
+
+    monkeypatch.chdir(tmp_path)
+    extra = 'ranks = 3\n    launcher = ["false"]\n    export = "data"'
+    p = spec_file(tmp_path, BASIC.replace('"OUT"', '"out"').replace("ranks = 3", extra))
+    spec = S.load_spec(p)
+    runs = S.expand(spec)
+    assert S.exported(spec) == frozenset()  # no runs.csv yet
+    (tmp_path / "data").mkdir()
+    keys = [run_id(SimpleNamespace(path=r.run_dir)) for r in runs[:3]]
+    assert keys[0] == str(Path("out") / runs[0].run_dir.relative_to("out"))
+    assert [S.run_key(r.run_dir) for r in runs[:3]] == keys
+    with open(tmp_path / "data" / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["run", "seed"])
+        w.writeheader()
+        w.writerows({"run": k, "seed": 0} for k in keys)
+    assert S.exported(spec) == frozenset(keys)
+    assert S.main([str(p), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "# 3 exported, 5 todo"
+    assert S.main([str(p), "--index", "1"]) == 0  # exported: not launched
+    assert "its row is in data/runs.csv, skipped" in capsys.readouterr().out
+    assert S.main([str(p)]) == 1
+    out, err = capsys.readouterr()
+    assert out.count("skipped") == 3 and "5 of 8 run(s) failed: [3, 4, 5, 6, 7]" in err
+
+
 def test_repository_specs_pass_the_flag_check():
     """The repository's specs are valid (the paper's pacing flags and budgets included) and pin
     the learner with jobs/pin.sh; the equal-wall-time ones (issue 27) give both placements the
