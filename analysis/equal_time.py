@@ -439,8 +439,9 @@ def pilot_section(data: Path) -> str:
         _, bw, f = min(fits)
         rule = (
             f"**b\\* = {bw:g} Mb/s**: the existing placement delivered {f:.0%} of "
-            f"production there and the proposed one held its U. Cell C's existing placement "
-            f"then runs at U = {f:.3f} x 46.875 = {f * 46.875:.2f} updates/s."
+            f"production there and the proposed one held its U (f = {f:.3f}). Cell C's U is "
+            f"f_B x 46.875 with f_B the median delivered fraction of cell B's own existing "
+            f"runs (experiments/equal-time/C.toml)."
         )
     else:
         rule = (
