@@ -179,7 +179,7 @@ def test_pilot_picks_the_bandwidth_the_plan_names(tmp_path):
     text = E.pilot_section(_write(tmp_path, rows))
     # 2 Mb/s: the proposed placement missed its U; 3 Mb/s: the existing one delivered 63%
     assert "**b\\* = 2.5 Mb/s**: the existing placement delivered 52%" in text
-    assert "U = 0.520 x 46.875 = 24.38 updates/s" in text
+    assert "(f = 0.520). Cell C's U is f_B x 46.875" in text
     assert text.count("| 2 Mb/s |") == 1 and "| 3 Mb/s |" in text
     rows = [r for r in rows if not r["cell"].endswith("2.5")]
     (tmp_path / "b").mkdir()
