@@ -246,20 +246,40 @@ def _family_table(fam: list) -> list[str]:
 
 
 def _control(cells: dict) -> list[str]:
+    """Cell B against cell C in both readings of the loss. The IS-weighted one depends on beta,
+    which anneals with learner updates (``beta_steps``); C's existing arm makes fewer updates
+    than B's proposed arm, so its weights use a smaller beta. The unweighted loss has no beta."""
     if CONTROL not in cells or THINNING not in cells:
         return ["The replay-ratio matched control (cell C) has no data yet.", ""]
-    b, c = ratio(cells[THINNING], "train_loss"), ratio(cells[CONTROL], "train_loss")
-    consistent = b.high < 1 and c.low <= 1 <= c.high
-    return [
-        f"**Matched control.** Training loss, proposed / existing: {b.text()} in cell B "
-        f"(unequal replay per delivered transition), {c.text()} in cell C (equal). "
+    parts, consistent, in_c = [], [], []
+    for key, name in (("train_loss", "IS-weighted"), ("train_loss_unweighted", "unweighted")):
+        b, c = ratio(cells[THINNING], key), ratio(cells[CONTROL], key)
+        parts.append(
+            f"{name} {b.text()} in cell B (unequal replay per delivered transition), "
+            f"{c.text()} in cell C (equal)"
+        )
+        consistent.append(b.high < 1 and c.low <= 1 <= c.high)
+        in_c.append(-1 if c.high < 1 else 1 if c.low > 1 else 0)
+    out = [
+        "**Matched control.** Training loss, proposed / existing: "
+        + "; ".join(parts)
+        + ". "
         + (
             "The data are consistent with a replay-ratio effect."
-            if consistent
+            if all(consistent)
             else "The data do not show that the loss difference is a replay-ratio effect."
-        ),
-        "",
+        )
     ]
+    if in_c[0] * in_c[1] < 0:
+        u_c = achieved(cells[CONTROL], "learner")["U"]
+        u_b = achieved(cells[THINNING], "buffer")["U"]
+        out.append(
+            "In cell C the two readings point in opposite directions. beta anneals with learner "
+            f"updates, and C's existing arm makes {u_c / u_b:.2f}x the updates of its proposed "
+            "arm, so the two arms weight their losses with different beta; the unweighted loss "
+            "compares them without it."
+        )
+    return [" ".join(out), ""]
 
 
 def _cell_block(c: str, cell: dict) -> list[str]:

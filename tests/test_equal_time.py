@@ -21,6 +21,7 @@ def _rows(
     rng,
     *,
     loss=1.0,
+    loss_unweighted=None,
     prio=1.0,
     auc=100.0,
     noise=0.05,
@@ -49,7 +50,7 @@ def _rows(
                 "U_requested": U_req or U,
                 "delivered_fraction": 0.5 if arm == "learner" else "",
                 "train_loss": loss * jitter(),
-                "train_loss_unweighted": loss * jitter(),
+                "train_loss_unweighted": (loss_unweighted or loss) * jitter(),
                 "prio_td_held": prio * jitter(),
                 "prio_held": prio * jitter(),
                 "arrival_td": prio * jitter(),
@@ -154,6 +155,27 @@ def test_marks_control_survival_and_map(page):
     assert "Time to target" not in text.split("#### cell=M")[1].split("####")[0]  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
     assert "| cell=A | no difference shown at n = 20" in text
+
+
+def test_control_shows_both_loss_readings_and_says_when_they_disagree(tmp_path):
+    # as in the committed cell C: C's existing arm makes half the updates of B's proposed arm,
+    # so its IS weights use a smaller beta; the IS-weighted ratio falls below 1 while the
+    # unweighted one rises above it. The sentence must show both and name the disagreement.
+    rng = np.random.default_rng(3)
+    rows = (
+        _rows("cell=B", "learner", rng, U=46.875)
+        + _rows("cell=B", "buffer", rng, loss=1.0, loss_unweighted=1.3, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=1.8, loss_unweighted=1.0, U=23.4)
+    )
+    text = E.section(_write(tmp_path, rows))
+    control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
+    weighted, unweighted = control.split("; unweighted ")
+    c_weighted = float(weighted.split("transition), ")[1].split()[0])
+    c_unweighted = float(unweighted.split("transition), ")[1].split()[0])
+    assert 0.5 < c_weighted < 0.6 and 1.2 < c_unweighted < 1.4  # 1.0 / 1.8 and 1.3 / 1.0
+    assert "the two readings point in opposite directions" in control
+    assert "makes 0.50x the updates" in control
+    assert "do not show that the loss difference is a replay-ratio effect" in control
 
 
 def test_figures_are_written(page, tmp_path):
