@@ -246,7 +246,8 @@ def _family_table(fam: list) -> list[str]:
 
 
 def _control(cells: dict) -> list[str]:
-    """Cell B against cell C in both readings of the loss. The IS-weighted one depends on beta,
+    """Cell B against cell C in both readings of the loss; the Plan's rule reads the primary
+    (IS-weighted) one, the unweighted one is shown beside it. The IS-weighted one depends on beta,
     which anneals with learner updates (``beta_steps``); C's existing arm makes fewer updates
     than B's proposed arm, so its weights use a smaller beta. The unweighted loss has no beta."""
     if CONTROL not in cells or THINNING not in cells:
@@ -266,7 +267,7 @@ def _control(cells: dict) -> list[str]:
         + ". "
         + (
             "The data are consistent with a replay-ratio effect."
-            if all(consistent)
+            if consistent[0]  # the Plan's rule reads the primary, IS-weighted loss
             else "The data do not show that the loss difference is a replay-ratio effect."
         )
     ]

@@ -223,3 +223,17 @@ def test_an_incomplete_family_decides_nothing(tmp_path):
     assert row.endswith(
         "| interim, not decided (pairs: cell=A 12 of 20, cell=B 0 of 20, cell=M 0 of 10) |"
     )
+
+
+def test_control_rule_reads_the_primary_loss(tmp_path):
+    # the Plan's mechanism rule is on the IS-weighted (primary) loss: B below 1 and C's interval
+    # containing 1 is "consistent", whatever the unweighted reading shows beside it
+    rng = np.random.default_rng(4)
+    rows = (
+        _rows("cell=B", "learner", rng, U=46.875)
+        + _rows("cell=B", "buffer", rng, loss=0.5, loss_unweighted=1.0, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=0.5, U=23.4)
+    )
+    text = E.section(_write(tmp_path, rows))
+    assert "The data are consistent with a replay-ratio effect." in text
+    assert "opposite directions" not in text
