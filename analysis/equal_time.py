@@ -38,6 +38,9 @@ METRICS = (
 )
 OUTCOMES = (("auc_return", "return AUC"), ("return_per_mb", "return per MB"))
 REQUESTED_TOLERANCE = 0.10
+#: a run whose last-quarter mean return exceeds its third quarter's by more than this factor is
+#: "still rising" at T; a cell's curve has flattened when at most half its runs are
+RISING = 1.05
 
 
 def read(data: Path) -> tuple[list[dict], dict[str, dict[str, np.ndarray]]]:
@@ -181,14 +184,14 @@ def section(data: Path) -> str:
             f"No run of the equal-wall-time design has been committed yet "
             f"(`{shown}/runs.csv` does not exist)."
         )
-    runs, _ = read(data)
+    runs, curves = read(data)
     cells = by_cell(runs)
     fam = family_tests(cells)
     out = [_verdict(cells, fam), ""]
     out += _family_table(fam)
     out += _control(cells)
     for c, cell in cells.items():
-        out += _cell_block(c, cell)
+        out += _cell_block(c, cell, curves)
     out += _map(cells)
     return "\n".join(out).rstrip()
 
@@ -283,7 +286,43 @@ def _control(cells: dict) -> list[str]:
     return [" ".join(out), ""]
 
 
-def _cell_block(c: str, cell: dict) -> list[str]:
+def rising(cell: dict, curves: dict, arm: str) -> tuple[float, int, int]:
+    """Whether the return curve had flattened by T, per run: g = the mean return over the last
+    quarter [0.75 T, T] / that over the third quarter [0.5 T, 0.75 T) (the held evaluation on
+    the common grid). Returns (median g, runs with g > RISING, runs with a curve)."""
+    g = []
+    for r in cell[arm].values():
+        cv = curves.get(r["run"])
+        if cv is None:
+            continue
+        t, ret, T = cv["t"], cv["return"], r["T"]
+        late = np.nanmean(ret[(t >= 0.75 * T) & (t <= T)]) if len(t) else math.nan
+        mid = np.nanmean(ret[(t >= 0.5 * T) & (t < 0.75 * T)]) if len(t) else math.nan
+        if np.isfinite(late) and np.isfinite(mid) and mid > 0:
+            g.append(late / mid)
+    if not g:
+        return math.nan, 0, 0
+    return float(np.median(g)), int(np.sum(np.asarray(g) > RISING)), len(g)
+
+
+def _rising_line(cell: dict, curves: dict) -> list[str]:
+    (g_e, up_e, n_e), (g_p, up_p, n_p) = (rising(cell, curves, a) for a in ("learner", "buffer"))
+    if not n_e and not n_p:
+        return []
+    flat = up_e <= n_e / 2 and up_p <= n_p / 2
+    return [
+        f"Return curve at T (mean over [0.75 T, T] / mean over [0.5 T, 0.75 T), median run): "
+        f"existing {_x(g_e)}, proposed {_x(g_p)}; still rising by more than "
+        f"{100 * (RISING - 1):.0f}% in {up_e}/{n_e} and {up_p}/{n_p} runs: the curve "
+        + ("had flattened by T." if flat else "had not flattened by T.")
+    ]
+
+
+def _x(g: float) -> str:
+    return f"{_f(g)}x" if math.isfinite(g) else "no runs"
+
+
+def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
     a_e, a_p = achieved(cell, "learner"), achieved(cell, "buffer")
     out = [
         f"#### {c}",
@@ -311,6 +350,7 @@ def _cell_block(c: str, cell: dict) -> list[str]:
         f"Final-window return, IQM: existing {_f(e_iqm)}, proposed {_f(p_iqm)}; "
         f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}.",
     ]
+    out += _rising_line(cell, curves)
     km = _km(cell)
     if km:
         out.append(

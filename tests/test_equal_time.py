@@ -66,7 +66,7 @@ def _rows(
     return out
 
 
-def _write(tmp_path, rows):
+def _write(tmp_path, rows, ret=lambda t: min(t * 5, 500)):
     data = tmp_path / "data"
     data.mkdir()
     with (data / "runs.csv").open("w", newline="") as f:
@@ -83,7 +83,7 @@ def _write(tmp_path, rows):
                     {
                         "run": r["run"],
                         "t": t,
-                        "return": min(t * 5, 500),
+                        "return": ret(t),
                         "link_mb": t,
                         "train_loss": 1.0,
                         "prio_td_held": 1.0,
@@ -155,6 +155,11 @@ def test_marks_control_survival_and_map(page):
     assert "Time to target" not in text.split("#### cell=M")[1].split("####")[0]  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
     assert "| cell=A | no difference shown at n = 20" in text
+    # the curves rise 5 per second to T = 90: on the 48-step grid the last quarter's mean t is
+    # 78.75 s, the third quarter's 55.3 s (1.42x)
+    m = text.split("#### cell=M")[1].split("####")[0]
+    assert "existing 1.42x, proposed 1.42x; still rising by more than 5% in 10/10 and 10/10" in m
+    assert "the curve had not flattened by T." in m
 
 
 def test_control_shows_both_loss_readings_and_says_when_they_disagree(tmp_path):
@@ -237,3 +242,12 @@ def test_control_rule_reads_the_primary_loss(tmp_path):
     text = E.section(_write(tmp_path, rows))
     assert "The data are consistent with a replay-ratio effect." in text
     assert "opposite directions" not in text
+
+
+def test_flattened_curves_say_so(tmp_path):
+    # the curve reaches its plateau at t = 40 of T = 90: both late quarters are flat
+    rng = np.random.default_rng(5)
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng)
+    text = E.section(_write(tmp_path, rows, ret=lambda t: min(t * 5, 200)))
+    assert "existing 1x, proposed 1x; still rising by more than 5% in 0/20 and 0/20 runs" in text
+    assert "the curve had flattened by T." in text
