@@ -32,6 +32,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MPI_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.mpi)
+    # Files with the most mpirun work first: the two xdist workers (`--dist loadfile`) take whole
+    # files in this order, so the long MPI files start early and the short in-process ones fill
+    # the end instead of one long file running alone on one worker. Within a file the order stays.
+    mpi_tests: dict[str, int] = {}
+    for item in items:
+        n = 1 if item.get_closest_marker("mpi") else 0
+        mpi_tests[item.nodeid.split("::")[0]] = mpi_tests.get(item.nodeid.split("::")[0], 0) + n
+    items.sort(key=lambda item: -mpi_tests[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture
