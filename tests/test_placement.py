@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -397,12 +398,21 @@ def test_hydra_fills_generated_hostfile(tmp_path):
     p = pl.plan(9, 2, _alloc(f"localhost,127.0.0.1,{me}", 4))
     hf = tmp_path / "hostfile"
     hf.write_text(pl.render(p, "hydra", "test"))
-    out = subprocess.run(
-        [str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c", 'echo "$PMI_RANK $PMI_HOSTNAME"'],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    # Hydra's mpiexec, starting three proxies for this file, died once of SIGPIPE (-13, no
+    # output) on a clean-clone CI while the other pytest-xdist worker ran an MPI job; 1 of 5
+    # beside a `mpirun -n 4` once, 0 of 40 beside a looping one later, 0 of 6 alone. The placement
+    # it would have printed is what this test checks, so a launch that died of SIGPIPE is tried
+    # again, at most twice; any other failure fails at once.
+    for _ in range(3):
+        out = subprocess.run(
+            [str(mpirun), "-f", str(hf), "-n", "9", "sh", "-c", 'echo "$PMI_RANK $PMI_HOSTNAME"'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+        if out.returncode != -signal.SIGPIPE:
+            break
     # The one launcher limitation this test cannot help: Hydra takes one of the three names for
     # a remote host and starts its proxy there with ssh, which is missing or refused (measured:
     # "execvp error on file ssh", "ssh: Could not resolve hostname", each followed by this line).
