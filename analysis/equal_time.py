@@ -255,14 +255,15 @@ def _control(cells: dict) -> list[str]:
     than B's proposed arm, so its weights use a smaller beta. The unweighted loss has no beta."""
     if CONTROL not in cells or THINNING not in cells:
         return ["The replay-ratio matched control (cell C) has no data yet.", ""]
-    parts, consistent, in_c = [], [], []
+    parts, in_c = [], []
     for key, name in (("train_loss", "IS-weighted"), ("train_loss_unweighted", "unweighted")):
         b, c = ratio(cells[THINNING], key), ratio(cells[CONTROL], key)
         parts.append(
             f"{name} {b.text()} in cell B (unequal replay per delivered transition), "
             f"{c.text()} in cell C (equal)"
         )
-        consistent.append(b.high < 1 and c.low <= 1 <= c.high)
+        if key == "train_loss":  # the Plan's rule reads the primary, IS-weighted loss
+            consistent = b.high < 1 and c.low <= 1 <= c.high
         in_c.append(-1 if c.high < 1 else 1 if c.low > 1 else 0)
     out = [
         "**Matched control.** Training loss, proposed / existing: "
@@ -270,7 +271,7 @@ def _control(cells: dict) -> list[str]:
         + ". "
         + (
             "The data are consistent with a replay-ratio effect."
-            if consistent[0]  # the Plan's rule reads the primary, IS-weighted loss
+            if consistent
             else "The data do not show that the loss difference is a replay-ratio effect."
         )
     ]
@@ -296,10 +297,10 @@ def rising(cell: dict, curves: dict, arm: str) -> tuple[float, int, int]:
         if cv is None:
             continue
         t, ret, T = cv["t"], cv["return"], r["T"]
-        late = np.nanmean(ret[(t >= 0.75 * T) & (t <= T)]) if len(t) else math.nan
-        mid = np.nanmean(ret[(t >= 0.5 * T) & (t < 0.75 * T)]) if len(t) else math.nan
-        if np.isfinite(late) and np.isfinite(mid) and mid > 0:
-            g.append(late / mid)
+        late, mid = ret[(t >= 0.75 * T) & (t <= T)], ret[(t >= 0.5 * T) & (t < 0.75 * T)]
+        late, mid = late[np.isfinite(late)], mid[np.isfinite(mid)]
+        if late.size and mid.size and mid.mean() > 0:
+            g.append(late.mean() / mid.mean())
     if not g:
         return math.nan, 0, 0
     return float(np.median(g)), int(np.sum(np.asarray(g) > RISING)), len(g)
