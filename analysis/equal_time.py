@@ -342,9 +342,15 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
             + "."
         )
     out += ["", "| metric | proposed / existing [95% t-interval] | n | p |", "|---|---|---|---|"]
+    absent = []
     for key, name in METRICS:
         r = ratio(cell, key)
+        if r.n == 0:  # no run of the cell measured it (e.g. no reference set): a line, not a row
+            absent.append(name)
+            continue
         out.append(f"| {name} | {r.text()} | {r.n} | {_f(r.p, 2)} |")
+    if absent:
+        out += ["", f"Not measured in this cell's runs: {'; '.join(absent)}."]
     e_iqm, p_iqm, prob = iqm_and_improvement(cell, "final_return")
     out += [
         "",

@@ -251,3 +251,20 @@ def test_flattened_curves_say_so(tmp_path):
     text = E.section(_write(tmp_path, rows, ret=lambda t: min(t * 5, 200)))
     assert "existing 1x, proposed 1x; still rising by more than 5% in 0/20 and 0/20 runs" in text
     assert "the curve had flattened by T." in text
+
+
+def test_a_metric_no_run_measured_is_a_line_not_a_row(tmp_path):
+    # cell=M's runs had no reference set: its table carries no "n = 0" row; cell=A's runs had one
+    rng = np.random.default_rng(6)
+    a = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng)
+    for r in a:
+        r["ref_loss_norm"] = 2.0
+    m = _rows("cell=M", "learner", rng, seeds=range(10)) + _rows(
+        "cell=M", "buffer", rng, seeds=range(10)
+    )
+    text = E.section(_write(tmp_path, a + m))
+    block_a, block_m = text.split("#### cell=A")[1].split("#### cell=M")
+    name = "reference loss / mean Q^2 (secondary)"
+    assert f"| {name} | 1 [" in block_a and "Not measured" not in block_a
+    assert "n = 0" not in block_m and f"| {name} |" not in block_m
+    assert f"Not measured in this cell's runs: {name}." in block_m
