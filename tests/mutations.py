@@ -144,8 +144,8 @@ MUTATIONS = [
     Mutation(
         "link: a weight broadcast goes whole (no pieces)",
         "mpirl/transport/link.py",
-        "            c = self.piece_bytes() or buf.nbytes",
-        "            c = buf.nbytes",
+        "            c = self.piece_bytes() or max(1, buf.nbytes)",
+        "            c = max(1, buf.nbytes)",
         ("tests/test_weights_link.py", "-k", "piece"),
     ),
     Mutation(
