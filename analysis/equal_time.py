@@ -24,6 +24,8 @@ DECIDING = ("cell=A", "cell=B", "cell=M")
 #: the Plan's pairs per deciding cell (its power estimate); a family with a cell short of its
 #: pairs decides nothing (interim), and its Holm correction counts the tests run so far only
 PLANNED = {"cell=A": 20, "cell=B": 20, "cell=M": 10}
+#: the Plan's pairs per crossover-map cell; a map cell short of them is interim in family U
+PLANNED_MAP = 10
 CONTROL, THINNING = "cell=C", "cell=B"
 METRICS = (
     ("train_loss", "training loss (IS-weighted)"),
@@ -396,18 +398,32 @@ def _map(cells: dict) -> list[str]:
         "| cell | " + " | ".join(n for _, n in OUTCOMES) + " |",
         "|---|" + "---|" * len(OUTCOMES),
     ]
+    short = {c: pairs(cells, c) for c, _ in tests if pairs(cells, c) < planned(c)}
+    if short:
+        out[0] += (
+            f" **Interim:** {len(short)} cell(s) do not have their planned pairs yet; their "
+            "entries decide nothing, and Holm counts only the tests with a p-value so far, so "
+            "the adjusted p-values of the complete cells can still rise until every cell is run."
+        )
     for c in dict.fromkeys(c for c, _ in tests):
         row = []
         for key, _ in OUTCOMES:
             r, p = tests[(c, key)]
             who = (
-                ("**proposed**" if r.estimate > 1 else "**existing**")
+                f"interim, n = {short[c]} of {planned(c)}"
+                if c in short
+                else ("**proposed**" if r.estimate > 1 else "**existing**")
                 if p < 0.05
                 else f"no difference shown at n = {r.n}"
             )
             row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
     return out + [""]
+
+
+def planned(c: str) -> int:
+    """The Plan's pairs for cell ``c``: a deciding cell's, else a map cell's."""
+    return PLANNED.get(c, PLANNED_MAP)
 
 
 # --- the figures ---------------------------------------------------------------------------------

@@ -268,3 +268,18 @@ def test_a_metric_no_run_measured_is_a_line_not_a_row(tmp_path):
     assert f"| {name} | 1 [" in block_a and "Not measured" not in block_a
     assert "n = 0" not in block_m and f"| {name} |" not in block_m
     assert f"Not measured in this cell's runs: {name}." in block_m
+
+
+def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
+    # one seed of a map cell: its entries say interim, not "no difference shown at n = 1"
+    rng = np.random.default_rng(7)
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng, auc=150.0)
+    cell = "bandwidth_mbps=5,rho=1"
+    rows += _rows(cell, "learner", rng, seeds=range(1)) + _rows(cell, "buffer", rng, seeds=range(1))
+    text = E.section(_write(tmp_path, rows))
+    table = text.split("**Where should the replay memory live?**")[1]
+    assert "**Interim:** 1 cell(s) do not have their planned pairs yet" in table
+    line = next(x for x in table.splitlines() if x.startswith(f"| {cell} |"))
+    assert line.count("interim, n = 1 of 10") == 2 and "no difference shown" not in line
+    line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
+    assert "**proposed**" in line_a  # a complete cell keeps its outcome
