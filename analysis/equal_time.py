@@ -218,6 +218,7 @@ def _verdict(cells: dict, fam: list) -> str:
             f"**{name} (paper {PAPER[key]:g}x): {head}.** Per deciding cell: "
             + ("; ".join(said) or "none run")
             + "."
+            + _paper_value_line(fam, key)
         )
     text = " ".join(parts)
     if missing:
@@ -228,6 +229,20 @@ def _verdict(cells: dict, fam: list) -> str:
         )
     text += " Pairs per cell: " + ", ".join(f"{c} {k}" for c, k in n.items()) + "."
     return text
+
+
+def _paper_value_line(fam: list, key: str) -> str:
+    """Descriptive, outside the rule: the cells whose simultaneous interval excludes the
+    paper's value (an "inconclusive" cell can still rule out the paper's size of effect)."""
+    level = 1 - 0.05 / len(fam)
+    ran = [(c, r.interval(level)) for c, k, r, _, _ in fam if k == key]
+    out = [c for c, (lo, hi) in ran if math.isfinite(lo) and not lo <= PAPER[key] <= hi]
+    if not ran or not out:
+        return ""
+    return (
+        f" The paper's {PAPER[key]:g}x lies outside the simultaneous interval in "
+        f"{len(out)} of {len(ran)} cells ({', '.join(out)}; descriptive, not part of the rule)."
+    )
 
 
 def _family_table(fam: list) -> list[str]:

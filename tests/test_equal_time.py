@@ -138,6 +138,10 @@ def test_the_rule_gives_each_outcome(page):
     assert "Confirmatory family F: 6 tests" in text
     assert text.startswith("**training loss (paper 0.26x): reproduced.**")
     assert "**transferred priority (|td|+eps) (paper 3.92x): not reproduced (same direction" in text
+    # descriptive: the cells whose simultaneous interval excludes the paper's value
+    outside = "lies outside the simultaneous interval in 2 of 3 cells"
+    assert f"The paper's 0.26x {outside} (cell=B, cell=M; descriptive" in text
+    assert f"The paper's 3.92x {outside} (cell=A, cell=M; descriptive" in text
 
 
 def test_marks_control_survival_and_map(page):
