@@ -358,6 +358,8 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
             + "; ".join(flagged)
             + "."
         )
+    if not set(cell["buffer"]) & set(cell["learner"]):  # one placement run so far
+        return [*out, "", "No seed has run in both placements yet: no ratios.", ""]
     out += ["", "| metric | proposed / existing [95% t-interval] | n | p |", "|---|---|---|---|"]
     absent = []
     for key, name in METRICS:

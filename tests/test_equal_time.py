@@ -287,3 +287,14 @@ def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
     assert line.count("interim, n = 1 of 10") == 2 and "no difference shown" not in line
     line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
     assert "**proposed**" in line_a  # a complete cell keeps its outcome
+
+
+def test_a_cell_with_one_placement_run_says_so(tmp_path):
+    # a sitting that stops between a seed's two runs: no empty table, no "not measured" list
+    rng = np.random.default_rng(8)
+    cell = "bandwidth_mbps=100,rho=1"
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng)
+    rows += _rows(cell, "learner", rng, seeds=range(1))
+    block = E.section(_write(tmp_path, rows)).split(f"#### {cell}")[1].split("**Where")[0]
+    assert "No seed has run in both placements yet: no ratios." in block
+    assert "| metric |" not in block and "Not measured" not in block
