@@ -136,7 +136,11 @@ def family_tests(cells: dict) -> list[tuple[str, str, LogRatio, float, str]]:
 
 def pairs(cells: dict, c: str) -> int:
     """Seeds of cell ``c`` run in both placements (0 when the cell has no data)."""
-    cell = cells.get(c, {})
+    return seed_pairs(cells.get(c, {}))
+
+
+def seed_pairs(cell: dict) -> int:
+    """Seeds of one cell run in both placements."""
     return len(set(cell.get("buffer", {})) & set(cell.get("learner", {})))
 
 
@@ -199,7 +203,7 @@ def section(data: Path) -> str:
 
 
 def _verdict(cells: dict, fam: list) -> str:
-    n = {c: len(set(cells[c]["buffer"]) & set(cells[c]["learner"])) for c in cells}
+    n = {c: pairs(cells, c) for c in cells}
     missing = [c for c in DECIDING if c not in cells]
     parts = []
     for key, name in FIGURE_NAMES.items():
@@ -358,7 +362,7 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
             + "; ".join(flagged)
             + "."
         )
-    if not set(cell["buffer"]) & set(cell["learner"]):  # one placement run so far
+    if not seed_pairs(cell):  # one placement run so far
         return [*out, "", "No seed has run in both placements yet: no ratios.", ""]
     out += ["", "| metric | proposed / existing [95% t-interval] | n | p |", "|---|---|---|---|"]
     absent = []
@@ -426,13 +430,12 @@ def _map(cells: dict) -> list[str]:
         row = []
         for key, _ in OUTCOMES:
             r, p = tests[(c, key)]
-            who = (
-                f"interim, n = {short[c]} of {planned(c)}"
-                if c in short
-                else ("**proposed**" if r.estimate > 1 else "**existing**")
-                if p < 0.05
-                else f"no difference shown at n = {r.n}"
-            )
+            if c in short:
+                who = f"interim, n = {short[c]} of {planned(c)}"
+            elif p < 0.05:
+                who = "**proposed**" if r.estimate > 1 else "**existing**"
+            else:
+                who = f"no difference shown at n = {r.n}"
             row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
     return out + [""]
