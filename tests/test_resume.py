@@ -363,7 +363,8 @@ def test_resume_continues_counters_logs_and_learning(resumed):
     # learning carries on: the first greedy eval after the resume is not back to random
     e = resumes[-1]["rows_before_resume"]["evals"]
     assert len(learner["evals/ret_mean"]) > e, p.stdout + p.stderr
-    assert learner["evals/ret_mean"][e] >= 50, learner["evals/ret_mean"]
+    # random greedy nets score 9-20 here; a learning net's eval dipped to 47.9 once (CI 17:40)
+    assert learner["evals/ret_mean"][e] >= 30, learner["evals/ret_mean"]
     assert learner["evals/env_steps"][e] > old["evals/env_steps"][-1]
     # the buffer continued with its replay memory: nothing lost, counters continue
     buf, battrs = _read(run / "buffer-0.h5")
