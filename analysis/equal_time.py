@@ -383,15 +383,24 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
     out += _rising_line(cell, curves)
     km = _km(cell)
     if km:
-        out.append(
-            f"Time to target (censored at T): reached {km['reached_learner']}/"
-            f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
-            f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
-            f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} "
-            f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p "
-            f"{_f(km['logrank_p'], 2)}."
-        )
+        out.append(_km_line(km))
     return out + [""]
+
+
+def _km_line(km: dict) -> str:
+    """One run per placement has a KM variance of 0: no interval and no test, not a certainty."""
+    n = min(km["n_learner"], km["n_buffer"])
+    spread = (
+        f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p {_f(km['logrank_p'], 2)}"
+        if n >= 2
+        else f"s (no interval, n = {n}), log-rank p -"
+    )
+    return (
+        f"Time to target (censored at T): reached {km['reached_learner']}/"
+        f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
+        f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
+        f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} {spread}."
+    )
 
 
 def _km(cell: dict) -> dict | None:

@@ -298,3 +298,19 @@ def test_a_cell_with_one_placement_run_says_so(tmp_path):
     block = E.section(_write(tmp_path, rows)).split(f"#### {cell}")[1].split("**Where")[0]
     assert "No seed has run in both placements yet: no ratios." in block
     assert "| metric |" not in block and "Not measured" not in block
+
+
+def test_time_to_target_of_one_seed_has_no_interval(tmp_path):
+    # one run per placement: KM's variance is 0, so "+97.8 [+97.8, +97.8]" claimed a certainty
+    # the data cannot give; a cell with 2 or more runs per placement keeps its interval
+    rng = np.random.default_rng(9)
+    cell = "bandwidth_mbps=1.25,rho=0.25"
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng, reach_t=30.0)
+    rows += _rows(cell, "learner", rng, seeds=range(1)) + _rows(
+        cell, "buffer", rng, seeds=range(1), reach_t=30.0
+    )
+    text = E.section(_write(tmp_path, rows))
+    one = next(x for x in text.split(f"#### {cell}")[1].splitlines() if "Time to target" in x)
+    assert "(no interval, n = 1)" in one and "log-rank p -" in one and "[" not in one
+    many = next(x for x in text.split("#### cell=A")[1].splitlines() if "Time to target" in x)
+    assert "[" in many and "no interval" not in many
