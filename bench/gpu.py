@@ -24,7 +24,7 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
    updates/s, env steps/s, busy fraction, best greedy evaluation.  On 16 cores 9 ranks are not
    oversubscribed; the actors' CPU, not the GPU, bounds Pong's env steps.
 
-``--dry-run`` runs everything on CPU with tiny counts (0.3 s per point, batch 32 only, a 3 s
+``--dry-run`` runs everything on CPU with tiny counts (0.15 s per point, batch 32 only, a 2 s
 MinAtar pipeline run with ``--device cpu``; Pong is left out), so a machine without CUDA checks
 that the script works; its figures mean nothing.  Without CUDA (and no ``--dry-run``) the CUDA
 columns say so.
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available() and not a.dry_run
     if a.dry_run:
-        a.seconds, a.batches, a.run_seconds, a.ranks = 0.3, [32], 3.0, 3
+        a.seconds, a.batches, a.run_seconds, a.ranks = 0.15, [32], 2.0, 3
     head = (
         f"torch {torch.__version__}, CUDA {torch.version.cuda or '-'}, "
         + (f"{torch.cuda.get_device_name(0)}" if cuda else "no CUDA device")

@@ -360,7 +360,7 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         progress_seconds = 0
         checkpoint_seconds = 0
         [budget]
-        max_seconds = 3
+        max_seconds = 2
         [axes]
         replay_at = ["learner", "buffer"]
     """,
@@ -383,7 +383,7 @@ def test_tiny_real_sweep_runs_and_resumes(tmp_path):
         rows = {r["replay_at"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"learner", "buffer"}, rows
     assert all(
-        float(r["T"]) == pytest.approx(3, abs=0.5) and int(r["updates"]) > 0 for r in rows.values()
+        float(r["T"]) == pytest.approx(2, abs=0.5) and int(r["updates"]) > 0 for r in rows.values()
     )
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert r.returncode == 0 and r.stdout.count("complete, skipped") == 2, r.stdout + r.stderr

@@ -121,7 +121,7 @@ def test_stop_within_one_weight_transfer_over_mpi():
 @pytest.mark.mpi
 def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
     """CartPole at 0.2 Mb/s, --weights-every 1, --replay-ratio 0: a broadcast (18 kB) takes
-    0.74 s on the wire and the learner makes several a second (a backlog of 12 s of them would
+    0.74 s on the wire and the learner makes several a second (a backlog of 8 s of them would
     take minutes to drain).  The job stops within 15 s of --max-seconds (the STOP is not held
     behind a backlog of weights) and the learner's resident memory does not grow with the run."""
     from mpirun import read_h5, run_mpirl
@@ -138,7 +138,7 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
         "--replay-ratio",
         "0",
         "--max-seconds",
-        "12",
+        "8",
         "--target-return",
         "none",
         "--checkpoint-seconds",
@@ -154,10 +154,10 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "max_seconds"
-    assert summary["wall_s"] <= 12 + 15, summary
+    assert summary["wall_s"] <= 8 + 15, summary
     data, _ = read_h5(run / "learner.h5")
     rss, t = data["progress/rss_bytes"], data["progress/t"]
-    late = rss[t >= t[0] + 6]
+    late = rss[t >= t[0] + 4]
     assert late.size >= 3 and late.max() - late[0] < 32 << 20, rss  # flat, not one backlog
     assert data["progress/weights_replaced"][-1] > 0  # the link could not carry them all
     assert np.nanmax(data["progress/weights_interval"]) <= 1.0 + 1e-9
