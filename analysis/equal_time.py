@@ -435,6 +435,7 @@ def _map(cells: dict) -> list[str]:
             "entries decide nothing, and Holm counts only the tests with a p-value so far, so "
             "the adjusted p-values of the complete cells can still rise until every cell is run."
         )
+    by = {key: {} for key, _ in OUTCOMES}  # outcome -> who -> cells
     for c in dict.fromkeys(c for c, _ in tests):
         row = []
         for key, _ in OUTCOMES:
@@ -445,9 +446,45 @@ def _map(cells: dict) -> list[str]:
                 who = "**proposed**" if r.estimate > 1 else "**existing**"
             else:
                 who = f"no difference shown at n = {r.n}"
+            by[key].setdefault(who.split(",")[0].strip("*"), []).append(c)
             row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
-    return out + [""]
+    return [*out, "", _map_answer(cells, by, len(tests), bool(short)), ""]
+
+
+def _map_answer(cells: dict, by: dict, n_tests: int, interim: bool) -> str:
+    """The family-U table in one generated sentence per outcome; cells whose achieved rates
+    missed the requested ones are named as marked."""
+    marked = [
+        c
+        for c in dict.fromkeys(c for v in by.values() for w in v.values() for c in w)
+        if marks(cells[c])
+    ]
+    head = (
+        f"**In words (family U, {n_tests} tests; complete cells only, interim ones decide "
+        "nothing):**"
+        if interim
+        else f"**In words (family U, {n_tests} tests, every cell complete):**"
+    )
+    parts = []
+    for key, name in OUTCOMES:
+        said = [
+            f"{who} higher in {len(cs)} ({'; '.join(cs)})"
+            if who in ("existing", "proposed")
+            else f"no difference shown in {len(cs)} ({'; '.join(cs)})"
+            for who in ("existing", "proposed", "no difference shown")
+            if (cs := [c for w, v in by[key].items() if w.startswith(who) for c in v])
+        ]
+        parts.append(
+            f"{name[0].upper()}{name[1:]}: " + ("; ".join(said) or "no complete cell yet") + "."
+        )
+    tail = (
+        f" Marked cells (a placement missed its requested rates by more than 10%, so the cell "
+        f"compares what the link allowed, not the requested rates): {'; '.join(marked)}."
+        if marked
+        else ""
+    )
+    return f"{head} " + " ".join(parts) + tail
 
 
 def planned(c: str) -> int:

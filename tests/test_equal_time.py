@@ -159,6 +159,13 @@ def test_marks_control_survival_and_map(page):
     assert "Time to target" not in text.split("#### cell=M")[1].split("####")[0]  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
     assert "| cell=A | no difference shown at n = 20" in text
+    # the table in one generated sentence per outcome, B named as marked
+    answer = (
+        "**In words (family U, 6 tests, every cell complete):** Return AUC: proposed higher in 1 "
+        "(cell=B); no difference shown in 2 (cell=A; cell=M). Return per MB: proposed higher in "
+        "1 (cell=B); no difference shown in 2 (cell=A; cell=M). Marked cells"
+    )
+    assert answer in text and text.split(answer)[1].split("\n")[0].endswith(": cell=B.")
     # the curves rise 5 per second to T = 90: on the 48-step grid the last quarter's mean t is
     # 78.75 s, the third quarter's 55.3 s (1.42x)
     m = text.split("#### cell=M")[1].split("####")[0]
@@ -287,6 +294,11 @@ def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
     assert line.count("interim, n = 1 of 10") == 2 and "no difference shown" not in line
     line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
     assert "**proposed**" in line_a  # a complete cell keeps its outcome
+    assert "**In words (family U, 4 tests; complete cells only" in table
+    assert (
+        "Return AUC: proposed higher in 1 (cell=A)." in table
+        and cell not in table.split("**In words")[1].split("![")[0]
+    )
 
 
 def test_a_cell_with_one_placement_run_says_so(tmp_path):
