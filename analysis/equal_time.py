@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,13 @@ METRICS = (
     ("return_per_mb", "return AUC per link MB"),
     ("ref_loss_norm", "reference loss / mean Q^2 (secondary)"),
 )
-OUTCOMES = (("auc_return", "return AUC"), ("return_per_mb", "return per MB"))
+#: family U's outcomes: (key, name, the word for the better placement); time to target is tested
+#: only in cells with a target (CartPole)
+OUTCOMES = (
+    ("auc_return", "return AUC", "higher"),
+    ("time_to_target", "time to target", "sooner"),
+    ("return_per_mb", "return per MB", "higher"),
+)
 REQUESTED_TOLERANCE = 0.10
 #: a run whose last-quarter mean return exceeds its third quarter's by more than this factor is
 #: "still rising" at T; a cell's curve has flattened when at most half its runs are
@@ -149,11 +156,42 @@ def complete(cells: dict) -> bool:
     return all(pairs(cells, c) >= PLANNED[c] for c in DECIDING)
 
 
-def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio, float]]:
-    """Family U: every cell but C x (AUC, return per MB), Holm-adjusted."""
-    keys = [(c, k) for c in cells if c != CONTROL for k, _ in OUTCOMES]
-    rs = [ratio(cells[c], k) for c, k in keys]
-    return dict(zip(keys, zip(rs, holm([r.p for r in rs]), strict=True), strict=True))
+@dataclass(frozen=True)
+class TimeDiff:
+    """Time to target in one cell: restricted mean (censored at T), proposed - existing, in
+    seconds, its 95% interval, and the log-rank p; ``n`` is the cell's seed pairs."""
+
+    estimate: float
+    low: float
+    high: float
+    p: float
+    n: int
+
+    def text(self) -> str:
+        return f"{self.estimate:+.1f} [{self.low:+.1f}, {self.high:+.1f}] s"
+
+
+def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio | TimeDiff, float]]:
+    """Family U, as the Plan names it: every cell but C x (return AUC, time to target where the
+    cell has a target, return per MB), Holm-adjusted over all of them."""
+    tests: dict[tuple[str, str], LogRatio | TimeDiff] = {}
+    for c in cells:
+        if c == CONTROL:
+            continue
+        for k, _, _ in OUTCOMES:
+            if k != "time_to_target":
+                tests[(c, k)] = ratio(cells[c], k)
+            elif (km := _km(cells[c])) is not None:
+                tests[(c, k)] = TimeDiff(
+                    km["diff"], km["diff_low"], km["diff_high"], km["logrank_p"], pairs(cells, c)
+                )
+    adj = holm([r.p for r in tests.values()])
+    return {key: (r, p) for (key, r), p in zip(tests.items(), adj, strict=True)}
+
+
+def favours_proposed(r: LogRatio | TimeDiff) -> bool:
+    """The proposed placement did better: a ratio above 1, or a shorter time to target."""
+    return r.estimate < 0 if isinstance(r, TimeDiff) else r.estimate > 1
 
 
 def iqm_and_improvement(cell: dict, key: str) -> tuple[float, float, float]:
@@ -423,9 +461,11 @@ def _map(cells: dict) -> list[str]:
         return []
     out = [
         "**Where should the replay memory live?** Family U: every cell x (return AUC, "
-        "return per link MB), Holm at 0.05; a placement wins when its Holm-adjusted p < 0.05.",
+        "time to target where the cell has a target, return per link MB), Holm at 0.05 over "
+        f"its {len(tests)} tests; a placement wins when its Holm-adjusted p < 0.05. Time to "
+        "target is the restricted mean difference proposed - existing with the log-rank p.",
         "",
-        "| cell | " + " | ".join(n for _, n in OUTCOMES) + " |",
+        "| cell | " + " | ".join(n for _, n, _ in OUTCOMES) + " |",
         "|---|" + "---|" * len(OUTCOMES),
     ]
     short = {c: pairs(cells, c) for c, _ in tests if pairs(cells, c) < planned(c)}
@@ -435,15 +475,18 @@ def _map(cells: dict) -> list[str]:
             "entries decide nothing, and Holm counts only the tests with a p-value so far, so "
             "the adjusted p-values of the complete cells can still rise until every cell is run."
         )
-    by = {key: {} for key, _ in OUTCOMES}  # outcome -> who -> cells
+    by = {key: {} for key, _, _ in OUTCOMES}  # outcome -> who -> cells
     for c in dict.fromkeys(c for c, _ in tests):
         row = []
-        for key, _ in OUTCOMES:
+        for key, _, _ in OUTCOMES:
+            if (c, key) not in tests:
+                row.append("not tested (no target)")
+                continue
             r, p = tests[(c, key)]
             if c in short:
                 who = f"interim, n = {short[c]} of {planned(c)}"
             elif p < 0.05:
-                who = "**proposed**" if r.estimate > 1 else "**existing**"
+                who = "**proposed**" if favours_proposed(r) else "**existing**"
             else:
                 who = f"no difference shown at n = {r.n}"
             by[key].setdefault(who.split(",")[0].strip("*"), []).append(c)
@@ -467,9 +510,9 @@ def _map_answer(cells: dict, by: dict, n_tests: int, interim: bool) -> str:
         else f"**In words (family U, {n_tests} tests, every cell complete):**"
     )
     parts = []
-    for key, name in OUTCOMES:
+    for key, name, better in OUTCOMES:
         said = [
-            f"{who} higher in {len(cs)} ({'; '.join(cs)})"
+            f"{who} {better} in {len(cs)} ({'; '.join(cs)})"
             if who in ("existing", "proposed")
             else f"no difference shown in {len(cs)} ({'; '.join(cs)})"
             for who in ("existing", "proposed", "no difference shown")

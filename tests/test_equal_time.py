@@ -156,13 +156,22 @@ def test_marks_control_survival_and_map(page):
     # time to target: B's proposed reaches at ~30 s, existing at ~50 s
     b = text.split("#### cell=B")[1].split("####")[0]
     assert "reached 20/20 existing, 20/20 proposed" in b and "log-rank p" in b
-    assert "Time to target" not in text.split("#### cell=M")[1].split("####")[0]  # no target
+    m_block = text.split("#### cell=M")[1].split("####")[0].split("**Where")[0]
+    assert "Time to target" not in m_block  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
     assert "| cell=A | no difference shown at n = 20" in text
     # the table in one generated sentence per outcome, B named as marked
+    # family U as the Plan names it: time to target in the cells with a target (not M)
+    assert "Holm at 0.05 over its 8 tests" in text
+    assert "| cell=M | no difference shown at n = 10, " in text and "not tested (no target)" in (
+        next(x for x in text.splitlines() if x.startswith("| cell=M | no difference"))
+    )
+    line_b = next(x for x in text.splitlines() if x.startswith("| cell=B | **proposed**"))
+    assert line_b.split(" | ")[2].startswith("**proposed**, -")  # B's proposed arm reaches sooner
     answer = (
-        "**In words (family U, 6 tests, every cell complete):** Return AUC: proposed higher in 1 "
-        "(cell=B); no difference shown in 2 (cell=A; cell=M). Return per MB: proposed higher in "
+        "**In words (family U, 8 tests, every cell complete):** Return AUC: proposed higher in 1 "
+        "(cell=B); no difference shown in 2 (cell=A; cell=M). Time to target: proposed sooner in "
+        "1 (cell=B); no difference shown in 1 (cell=A). Return per MB: proposed higher in "
         "1 (cell=B); no difference shown in 2 (cell=A; cell=M). Marked cells"
     )
     assert answer in text and text.split(answer)[1].split("\n")[0].endswith(": cell=B.")
@@ -291,10 +300,11 @@ def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
     table = text.split("**Where should the replay memory live?**")[1]
     assert "**Interim:** 1 cell(s) do not have their planned pairs yet" in table
     line = next(x for x in table.splitlines() if x.startswith(f"| {cell} |"))
-    assert line.count("interim, n = 1 of 10") == 2 and "no difference shown" not in line
+    assert "no difference shown" not in line
     line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
     assert "**proposed**" in line_a  # a complete cell keeps its outcome
-    assert "**In words (family U, 4 tests; complete cells only" in table
+    assert line.count("interim, n = 1 of 10") == 3  # return AUC, time to target, per MB
+    assert "**In words (family U, 6 tests; complete cells only" in table
     assert (
         "Return AUC: proposed higher in 1 (cell=A)." in table
         and cell not in table.split("**In words")[1].split("![")[0]
