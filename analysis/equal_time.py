@@ -498,11 +498,8 @@ def _map(cells: dict) -> list[str]:
 def _map_answer(cells: dict, by: dict, n_tests: int, interim: bool) -> str:
     """The family-U table in one generated sentence per outcome; cells whose achieved rates
     missed the requested ones are named as marked."""
-    marked = [
-        c
-        for c in dict.fromkeys(c for v in by.values() for w in v.values() for c in w)
-        if marks(cells[c])
-    ]
+    tested = {c for v in by.values() for w in v.values() for c in w}
+    marked = [c for c in cells if c in tested and marks(cells[c])]  # in the table's order
     head = (
         f"**In words (family U, {n_tests} tests; complete cells only, interim ones decide "
         "nothing):**"
