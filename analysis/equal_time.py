@@ -168,6 +168,8 @@ class TimeDiff:
     n: int
 
     def text(self) -> str:
+        if self.n < 2:  # KM's variance is 0 with one run per placement: no interval (_km_line)
+            return f"{self.estimate:+.1f} s (no interval, n = {self.n})"
         return f"{self.estimate:+.1f} [{self.low:+.1f}, {self.high:+.1f}] s"
 
 
@@ -475,7 +477,7 @@ def _map(cells: dict) -> list[str]:
             "entries decide nothing, and Holm counts only the tests with a p-value so far, so "
             "the adjusted p-values of the complete cells can still rise until every cell is run."
         )
-    by = {key: {} for key, _, _ in OUTCOMES}  # outcome -> who -> cells
+    by: dict[str, dict[str, list[str]]] = {key: {} for key, _, _ in OUTCOMES}  # who -> cells
     for c in dict.fromkeys(c for c, _ in tests):
         row = []
         for key, _, _ in OUTCOMES:
@@ -484,12 +486,13 @@ def _map(cells: dict) -> list[str]:
                 continue
             r, p = tests[(c, key)]
             if c in short:
-                who = f"interim, n = {short[c]} of {planned(c)}"
+                label, who = "interim", f"interim, n = {short[c]} of {planned(c)}"
             elif p < 0.05:
-                who = "**proposed**" if favours_proposed(r) else "**existing**"
+                label = "proposed" if favours_proposed(r) else "existing"
+                who = f"**{label}**"
             else:
-                who = f"no difference shown at n = {r.n}"
-            by[key].setdefault(who.split(",")[0].strip("*"), []).append(c)
+                label, who = "no difference shown", f"no difference shown at n = {r.n}"
+            by[key].setdefault(label, []).append(c)
             row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
     return [*out, "", _map_answer(cells, by, len(tests), bool(short)), ""]
@@ -513,7 +516,7 @@ def _map_answer(cells: dict, by: dict, n_tests: int, interim: bool) -> str:
             if who in ("existing", "proposed")
             else f"no difference shown in {len(cs)} ({'; '.join(cs)})"
             for who in ("existing", "proposed", "no difference shown")
-            if (cs := [c for w, v in by[key].items() if w.startswith(who) for c in v])
+            if (cs := by[key].get(who))
         ]
         parts.append(
             f"{name[0].upper()}{name[1:]}: " + ("; ".join(said) or "no complete cell yet") + "."

@@ -160,7 +160,6 @@ def test_marks_control_survival_and_map(page):
     assert "Time to target" not in m_block  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
     assert "| cell=A | no difference shown at n = 20" in text
-    # the table in one generated sentence per outcome, B named as marked
     # family U as the Plan names it: time to target in the cells with a target (not M)
     assert "Holm at 0.05 over its 8 tests" in text
     assert "| cell=M | no difference shown at n = 10, " in text and "not tested (no target)" in (
@@ -168,6 +167,7 @@ def test_marks_control_survival_and_map(page):
     )
     line_b = next(x for x in text.splitlines() if x.startswith("| cell=B | **proposed**"))
     assert line_b.split(" | ")[2].startswith("**proposed**, -")  # B's proposed arm reaches sooner
+    # the table in one generated sentence per outcome, B named as marked
     answer = (
         "**In words (family U, 8 tests, every cell complete):** Return AUC: proposed higher in 1 "
         "(cell=B); no difference shown in 2 (cell=A; cell=M). Time to target: proposed sooner in "
@@ -304,6 +304,8 @@ def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
     line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
     assert "**proposed**" in line_a  # a complete cell keeps its outcome
     assert line.count("interim, n = 1 of 10") == 3  # return AUC, time to target, per MB
+    # one run per placement: KM's variance is 0, so no interval is claimed (as in the cell block)
+    assert "s (no interval, n = 1)" in line.split(" | ")[2] and "[+" not in line.split(" | ")[2]
     assert "**In words (family U, 6 tests; complete cells only" in table
     assert (
         "Return AUC: proposed higher in 1 (cell=A)." in table
