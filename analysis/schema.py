@@ -51,7 +51,7 @@ _COMMON = {
     "world_size": "ranks in the job",
     "link_profile": "the long-haul link as resolved at start (profile and overrides, in words)",
     "seeds_json": "JSON: the random seeds this rank derived from `--seed` in its latest launch "
-    "(mpirl/run/seeds.py): learner `torch`, `replay`, `arrival`, `evaluation` (round "
+    "(mpirl/seeds.py): learner `torch`, `replay`, `arrival`, `evaluation` (round "
     "0's episodes), `link` (per site); buffer `replay`, `link`; actor "
     "`exploration`, `envs` (one per env)",
     "reference_set": "learner, with --reference-set: path of the reference set (.npz, "

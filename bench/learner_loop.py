@@ -4,7 +4,7 @@
 
 `mpirl.roles.learner.Learner` (replay_at=buffer, evaluation off, no checkpoints) runs its real loop
 -- receive, the checkpoint and stop checks, train, the PRIORITIES message back, its log rows, the
-progress and link rows -- handed a scripted link (tests/fakes.py `ScriptedLink`, the tests' fake)
+progress and link rows -- handed a scripted link (`mpirl.fakes.ScriptedLink`, the tests' fake)
 that hands it a BATCH message (sampled from a prioritized memory and packed by `Wire.batch`, a
 fresh copy each time, as `LinkEnd.receive` gives) whenever it polls; what it posts is counted and
 dropped.  The reference is
@@ -36,18 +36,17 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/fakes.py
 
 STEPS = (
     "receive",
     "checkpoint",
-    "grant_tokens",
+    "serve_group",
     "change_link",
     "train",
     "evaluate",
     "decide_stop",
     "send_stop",
-    "report",
+    "report_rows",
     "wait",
 )
 
@@ -60,9 +59,9 @@ def build(batch_size: int, tmp: Path):
     from mpirl.agent.train_step import TrainStep
     from mpirl.logs.runlog import RunLog
     from mpirl.replay.build import record_dtype
-    from mpirl.roles import learner as learner_mod
     from mpirl.run.config import Config
     from mpirl.transport.wire import Tag, Wire
+    from mpirl.wiring import build_learner
 
     torch.set_num_threads(1)
     cfg = Config(
@@ -78,8 +77,9 @@ def build(batch_size: int, tmp: Path):
         record_dtype(cfg, spec),
         param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
     )
-    from fakes import ScriptedLink, learner_ends, learner_topo  # tests/fakes.py
     from overheads import batch_messages  # bench/overheads.py, next to this file
+
+    from mpirl.fakes import ScriptedLink, learner_ends, learner_topo
 
     bufs = batch_messages(cfg, spec, wire, 64)
 
@@ -97,7 +97,7 @@ def build(batch_size: int, tmp: Path):
     )
     topo = learner_topo(1)
     log = RunLog(tmp / "learner.h5", {}, flush_seconds=2)
-    lrn = learner_mod.Learner(cfg, topo, spec, wire, log, ends, say=lambda s: None)
+    lrn = build_learner(cfg, topo, spec, wire, log, ends, say=lambda s: None)
     lrn.start()
     step = TrainStep(cfg, spec)
     batches = [wire.unpack(b, Tag.BATCH, "bench").arrays for b in bufs]

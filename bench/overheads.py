@@ -500,10 +500,10 @@ class TransportActor:
             self.backoff.work()
             while self.tokens > 0:  # send_chunk while tokens last
                 buf = self.wire.experience(rec, td_abs, [], len(rec), self.seq)
-                self.port.post(buf, Tag.EXPERIENCE, BUFFER)
+                self.port.post(buf, BUFFER)
                 self.seq += 1
                 self.tokens -= 1
-        self.port.post(self.wire.done(0, 0), Tag.DONE, BUFFER)
+        self.port.post(self.wire.done(0, 0), BUFFER)
         drain = {t: (self.on_done if t == Tag.DONE else lambda m: None) for t in Tag}
         while not self.acked or self.port.backlog:  # until the buffer's DONE
             if not inbox.serve(drain, source=BUFFER):
@@ -537,11 +537,11 @@ class TransportBuffer:
         while not self.done:
             did = self.port.inbox.serve(handlers, limit=MAX_ACTOR_MSGS_PER_TURN)
             if self.owed:  # grant_tokens
-                self.port.post(self.wire.credit(self.owed), Tag.CREDIT, 0)
+                self.port.post(self.wire.credit(self.owed), 0)
                 self.owed = 0
             self.port.poll()
             self.backoff.work() if did else self.backoff.idle()
-        self.port.post(self.wire.done(0, 0), Tag.DONE, 0)
+        self.port.post(self.wire.done(0, 0), 0)
         while self.port.backlog:
             self.port.poll()
             time.sleep(1e-4)

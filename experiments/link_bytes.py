@@ -33,27 +33,25 @@ def measure(env: str, steps: int, compress: str = "auto") -> dict:
     from mpi4py import MPI
 
     from mpirl.agent.envs import inspect
+    from mpirl.fakes import RecordingPort
     from mpirl.logs.runlog import RunLog
-    from mpirl.main import _wire
     from mpirl.replay.build import make_replay, record_dtype
     from mpirl.roles import actor as actor_mod
-    from mpirl.roles import buffer as buffer_mod
+    from mpirl.roles.placements.at_learner import ForwardQueue
     from mpirl.run.config import Config
     from mpirl.transport.topology import layout
     from mpirl.transport.wire import Tag
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from fakes import RecordingPort
+    from mpirl.wiring import make_wire
 
     cfg = Config(env=env, compress=compress)
     spec = inspect(cfg.env)
-    wire = _wire(cfg, spec, record_dtype(cfg, spec))
+    wire = make_wire(cfg, spec, record_dtype(cfg, spec))
     topo = SimpleNamespace(site=MPI.COMM_SELF, link=None, place=layout(3, 1)[2], n_actors=1)
     with (
         tempfile.TemporaryDirectory() as tmp,
         RunLog(Path(tmp) / "actor.h5", {}, flush_seconds=600) as log,
     ):
-        port = RecordingPort(wire)  # tests/fakes.py: posts captured, not sent
+        port = RecordingPort(wire)  # mpirl.fakes: posts captured, not sent
         actor = actor_mod.Actor(cfg, topo, spec, wire, log, port)
         actor.weights_version, actor.tokens = 0, 10**9
         actor.start_episodes()
@@ -63,10 +61,10 @@ def measure(env: str, steps: int, compress: str = "auto") -> dict:
     sent = [buf for _, buf, _ in port.posts]
     msgs = [wire.unpack(b, Tag.EXPERIENCE) for b in sent]
     n = sum(m.count for m in msgs)
-    queue = buffer_mod.ForwardQueue(wire, spec, limit=10**7, drop_oldest=True)
+    queue = ForwardQueue(wire, spec, limit=10**7, drop_oldest=True)
     memory = make_replay(cfg, spec, wire.record, seed=0)
     for m in msgs:
-        args = (m.arrays["records"], m.arrays["td_abs"], m.arrays.get("frames"))
+        args = (m.records, m.td_abs, m.frames)
         queue.add(*args)
         memory.add(*args)
     fwd = fwd_raw = fwd_n = 0
@@ -104,7 +102,7 @@ def main(argv=None) -> int:
             f"--steps {a.steps} is too few: FORWARD messages hold 256 transitions and the "
             f"memory needs some to sample; use --steps {MIN_STEPS} or more"
         )
-    from mpirl.run.errors import ConfigError
+    from mpirl.errors import ConfigError
 
     try:
         r = measure(a.env, a.steps, a.compress)

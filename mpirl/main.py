@@ -1,9 +1,9 @@
 """Entry point: ``mpirun -n 9 python -m mpirl.main [options]``.
 
-Every rank is handed its ends of the networks by `connect` below (who talks to whom),
-and every message comes in through `mpirl.transport.inbox` (one receive loop).  All message kinds
-(layouts: mpirl.transport.wire ``Tag``; learner group: mpirl.roles.learner_group ``GTag``), their
-direction and, in [brackets], their flow control::
+Every rank is handed its ends of the networks and its role's parts by `mpirl.wiring` (who talks
+to whom), and every message comes in through `mpirl.transport.inbox` (one receive loop).  All
+message kinds (layouts: mpirl.transport.wire ``Tag``), their direction and, in [brackets], their
+flow control::
 
   actor            buffer s                         lead learner                learner j > 0
     | site network    |  long-haul link (LinkEnd)      |  learners network (K > 1)  |
@@ -29,8 +29,8 @@ direction and, in [brackets], their flow control::
                                                        |--SHARD--------------------->|
                                                        |<-----------------------GRAD-|
       [async, gba: one ORDER unanswered per learner; allreduce: one ORDER per update each]
-                                                       |--CKPT---------------------->|
-                                                       |<-----------------------CKPT-|
+                                                       |--CHECKPOINT---------------->|
+                                                       |<-----------------CHECKPOINT-|
                                                        |--STOP---------------------->|
                                                        |<-----------------------DONE-|
 
@@ -62,9 +62,7 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
-    from mpirl.run.config import Config
-    from mpirl.transport.topology import Ends, Topology
-    from mpirl.transport.wire import Wire
+    pass
 
 
 def _versions() -> dict:
@@ -356,6 +354,7 @@ def _run(world, setup: _Setup) -> int:
     from mpirl.run.config import to_dict
     from mpirl.transport import topology
     from mpirl.transport.link import resolve_profile
+    from mpirl.wiring import make_wire, run_role
 
     cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
     rank = world.Get_rank()
@@ -374,7 +373,7 @@ def _run(world, setup: _Setup) -> int:
     versions = _versions()
     if rank == 0:
         _banner(setup, topo, hosts, profile, versions)
-    wire = _wire(cfg, spec, setup.record, topo.role)
+    wire = make_wire(cfg, spec, setup.record, topo.role)
     layout = [
         {"rank": p.rank, "role": p.role, "site": p.site, "host": h}
         for p, h in zip(topo.places, hosts, strict=True)
@@ -410,103 +409,13 @@ def _run(world, setup: _Setup) -> int:
             log.mirror = TensorBoardMirror(tb, log, topo.role)
         if part is not None:
             _note_resume(log, part, setup.manifest)
-        _run_role(topo, setup, wire, log, ckpt, stop_signal)
+        summary = run_role(topo, cfg, spec, wire, log, ckpt, stop_signal, part, setup.refset)
+    if summary is not None:  # the lead learner
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(run_dir / f"profile-{name}.pstats")
     return 0
-
-
-def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
-    """Who talks to whom, built once for this rank (the roles are handed the result)::
-
-        actor  --site--  buffer s  ==link (emulated: cfg.link)==  lead learner  --learners--
-                                                                      learner 1..K-1
-
-    The learner never talks to actors, nor a buffer to another site.  Tests and benches build
-    an `Ends` of fakes instead (tests/fakes.py)."""
-    from mpirl.roles.learner_group import GroupWire
-    from mpirl.run import seeds
-    from mpirl.transport.inbox import Inbox, SitePort
-    from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
-    from mpirl.transport.topology import ACTOR, BUFFER, Ends
-
-    me, ends = topo.place, Ends()
-    if me.role == ACTOR:
-        ends.site = SitePort(
-            topo.site,
-            Inbox(wire, f"actor rank {me.rank}", lambda r: f"buffer of site {me.site}", topo.site),
-        )
-    elif me.role == BUFFER:
-        ends.site = SitePort(
-            topo.site,
-            Inbox(wire, f"buffer {me.site}", lambda r: f"actor (site rank {r})", topo.site),
-        )
-        ends.links = {
-            0: LinkEnd(
-                topo.link,
-                0,
-                resolve_profile(cfg),
-                seed=seeds.buffer(cfg.seed, me.rank)["link"],
-                piece_s=cfg.weights_piece_ms / 1e3,
-            )
-        }
-        ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
-    elif topo.lead:
-        n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
-        link_seeds = seeds.learner(cfg.seed, n)["link"]
-        ends.links = {
-            b: LinkEnd(
-                topo.link, b, profile, seed=link_seeds[b - 1], piece_s=cfg.weights_piece_ms / 1e3
-            )
-            for b in range(1, n + 1)
-        }
-        ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
-        k = topo.learners.Get_size() if topo.learners is not None else 1
-        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
-        ends.group_inbox = Inbox(GroupWire, "learner", lambda j: f"learner {j}")
-    else:  # learner j > 0 of the group
-        ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
-        ends.group_inbox = Inbox(GroupWire, f"learner {me.index}", lambda j: "the lead learner")
-    return ends
-
-
-def _run_role(topo, setup: _Setup, wire, log, ckpt, stop_signal) -> None:
-    """This rank's role: mpirl.roles.learner.Learner, mpirl.roles.buffer.Buffer or
-    mpirl.roles.actor.Actor, handed its ends of the networks (`connect`: who talks to whom)."""
-    cfg, spec, part = setup.cfg, setup.spec, setup.part
-    ends = connect(cfg, topo, wire)
-    if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
-        from mpirl.roles.learner_worker import GroupWorker
-
-        GroupWorker(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
-    elif topo.role == "learner":
-        from mpirl.roles.learner import Learner
-
-        if setup.refset is not None:
-            log.set_attrs(reference_set=setup.refset[0], reference_set_sha256=setup.refset[1])
-        summary = Learner(
-            cfg,
-            topo,
-            spec,
-            wire,
-            log,
-            ends,
-            say=lambda s: print(s, flush=True),
-            stop_signal=stop_signal,
-            ckpt=ckpt,
-            resume=part,
-            refset=setup.refset,
-        ).run()
-        (setup.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    elif topo.role == "buffer":
-        from mpirl.roles.buffer import Buffer
-
-        Buffer(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=part).run()
-    else:
-        from mpirl.roles.actor import Actor
-
-        Actor(cfg, topo, spec, wire, log, ends.site, ckpt=ckpt, resume=part).run()
 
 
 def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
@@ -541,24 +450,10 @@ def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     sys.stdout.flush()
 
 
-def _wire(cfg, spec, record, role: str | None = None):
-    """This rank's packer; only the learner and the buffers compress (FORWARD, BATCH), so only
-    they need zstandard (mpirl.run.resources)."""
-    from mpirl.agent import qnet
-    from mpirl.transport.wire import Wire
-
-    return Wire(
-        record,
-        qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
-        frame_shape=spec.frame_shape,
-        compress=cfg.compress_for(spec.image) and role != "actor",
-    )
-
-
 def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
     """Run-level attributes of this rank's HDF5 file (docs/hdf5.md)."""
+    from mpirl import seeds
     from mpirl.placement import slurm_info
-    from mpirl.run import seeds
     from mpirl.run.config import to_dict
 
     rank = world.Get_rank()

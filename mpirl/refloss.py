@@ -24,9 +24,9 @@ and a policy that is uniform random (default) or epsilon-greedy with a given Q-f
 come from ``numpy.random.default_rng(seed)``, so a set depends only on (env, kwargs, wrappers,
 seed, size, n_step, gamma, policy) and the library versions. The n-step transitions are built by
 the actors' `mpirl.agent.nstep.NStep`, so ``n_step`` and ``gamma`` must be the run's.
-``--reference-set auto`` uses `mpirl.run.seeds.reference`, which no actor's or evaluation's reset
+``--reference-set auto`` uses `mpirl.seeds.reference`, which no actor's or evaluation's reset
 seed equals; a seed picked by hand is one of 2**32 that a run's env resets spread over
-(`mpirl.run.seeds`).
+(`mpirl.seeds`).
 
 A run accepts a set whose metadata names its env, kwargs, wrappers, n-step and gamma (a set
 without ``env_kwargs`` / ``env_wrappers`` in its metadata was collected without any) and whose
@@ -271,14 +271,14 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
     of a sweep cell or of ``runs/``), collected there on the run's env (its kwargs and wrappers;
-    random policy, seed `mpirl.run.seeds.reference`, --reference-size transitions) when it is not
+    random policy, seed `mpirl.seeds.reference`, --reference-size transitions) when it is not
     there yet; written to a temporary name and renamed, so runs starting together never read
     half a file. A PATH: loaded. Either is checked against the run (`check_fits`; ``spec``: the
     run's env spec, for the observations' shape). Raises ValueError naming the mismatch.
     ``run_dir`` is needed for ``auto`` only."""
     import os
 
-    from mpirl.run import seeds
+    from mpirl import seeds
 
     kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "--seed",
         type=int,
         required=True,
-        help="env and policy seed (mpirl.run.seeds.reference(--seed) is the run's own)",
+        help="env and policy seed (mpirl.seeds.reference(--seed) is the run's own)",
     )
     ap.add_argument("--size", type=int, default=10_000, help="transitions")
     ap.add_argument("--n-step", type=int, required=True, help="the run's --n-step")

@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def run_wire() -> Callable:
     """``make(cfg, spec=None, role=None) -> (spec, wire)``: `fakes.wire_of`, the env spec and the
     rank's `mpirl.transport.wire.Wire` for ``cfg``, as mpirl.main builds them."""
-    from fakes import wire_of
+    from mpirl.fakes import wire_of
 
     return wire_of
 

@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from mpirl.agent import envs
 from mpirl.agent.train_step import TrainStep
-from mpirl.roles.learner_group import AllreduceSync, bcast_weights
 from mpirl.run.config import Config
+from mpirl.transport.group import AllreduceSync, bcast_weights
 from mpirl.transport.wire import transition_dtype
 
 comm = MPI.COMM_WORLD

@@ -35,8 +35,8 @@ class Mutation(NamedTuple):
 MUTATIONS = [
     Mutation(
         "buffer: priority updates not applied",
-        "mpirl/roles/buffer.py",
-        'dropped = memory.update(m.arrays["indices"], m.arrays["generations"], m.arrays["td_abs"])',
+        "mpirl/roles/placements/at_buffer.py",
+        "dropped = memory.update(m.indices, m.generations, m.td_abs)",
         "dropped = 0",
         ("tests/test_mpi.py", "-k", "pipeline and 3-1-buffer"),
     ),
@@ -84,7 +84,7 @@ MUTATIONS = [
     ),
     Mutation(
         "resume: online network not loaded (back to random)",
-        "mpirl/roles/learner.py",
+        "mpirl/roles/learner_parts.py",
         '        t.online.load_state_dict(ts["online"])\n',
         "",
         ("tests/test_resume.py::test_resume_continues_counters_logs_and_learning",),
@@ -111,17 +111,17 @@ MUTATIONS = [
         ("tests/test_placement.py::test_hydra_fills_generated_hostfile",),
     ),
     Mutation(
-        "buffer: samples with beta of update 0 (issue 13)",
-        "mpirl/roles/buffer.py",
+        "buffer: samples with beta of update 0",
+        "mpirl/roles/placements/at_buffer.py",
         "beta = beta_at(cfg, self.learner_updates)",
         "beta = beta_at(cfg, 0)",
         ("tests/test_figures.py::test_buffers_sample_with_the_learners_beta",),
     ),
     Mutation(
-        "buffer: sampling ignores the replay ratio (issue 13)",
-        "mpirl/roles/buffer.py",
-        "or self.sampled <= cfg.replay_ratio * (self.inserted - cfg.learning_starts)",
-        "or True",
+        "buffer: sampling ignores the replay ratio",
+        "mpirl/roles/placements/at_buffer.py",
+        "and self.limiter.may_sample()",
+        "and True",
         ("tests/test_figures.py", "-k", "replay_ratio and buffer"),
     ),
     Mutation(

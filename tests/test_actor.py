@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
-from fakes import RecordingPort
 from mpi4py import MPI
 
 from mpirl.agent.envs import inspect
 from mpirl.agent.nstep import NStep
+from mpirl.fakes import RecordingPort
 from mpirl.logs.runlog import RunLog
 from mpirl.roles import actor as actor_mod
 from mpirl.run.config import Config

@@ -235,8 +235,9 @@ def test_checkpoint_time_limits_grow_with_the_memory():
     pytest.importorskip("ale_py")
     from mpirl.agent import envs
     from mpirl.replay.build import replay_footprint
-    from mpirl.roles.learner import CKPT_TIMEOUT_S, checkpoint_timeout_s
+    from mpirl.roles.learner import CKPT_TIMEOUT_S
     from mpirl.run.config import Config
+    from mpirl.wiring import checkpoint_timeout_s
 
     cfg = Config(env="ALE/Pong-v5", replay_capacity=1_000_000)
     spec = envs.inspect(cfg.env)

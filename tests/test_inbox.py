@@ -45,8 +45,8 @@ def test_each_kind_reaches_its_handler_as_its_view(port):
     port, wire = port
     got = []
     handlers = {Tag.CREDIT: got.append, Tag.WEIGHTS: got.append}
-    port.post(wire.credit(5, samples=7.0), Tag.CREDIT, 0)
-    port.post(wire.weights(np.arange(10, dtype=np.float32), version=4, updates=123), Tag.WEIGHTS, 0)
+    port.post(wire.credit(5, samples=7.0), 0)
+    port.post(wire.weights(np.arange(10, dtype=np.float32), version=4, updates=123), 0)
     assert _serve_all(port, handlers, 2, now=9.5) == 2
     credit, weights = got
     assert isinstance(credit, Credit) and (credit.tokens, credit.samples) == (5, 7.0)
@@ -58,7 +58,7 @@ def test_each_kind_reaches_its_handler_as_its_view(port):
 
 def test_an_unexpected_kind_names_itself_and_its_sender(port):
     port, wire = port
-    port.post(wire.stop(2), Tag.STOP, 0)
+    port.post(wire.stop(2), 0)
     with pytest.raises(RuntimeError, match=r"buffer 3: unexpected STOP from actor \(site rank 0\)"):
         _serve_all(port, {Tag.CREDIT: print}, 1)
 
@@ -67,13 +67,13 @@ def test_limit_sources_and_reuse(port):
     port, wire = port
     got = []
     for k in range(3):
-        port.post(wire.credit(k), Tag.CREDIT, 0)
+        port.post(wire.credit(k), 0)
     assert _serve_all(port, {Tag.CREDIT: got.append}, 1, sources=lambda: []) == 0  # held
     assert _serve_all(port, {Tag.CREDIT: got.append}, 1, limit=1) == 1
     assert [m.tokens for m in got] == [0]
     assert _serve_all(port, {Tag.CREDIT: got.append}, 2, sources=lambda: [0]) == 2
     assert [m.tokens for m in got] == [0, 1, 2]
     mine = np.empty(80, np.uint8)
-    port.post(wire.weights(np.ones(10, np.float32), 1, 1), Tag.WEIGHTS, 0)
+    port.post(wire.weights(np.ones(10, np.float32), 1, 1), 0)
     _serve_all(port, {Tag.WEIGHTS: got.append}, 1, reuse={Tag.WEIGHTS: mine})
     assert got[-1].buf is mine and got[-1].arrays["params"].sum() == 10

@@ -7,8 +7,7 @@ import sys
 import pytest
 from mpirun import mpirun_cmd
 
-from mpirl.roles.learner_group import GTag, body, header, pack, parse_straggle
-from mpirl.run.config import ConfigError, parse
+from mpirl.run.config import ConfigError, parse, parse_straggle
 from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
@@ -40,9 +39,37 @@ def test_learners_are_the_first_ranks():
 
 
 def test_group_messages_round_trip():
-    buf = pack(GTag.GRAD, [b"\x01\x02"], 7, 3, 64, 0.5, 0.25, 1.0)
-    h = header(buf)
-    assert list(h[:6]) == [GTag.GRAD, 7, 3, 64, 0.5, 0.25] and bytes(body(buf)) == b"\x01\x02"
+    """ORDER, GRAD and SHARD are kinds of the run's wire: same magic, version and WireError."""
+    import numpy as np
+
+    from mpirl.transport.wire import Tag, Wire, WireError, kind_of, transition_dtype
+
+    wire = Wire(transition_dtype((4,), np.float32), n_params=3)
+    td = np.array([0.5, 1.5], np.float32)
+    grad = np.array([1.0, 2.0, 3.0], np.float32)
+    g = wire.unpack(wire.grad(7, 3, td, 0.5, 0.25, grad), Tag.GRAD)
+    assert (g.id, g.version, g.n, g.loss, g.compute_s, g.has_grad) == (7, 3, 2, 0.5, 0.25, True)
+    np.testing.assert_array_equal(g.td_abs, td)
+    np.testing.assert_array_equal(g.grad(), grad)
+    assert wire.unpack(wire.grad(8, 3, td, 0.5, 0.25), Tag.GRAD).grad() is None
+    online, target = grad, grad * 2
+    batch = np.arange(5, dtype=np.uint8)
+    buf = wire.order(9, 64, 0.4, 0.5, (online, target), 11, batch)
+    assert kind_of(buf) == Tag.ORDER
+    o = wire.unpack(buf, Tag.ORDER)
+    assert (o.id, o.n, o.beta, o.scale, o.version, o.relayed) == (9, 64, 0.4, 0.5, 11, True)
+    w = o.weights(3)
+    assert w is not None
+    np.testing.assert_array_equal(w[1], target)
+    np.testing.assert_array_equal(o.batch_buf(3), batch)
+    bare = wire.unpack(wire.order(10, 64, 0.4), Tag.ORDER)
+    assert bare.weights(3) is None and not bare.relayed and bare.version == -1
+    s = wire.unpack(wire.shard(batch), Tag.SHARD)
+    np.testing.assert_array_equal(s.forward_buf, batch)
+    bad = wire.grad(7, 3, td, 0.5, 0.25, grad)
+    bad[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
+    with pytest.raises(WireError, match="wire version 99"):
+        wire.unpack(bad, Tag.GRAD, "learner 1")
 
 
 def test_flags_are_checked():
@@ -76,7 +103,8 @@ def test_straggle_sleeps_in_every_update_of_its_rank_only():
 
     from mpi4py import MPI
 
-    from mpirl.roles.learner_group import make_sync
+    from mpirl.transport.group import make_sync
+    from mpirl.wiring import straggle_s
 
     class Trainer:
         steps = 0
@@ -85,10 +113,11 @@ def test_straggle_sleeps_in_every_update_of_its_rank_only():
             self.steps += 1
 
     cfg = parse(["--learners", "2", "--straggle", "0:30"])
-    slow = make_sync(cfg, None, 0, None)  # K = 1 view: this rank is learner 0
+    slow = make_sync(cfg.learner_sync, None, 0, None, straggle_s(cfg, 0))  # learner 0
     t, t0 = Trainer(), time.monotonic()
     for _ in range(3):
         slow.step(t, None, None)
     assert t.steps == 3 and time.monotonic() - t0 >= 0.09
     other = parse(["--learners", "2", "--straggle", "1:30"])
-    assert make_sync(other, MPI.COMM_SELF, 0, None).straggle_s == 0.0  # rank 0 of COMM_SELF
+    sync = make_sync(other.learner_sync, MPI.COMM_SELF, 0, None, straggle_s(other, 0))
+    assert sync.straggle_s == 0.0  # learner 0 does not straggle

@@ -2,8 +2,8 @@
 loop (torch, gymnasium, HDF5) against scripted links that stand in for the buffers."""
 
 import numpy as np
-from fakes import ScriptedLink, make_learner, wire_of
 
+from mpirl.fakes import ScriptedLink, make_learner, wire_of
 from mpirl.logs.runlog import RunLog
 from mpirl.replay import Sample
 from mpirl.roles import learner_rows

@@ -132,7 +132,7 @@ def test_every_rank_logs_its_derived_seeds(trained):
     for name in ("learner", "buffer-0", "actor-2"):
         with h5py.File(trained / f"{name}.h5", "r") as f:
             seeds[name] = json.loads(f.attrs["seeds_json"])
-    from mpirl.run import seeds as S
+    from mpirl import seeds as S
 
     assert seeds["learner"] == S.learner(5, 1, 3)
     assert seeds["buffer-0"] == S.buffer(5, 1)
@@ -341,7 +341,7 @@ def test_resume_rebuilds_the_users_env(trained, tmp_path):
         length, ret = f["episodes/length"][before:], f["episodes/ret"][before:]
         seeds = json.loads(f.attrs["seeds_json"])
     assert len(ret) > 0 and (length == 7).all() and (ret % 2 == 0).all()
-    from mpirl.run import seeds as S
+    from mpirl import seeds as S
 
     assert seeds["envs"] == S.actor(5, 2, 0, 1, 4, 1)["envs"]  # fresh episodes after checkpoint 1
 

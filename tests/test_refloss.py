@@ -166,7 +166,7 @@ def test_reference_loss_of_the_learners_network(env_id, extra):
 
 
 def test_resolve_auto_collects_once_into_the_shared_cache(tmp_path):
-    from mpirl.run import seeds
+    from mpirl import seeds
     from mpirl.run.config import Config
 
     cfg = Config(seed=3, reference_size=40)
@@ -261,7 +261,7 @@ TOY = "toy_env:MpirlSignal-v0"  # tests/toy_env.py: the observation is one-hot o
 def test_auto_sets_are_collected_on_the_runs_env_and_never_shared_across_kwargs(tmp_path):
     """The set is collected with the run's kwargs and wrappers, and they are part of its cache
     name: runs that differ only in them get sets of their own env."""
-    from mpirl.run import seeds
+    from mpirl import seeds
     from mpirl.run.config import Config
 
     run = tmp_path / "cell" / "seed0"

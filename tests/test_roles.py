@@ -4,10 +4,10 @@ scripted link stand in for the site and the learner)."""
 
 import numpy as np
 import pytest
-from fakes import make_buffer, wire_of
 
+from mpirl.fakes import make_buffer, wire_of
 from mpirl.logs.runlog import RunLog
-from mpirl.roles import buffer as buffer_mod
+from mpirl.roles.placements.at_learner import ForwardQueue
 from mpirl.run.config import Config
 from mpirl.transport.cut import Cut, SiteCut
 from mpirl.transport.wire import Tag
@@ -50,7 +50,7 @@ def test_site_cut_completes_when_every_actor_acknowledged():
 def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
     cfg = Config(replay_at="learner")
     spec, wire = wire_of(cfg)
-    q = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
+    q = ForwardQueue(wire, spec, limit=10, drop_oldest=True)
     for k in range(2):
         rec = np.zeros(4, wire.record)
         rec["action"] = k
@@ -64,7 +64,7 @@ def test_forward_queue_drops_the_oldest_and_splits_groups_when_taking():
     assert table is None and records["action"].tolist() == [1] * 4 + [2] * 2
     assert td.tolist() == [1.0] * 4 + [2.0] * 2 and q.len == 2 and not q.full
     state = q.state()
-    back = buffer_mod.ForwardQueue(wire, spec, limit=10, drop_oldest=True)
+    back = ForwardQueue(wire, spec, limit=10, drop_oldest=True)
     back.restore(state)
     assert back.len == 2 and back.take(5)[0]["action"].tolist() == [2, 2]
 
@@ -90,27 +90,30 @@ def _experience(wire, n, env_steps):
 
 def test_buffer_applies_priorities_only_to_slots_not_overwritten(site_buffer):
     buf, wire = site_buffer
+    side = buf.side
     buf.on_experience(_experience(wire, 64, 64))
-    assert (buf.inserted, buf.env_steps, buf.episodes, len(buf.memory)) == (64, 64, 1, 64)
-    s = buf.memory.sample(16)
-    buf.batch_id = 1  # batch 0 was sent
+    got = (side.limiter.inserted, buf.env_steps, buf.episodes, len(side.memory))
+    assert got == (64, 64, 1, 64)
+    s = side.memory.sample(16)
+    side.batch_id = 1  # batch 0 was sent
     buf.on_experience(_experience(wire, 32, 32))  # overwrites slots 0..31
     raw = wire.priorities(s.indices, s.generations, np.full(16, 5.0), 0, 0.0, updates=10)
-    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
+    side.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
     stale = int((s.indices < 32).sum())
     assert 0 < stale < 16  # both cases in the batch (fixed seed)
-    assert buf.prio_received == 16 and buf.stale_dropped == stale
-    assert buf.prio_applied == 16 - stale and buf.learner_updates == 10
-    assert (buf.prio_moved > 0) == (stale < 16)
+    assert side.prio_received == 16 and side.stale_dropped == stale
+    assert side.prio_applied == 16 - stale and side.learner_updates == 10
+    assert (side.prio_moved > 0) == (stale < 16)
 
 
 def test_buffer_drops_priorities_older_than_max_staleness(site_buffer):
     buf, wire = site_buffer
+    side = buf.side
     buf.on_experience(_experience(wire, 64, 64))
-    s = buf.memory.sample(8)
-    buf.batch_id = 10  # batches 0..9 sent; batch 0 is 9 behind, max_staleness 4
-    before = buf.memory.total_priority()
+    s = side.memory.sample(8)
+    side.batch_id = 10  # batches 0..9 sent; batch 0 is 9 behind, max_staleness 4
+    before = side.memory.total_priority()
     raw = wire.priorities(s.indices, s.generations, np.full(8, 9.0), 0, 0.0)
-    buf.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
-    assert buf.too_stale == 8 and buf.prio_applied == 0
-    assert buf.memory.total_priority() == before
+    side.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
+    assert side.too_stale == 8 and side.prio_applied == 0
+    assert side.memory.total_priority() == before

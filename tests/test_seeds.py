@@ -1,4 +1,4 @@
-"""mpirl.run.seeds: every seed stream of a run is disjoint from every other, at any scale, and each
+"""mpirl.seeds: every seed stream of a run is disjoint from every other, at any scale, and each
 one is a function of --seed (and the checkpoint a launch resumed from) only."""
 
 import functools
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 
+from mpirl import seeds
 from mpirl.agent.envs import Evaluator
-from mpirl.run import seeds
 from mpirl.run.config import Config
 from mpirl.transport.topology import ACTOR, layout
 

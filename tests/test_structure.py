@@ -128,8 +128,8 @@ def _module_for(prefix: str) -> list[str]:
     exact = f"mpirl.{prefix}"
     if exact in mods:
         return [exact]
-    depth = prefix.count(".") + 2  # mpirl.<subpackage>.<prefix>
-    return sorted(m for m in mods if m.endswith("." + prefix) and m.count(".") == depth)
+    depth = prefix.count(".") + 2  # mpirl.<subpackage>[.<subpackage>].<prefix>
+    return sorted(m for m in mods if m.endswith("." + prefix) and m.count(".") >= depth)
 
 
 @functools.cache
@@ -225,7 +225,7 @@ def test_design_md_links_stay_inside_the_repository():
 
 
 def test_the_name_resolver_finds_what_is_missing():
-    assert resolve("Learner.turn") is None and resolve("buffer.ForwardQueue") is None
+    assert resolve("Learner.turn") is None and resolve("at_learner.ForwardQueue") is None
     assert resolve("replay.frames") is None and resolve("cut.py") is None
     assert resolve("TrainStep.sync") is None  # an instance attribute
     assert "has no" in resolve("Learner.no_such_step")
@@ -324,8 +324,150 @@ def test_main_docstring_diagram_names_every_message_kind():
     """mpirl/main.py's diagram is the one place that shows every message kind with its
     direction and flow control: a kind added to the wire must be added there."""
     from mpirl import main
-    from mpirl.roles.learner_group import GTag
     from mpirl.transport.wire import Tag
 
-    missing = [k.name for k in [*Tag, *GTag] if not re.search(rf"\b{k.name}\b", main.__doc__)]
+    missing = [k.name for k in Tag if not re.search(rf"\b{k.name}\b", main.__doc__)]
     assert not missing, f"kinds missing from mpirl/main.py's diagram: {missing}"
+
+
+# ---- layers and the placements (docs/design.md, "Layers") --------------------------------------
+#: package -> the mpirl packages and modules it must not import at run time (imports under
+#: ``if TYPE_CHECKING:`` are types only and allowed: ``cfg: Config`` everywhere)
+FORBIDDEN = {
+    "mpirl.agent": ("mpirl.roles", "mpirl.run"),
+    "mpirl.replay": ("mpirl.roles", "mpirl.run"),
+    "mpirl.transport": ("mpirl.roles", "mpirl.run"),
+    "mpirl.run": ("mpirl.roles",),
+}
+#: the commands and the wiring: no lower layer, nor run/, imports them
+COMMANDS = (
+    "mpirl.main",
+    "mpirl.wiring",
+    "mpirl.fakes",
+    "mpirl.sweep",
+    "mpirl.play",
+    "mpirl.launch",
+    "mpirl.placement",
+    "mpirl.refloss",
+    "mpirl.reference",
+)
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The mpirl modules a file imports when it runs (top level or in a function), leaving out
+    the ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(n) for b in node.body for n in ast.walk(b))
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("mpirl")}
+
+
+def _layer_violations(mods: dict[str, Path]) -> list[str]:
+    bad = []
+    for m, p in sorted(mods.items()):
+        for pkg, banned in FORBIDDEN.items():
+            if m != pkg and not m.startswith(pkg + "."):
+                continue
+            for imp in sorted(_runtime_imports(p)):
+                if any(imp == b or imp.startswith(b + ".") for b in (*banned, *COMMANDS)):
+                    bad.append(f"{m} imports {imp}")
+    return bad
+
+
+def test_lower_layers_import_no_higher_one():
+    """agent/, replay/ and transport/ import nothing from roles/, run/ or the commands; run/
+    nothing from roles/ or the commands."""
+    bad = _layer_violations(_modules())
+    assert not bad, "a lower layer imports a higher one:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mpirl.run.config import "
+        "Config\n\ndef f():\n    from mpirl.roles.learner import Learner\n"
+    )
+    assert _layer_violations({"mpirl.agent.x": f}) == [
+        "mpirl.agent.x imports mpirl.roles.learner",
+        "mpirl.agent.x imports mpirl.roles.learner.Learner",
+    ]
+
+
+#: names that say where the replay memory lives: only mpirl/roles/placements/ may use them
+PLACEMENT_WORDS = re.compile(r"\b(replay_at|at_learner|at_buffer)\b")
+
+
+def _placement_branches(files: list[Path]) -> list[str]:
+    out = []
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text())):
+            name = getattr(node, "id", None) or getattr(node, "attr", None)
+            if isinstance(node, ast.Name | ast.Attribute) and PLACEMENT_WORDS.fullmatch(name):
+                out.append(f"{p.name}:{node.lineno}: {name}")
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if PLACEMENT_WORDS.search(line) and not line.lstrip().startswith(("from", "import")):
+                out.append(f"{p.name}:{i}: {line.strip()}")
+    return sorted(set(out))
+
+
+def test_no_role_branches_on_the_placement():
+    """The wiring picks the placement (mpirl.roles.placements) once; a role that asks where
+    the replay memory lives has grown a branch that belongs in a placement module."""
+    roles = [p for p in (PKG / "roles").glob("*.py")]
+    found = _placement_branches(roles)
+    assert not found, "roles that branch on the placement:\n" + "\n".join(found)
+
+
+def test_the_placement_check_finds_a_branch(tmp_path):
+    f = tmp_path / "role.py"
+    f.write_text("def train(cfg):\n    if cfg.replay_at == 'learner':\n        pass\n")
+    assert _placement_branches([f])
+
+
+def test_the_learner_is_small_and_nothing_else_writes_it():
+    """`Learner` under 400 lines with no __init__ over 40 (its parts are handed in), and no
+    module assigns to an attribute of an object it calls the learner or the lead
+    (``lead.updates = ...``)."""
+    tree = ast.parse((PKG / "roles" / "learner.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Learner"]
+    assert cls.end_lineno - cls.lineno + 1 < 400
+    for node in ast.walk(cls):
+        if isinstance(node, ast.FunctionDef):
+            assert node.end_lineno - node.lineno + 1 <= 40, f"Learner.{node.name} is too long"
+    writes = []
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and ast.unparse(t.value) in (
+                    "lead",
+                    "learner",
+                    "lrn",
+                    "self.lead",
+                ):
+                    writes.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}")
+    assert not writes, "objects that write into the learner:\n" + "\n".join(writes)
+
+
+def test_how_an_experience_travels_names_at_most_ten_modules_that_exist():
+    """docs/design.md walks an experience from the env to the gradient step, once per
+    placement, in at most 10 modules, each of which exists."""
+    text = DESIGN.read_text().split("### How an experience travels", 1)[1].split("\nWhere to", 1)[0]
+    walks = re.split(r"\n(?=Replay at the )", text.strip())
+    assert [w.split(" (", 1)[0] for w in walks] == ["Replay at the learner", "Replay at the buffer"]
+    for walk in walks:
+        modules = set(re.findall(r"`(\w+)\.py`", walk))
+        assert 3 <= len(modules) <= 10, (walk[:30], sorted(modules))
+        missing = [m for m in sorted(modules) if resolve(f"{m}.py")]
+        assert not missing, f"the walk names modules that do not exist: {missing}"

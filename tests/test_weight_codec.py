@@ -109,6 +109,13 @@ class _Site:
         self.link, self.done = LinkEnd(comm, 1, LinkProfile(rate_bps=rate_bps)), False
 
 
+def _sync(cfg, wire, sites: dict):
+    """The learner's WeightSync over these sites' links (a site's ``done`` stops its posts)."""
+    from mpirl.transport.weight_sync import WeightSync
+
+    return WeightSync(cfg, wire, {r: s.link for r, s in sites.items()}, lambda r: sites[r].done)
+
+
 class _Cfg:
     weights_link_share = 0.25
     weights_keyframe_every = 3
@@ -123,11 +130,10 @@ class _Cfg:
 def test_sync_delta_keyframes_and_receiver_follows():
     """The learner's encodings, decoded by a site's cache, give every version within one
     step's error; a keyframe every 3 broadcasts; a request makes the next one a keyframe."""
-    from mpirl.transport.weight_sync import WeightSync
 
     n, comm = 5000, _Comm()
     wire = Wire(np.dtype([("x", "<f4")]), n)
-    sync = WeightSync(_Cfg(every="1"), wire, {1: _Site(comm, math.inf)})
+    sync = _sync(_Cfg(every="1"), wire, {1: _Site(comm, math.inf)})
     cache, t = wc.WeightCache(), 0.0
     for v, w in enumerate(_walk(n, steps=7)):
         sync.broadcast(w, v, 10 * v, t)
@@ -147,18 +153,18 @@ def test_sync_delta_keyframes_and_receiver_follows():
 
 def test_auto_interval_from_link_rate():
     """auto: a 18,480-byte broadcast on 1 Mb/s at share 0.25 waits 0.59 s and >= 100 updates."""
-    from mpirl.transport.weight_sync import AUTO_MIN_UPDATES, WeightSync
+    from mpirl.transport.weight_sync import AUTO_MIN_UPDATES
 
     n = 4610
     wire = Wire(np.dtype([("x", "<f4")]), n)
     site = _Site(_Comm(), 1e6)
-    sync = WeightSync(_Cfg(encoding="full"), wire, {1: site})
+    sync = _sync(_Cfg(encoding="full"), wire, {1: site})
     sync.broadcast(np.zeros(n, np.float32), 0, 0, 0.0)
     gap = (40 + 4 * n) * 8 / 1e6 / 0.25
     assert not sync.due(AUTO_MIN_UPDATES - 1, 100.0)
     assert not sync.due(AUTO_MIN_UPDATES, gap - 0.01)
     assert sync.due(AUTO_MIN_UPDATES, gap + 0.01)
-    fast = WeightSync(_Cfg(encoding="full"), wire, {1: _Site(_Comm(), math.inf)})
+    fast = _sync(_Cfg(encoding="full"), wire, {1: _Site(_Comm(), math.inf)})
     fast.broadcast(np.zeros(n, np.float32), 0, 0, 0.0)
     assert fast.due(AUTO_MIN_UPDATES, 0.0)
 
@@ -166,12 +172,11 @@ def test_auto_interval_from_link_rate():
 def test_sync_two_sites_one_version_two_vectors():
     """Site 1 holds version 1 from a delta, site 2 from a keyframe (it asked for one): the same
     version, two vectors. Each gets a delta from its own, and both rebuild within one step."""
-    from mpirl.transport.weight_sync import WeightSync
 
     n = 5000
     wire = Wire(np.dtype([("x", "<f4")]), n)
     comms = {1: _Comm(), 2: _Comm()}
-    sync = WeightSync(_Cfg(every="1"), wire, {r: _Site(c, math.inf) for r, c in comms.items()})
+    sync = _sync(_Cfg(every="1"), wire, {r: _Site(c, math.inf) for r, c in comms.items()})
     caches = {1: wc.WeightCache(), 2: wc.WeightCache()}
     for v, w in enumerate(_walk(n, steps=4)):
         if v == 1:

@@ -148,6 +148,15 @@ def test_every_kind_has_a_view_that_names_its_header_slots(wire):
         (wire.stop(9), {"checkpoint": 9}),
         (wire.done(50, 4), {"env_steps": 50, "episodes": 4}),
         (wire.checkpoint(2, 60), {"id": 2, "env_steps": 60}),
+        (
+            wire.order(3, 64, 0.5, 0.75),
+            {"id": 3, "n": 64, "beta": 0.5, "scale": 0.75, "version": -1, "relayed": False},
+        ),
+        (wire.shard(np.zeros(4, np.uint8)), {}),
+        (
+            wire.grad(5, 2, np.ones(3, np.float32), 0.25, 1.5),
+            {"id": 5, "version": 2, "n": 3, "loss": 0.25, "compute_s": 1.5, "has_grad": False},
+        ),
     ]
     assert {Tag(int(b[: HEADER.itemsize].view(HEADER)["kind"][0])) for b, _ in cases} == set(Tag)
     for buf, fields in cases:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpirl.run import seeds
+from mpirl import seeds
+from mpirl.errors import ConfigError
 
 IMAGES_EXTRA = 'pip install -e ".[images]"'
 ATARI_STACK = 4
@@ -73,8 +74,6 @@ def family(env_id: str) -> str:
 
 
 def _need_images_extra(env_id: str, missing: str):
-    from mpirl.run.config import ConfigError
-
     verb = "are" if "," in missing else "is"
     return ConfigError(
         f"env={env_id!r} is an image environment and needs the images extra "
@@ -137,8 +136,6 @@ def _import_module(module: str, what: str):
     """The user's module (ConfigError naming it when it cannot be imported)."""
     import importlib
 
-    from mpirl.run.config import ConfigError
-
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module: any failure is a config error
@@ -151,8 +148,6 @@ def _import_module(module: str, what: str):
 
 def _import_attr(path: str, what: str):
     """``'pkg.mod:name'`` -> the object (ConfigError naming the path when it cannot be had)."""
-    from mpirl.run.config import ConfigError
-
     module, _, name = path.partition(":")
     obj = _import_module(module, what)
     for part in name.split("."):
@@ -167,8 +162,6 @@ def _gym_make(env_id: str, kwargs: dict):
     import re
 
     import gymnasium as gym
-
-    from mpirl.run.config import ConfigError
 
     if ":" in env_id:  # gymnasium imports it too; here its failures get a clear message
         _import_module(env_id.partition(":")[0], f"env={env_id!r}")
@@ -195,8 +188,6 @@ def _gym_make(env_id: str, kwargs: dict):
 def wrap(env, wrappers: list[str]):
     """Apply ``'pkg.mod:fn'`` wrappers in order: ``env = fn(env)``."""
     import gymnasium as gym
-
-    from mpirl.run.config import ConfigError
 
     for path in wrappers:
         fn = _import_attr(path, f"env_wrappers: {path!r}")
@@ -229,8 +220,6 @@ def make(
     """A gymnasium env with mpirl's preprocessing for its family (see the module docstring):
     ``gymnasium.make(env_id, **kwargs)``, then ``wrappers`` in order, then the preprocessing."""
     import gymnasium as gym
-
-    from mpirl.run.config import ConfigError
 
     _register(env_id)
     fam = family(env_id)
@@ -313,8 +302,6 @@ def inspect(env_id: str, kwargs: dict | None = None, wrappers: list[str] | None 
             clip_rewards=True,
         )
     if len(shape) != 1:
-        from mpirl.run.config import ConfigError
-
         raise ConfigError(
             f"env={env_id!r} has observation shape {shape}; vector observations "
             "(1-D Box), Atari (ALE/<Game>-v5) and MinAtar (MinAtar/<Game>-v1) are "

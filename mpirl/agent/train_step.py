@@ -1,7 +1,7 @@
 """The learner's train step on its own: the online and target networks on a device, Adam, and
 one double-DQN update on a batch (no MPI, no logging).
 
-`mpirl.roles.learner.Learner` calls it; bench/overheads.py and bench/gpu.py time it standalone.  A
+The learner role calls it; bench/overheads.py and bench/gpu.py time it standalone.  A
 batch goes host -> device with ``put`` (on CUDA through pinned staging buffers and non-blocking
 copies), the update is queued with ``launch``, and ``Pending.result`` brings the loss and |td| back
 in one copy, so the learner can put the next batch on its way while the current one trains.
@@ -10,7 +10,7 @@ in one copy, so the learner can put the next batch on its way while the current 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -19,6 +19,12 @@ from mpirl.agent.qnet import make_learner_q
 
 if TYPE_CHECKING:
     from mpirl.run.config import Config
+
+
+class GradSync(Protocol):
+    """The learner group's seam after backward (mpirl.transport.group)."""
+
+    def step(self, trainer: Any, loss: Any, td: Any) -> None: ...
 
 
 def _batch_tensors(torch, records, frames=None, stack: int = 1):
@@ -92,9 +98,9 @@ class TrainStep:
         self._staging = [({}, None), ({}, None)]
         self._turn = 0
         self._out = None  # pinned buffer for loss + |td| coming back
-        from mpirl.roles.learner_group import LocalSync
-
-        self.sync = LocalSync()  # what follows backward (the learner group's seam)
+        #: what follows backward: None = clip and step here; a learner group hands in its sync
+        #: (mpirl.transport.group), which steps, all-reduces first, or keeps the gradient
+        self.sync: GradSync | None = None
 
     def state_dict_of(self, flat: np.ndarray) -> dict:
         """The online network's state_dict (on the host) with ``flat`` (``flat_params`` order)
@@ -166,7 +172,10 @@ class TrainStep:
         loss, td = self._loss(batch)
         self.opt.zero_grad()
         loss.backward()
-        self.sync.step(self, loss, td)  # K = 1: apply_step(); a learner group: see learner_group
+        if self.sync is None:
+            self.apply_step()
+        else:
+            self.sync.step(self, loss, td)
         return self._back(loss.detach(), td)
 
     def apply_step(self) -> None:

@@ -58,6 +58,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl.errors import ConfigError
+
 __all__ = [
     "EVERY",
     "SCALARS",
@@ -283,8 +285,6 @@ def check_installed() -> None:
     """ConfigError when --tensorboard cannot write (checked at the learner and the buffers,
     mpirl.run.resources)."""
     if importlib.util.find_spec("tensorboard") is None:
-        from mpirl.run.config import ConfigError
-
         raise ConfigError(f"tensorboard=True needs the tensorboard package: {TENSORBOARD_EXTRA}")
 
 

@@ -34,6 +34,17 @@ def beta_at(cfg: Config, updates: int) -> float:
     return min(1.0, cfg.beta + (1 - cfg.beta) * updates / cfg.beta_steps)
 
 
+def shard_config(cfg: Config, learners: int) -> Config:
+    """The config of one learner's replay shard (replay at the learner, ``--learners K``):
+    capacity / K each."""
+    import dataclasses
+    import math
+
+    if learners == 1:
+        return cfg
+    return dataclasses.replace(cfg, replay_capacity=math.ceil(cfg.replay_capacity / learners))
+
+
 def make_replay(cfg: Config, spec, record, seed: int):
     """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
     from mpirl.replay.frames import FrameReplay

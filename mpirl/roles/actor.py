@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mpirl import seeds
 from mpirl.agent import envs as envs_mod
 from mpirl.agent.frames import FrameLog, stacks
 from mpirl.agent.nstep import NStep
 from mpirl.agent.qnet import make_q
 from mpirl.logs import schema
 from mpirl.logs.runlog import RunLog
-from mpirl.run import failure, seeds
+from mpirl.run import failure
 from mpirl.run.checkpoint import restore_rng, rng_meta
 from mpirl.transport.pacing import TokenBucket
 from mpirl.transport.waiting import Backoff
@@ -219,7 +220,7 @@ class Actor:
         self.site.poll()
 
     def on_weights(self, m: Weights) -> None:
-        self.q.load(m.arrays["params"])
+        self.q.load(m.params)
         self.weights_version = m.version
         self.weights_updates = m.updates
 
@@ -233,11 +234,11 @@ class Actor:
     def on_checkpoint(self, m: Checkpoint) -> None:
         """Snapshot between two steps, then acknowledge (`mpirl.transport.cut`)."""
         self.save(m.id)
-        self.send_to_buffer(self.wire.checkpoint(m.id, self.env_steps), Tag.CHECKPOINT)
+        self.send_to_buffer(self.wire.checkpoint(m.id, self.env_steps))
 
-    def send_to_buffer(self, buf: np.ndarray, tag: Tag) -> None:
+    def send_to_buffer(self, buf: np.ndarray) -> None:
         """Nonblocking, kept until it completes (`mpirl.transport.inbox.SitePort`)."""
-        self.site.post(buf, tag, BUFFER)
+        self.site.post(buf, BUFFER)
 
     # ---- wait when held back ------------------------------------------------------------------
     def held_back(self, now: float) -> bool:
@@ -374,7 +375,7 @@ class Actor:
         )
         if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)
-        self.send_to_buffer(buf, Tag.EXPERIENCE)
+        self.send_to_buffer(buf)
         out.drop(k)
         if flog is not None:  # forget frames nothing pending refers to any more
             pending = [i[0] for i in self.ids] + [row[0][0] for row in out.rows]
@@ -480,7 +481,7 @@ class Actor:
         self.send_chunk(final=True)
         if self.final_ckpt >= 0:  # everything is sent: the part holds final counters only
             self.save(self.final_ckpt)
-        self.send_to_buffer(self.wire.done(self.env_steps, self.done_episodes), Tag.DONE)
+        self.send_to_buffer(self.wire.done(self.env_steps, self.done_episodes))
         acked = []  # the buffer's DONE; whatever else it sent meanwhile is dropped
         drain = {t: acked.append if t == Tag.DONE else _drop for t in Tag}
         while not acked or self.site.backlog:

@@ -4,7 +4,7 @@ The learner hands a snapshot of its weights (the flat WEIGHTS vector) to an eval
 keeps training; it polls for the result once per loop turn and handles it in one place
 (``Learner.evaluated``).  At most one evaluation is in flight: one that is due while
 another runs waits for it.  Episode ``i`` of evaluation round ``k`` resets with seed
-``mpirl.run.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.agent.envs.Evaluator), whichever runner
+``mpirl.seeds.evaluation(seed, episodes, k)[i]`` (mpirl.agent.envs.Evaluator), whichever runner
 plays it.
 
 * ``process`` (default): a child process (``python -m mpirl.roles.evaluation``) with its own envs

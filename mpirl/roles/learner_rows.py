@@ -1,7 +1,7 @@
 """The learner's per-update log rows and their statistics (no MPI, no torch).
 
 `HeldRows` holds the /updates row of every update and the /transfers row of every trained batch
-(replay_at=buffer) and appends them in blocks, with each block's statistics (means, the linear
+(with the replay memory at the buffer) and appends them in blocks, with each block's statistics (means, the linear
 median and p90 of a batch's priorities, the arrival means) computed over a (rows, batch) array:
 one row at a time they cost ~30 us per update, each small numpy call running just after a train
 step has evicted the caches (docs/design.md, "The learner's per-update rows, written in blocks").
@@ -11,6 +11,7 @@ step has evicted the caches (docs/design.md, "The learner's per-update rows, wri
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def huber(td_abs: np.ndarray, delta: float) -> np.ndarray:
 def spread(p: np.ndarray) -> dict:
     """Median and p90 of one message's priorities (/transfers), as np.percentile's default
     (linear) method gives them, from one sort: ~1 us for a batch of 64 where np.percentile
-    costs ~30 us, once per update with replay_at=buffer."""
+    costs ~30 us, once per update with the replay memory at the buffer."""
     if not p.size:
         return {"priority_median": np.nan, "priority_p90": np.nan}
     s = np.sort(p, axis=None)
@@ -176,3 +177,46 @@ def _row_means(a: np.ndarray) -> np.ndarray:
     if not a.shape[1]:
         return np.full(len(a), np.nan)
     return a.mean(axis=1, dtype=np.float64)
+
+
+class Arrivals:
+    """The arrival |td| statistic: a uniform random subsample of min(n, ``sample``) of each
+    message's transitions (``--arrival-sample``, in both placements), and its /transfers
+    fields.  ``td_of(records, frames)`` is |td| under the current networks."""
+
+    def __init__(
+        self,
+        sample: int,
+        alpha: float,
+        eps: float,
+        rng: np.random.Generator,
+        td_of: Callable[..., np.ndarray],
+    ):
+        self.sample, self.alpha, self.eps, self.rng, self.td_of = sample, alpha, eps, rng, td_of
+
+    def pick(self, n: int) -> np.ndarray | None:
+        """Which of a message's n transitions enter the statistic (None: --arrival-sample 0)."""
+        k = min(n, self.sample)
+        if k == 0:
+            return None
+        return np.arange(n) if k == n else np.sort(self.rng.choice(n, k, replace=False))
+
+    def td(self, records: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray | None:
+        """|td| of a forwarded message's subsample: one forward pass over at most
+        --arrival-sample transitions, whatever the chunk size."""
+        pick = self.pick(len(records))
+        return None if pick is None else self.td_of(records[pick], frames)
+
+    def of_batch(self, td: np.ndarray) -> np.ndarray | None:
+        """The subsample of a trained batch's own |td| (no extra forward pass)."""
+        pick = self.pick(len(td))
+        return None if pick is None else td if len(pick) == len(td) else td[pick]
+
+    def stats(self, td: np.ndarray | None) -> dict[str, float]:
+        if td is None:
+            return {"arrival_td_mean": np.nan, "arrival_priority_mean": np.nan, "arrival_n": 0}
+        return {
+            "arrival_td_mean": small_mean(td),
+            "arrival_priority_mean": small_mean((td + self.eps) ** self.alpha),
+            "arrival_n": td.size,
+        }

@@ -1,108 +1,76 @@
 """A learner of the group other than the lead (``--learners K``, learners 1..K-1).
 
-Its loop serves the lead's messages (mpirl.roles.learner_group): SHARD into its replay shard
-(replay_at=learner), ORDER = one batch to compute a gradient on (relayed from a buffer, or
-sampled from its shard), STOP.  In ``allreduce`` the gradient goes into the group's Allreduce
-and every learner steps; in ``async`` / ``gba`` it goes back to the lead in a GRAD message with
-the version of the weights it was computed on.  Either way the batch's |td| goes back (the
-priorities of a relayed batch; its shard's own priorities are updated here).
+Its loop serves the lead's messages (mpirl.transport.group, mpirl.transport.wire): SHARD into its
+replay shard (a placement with the memory at the learner), ORDER = one batch to compute a
+gradient on (relayed from a buffer, or sampled from its shard), STOP.  In ``allreduce`` the
+gradient goes into the group's Allreduce and every learner steps; in ``async`` / ``gba`` it goes
+back to the lead in a GRAD message with the version of the weights it was computed on.  Either
+way the batch's |td| goes back (the priorities of a relayed batch; its shard's own priorities are
+updated here).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from mpirl.agent import device as device_mod
-from mpirl.agent.train_step import TrainStep
-from mpirl.logs import schema
-from mpirl.replay.build import make_replay
-from mpirl.roles.learner_group import (
-    GroupMessage,
-    GTag,
-    SubmitSync,
-    bcast_weights,
-    floats,
-    make_sync,
-    pack,
-    set_params,
-    shard_config,
-)
-from mpirl.run import seeds
+from mpirl.agent.grads import set_params
+from mpirl.run import failure
 from mpirl.run.checkpoint import memory_state, restore_memory
+from mpirl.transport.group import SubmitSync, bcast_weights
 from mpirl.transport.waiting import Backoff
-from mpirl.transport.wire import Tag, Wire
+from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
-    from mpirl.agent.envs import EnvSpec
-    from mpirl.logs.runlog import RunLog
-    from mpirl.run.config import Config
-    from mpirl.transport.topology import Ends, Topology
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.logs.runlog import RunLog, Stream
+    from mpirl.replay.memory import PrioritizedReplay
+    from mpirl.run.checkpoint import Checkpointer, Part
+    from mpirl.transport.group import LocalSync
+    from mpirl.transport.inbox import Inbox
+    from mpirl.transport.link import LinkEnd
+    from mpirl.transport.wire import Batch, Forward, Message, Order, Shard, Wire
 
 
 class GroupWorker:
-    """Learner ``topo.learners.Get_rank()`` > 0: gradients on the lead's orders."""
+    """Learner ``index`` > 0 of the group: gradients on the lead's orders."""
 
     def __init__(
         self,
-        cfg: Config,
-        topo: Topology,
-        spec: EnvSpec,
+        index: int,
+        comm: Any,
+        trainer: TrainStep,
+        sync: LocalSync,
         wire: Wire,
         log: RunLog,
-        ends: Ends,
-        ckpt=None,
-        resume=None,
+        work: Stream,
+        end: LinkEnd,
+        inbox: Inbox,
+        shard: PrioritizedReplay | None,
+        ckpt: Checkpointer | None,
+        torch: Any,
     ):
-        """``ends.group[0]``: the end toward the lead, ``ends.group_inbox`` for its messages
-        (`mpirl.main.connect`)."""
-        import torch
-
-        self.cfg, self.topo, self.spec, self.wire, self.log = cfg, topo, spec, wire, log
-        self.torch = torch
-        torch.set_num_threads(cfg.torch_threads)
-        comm = topo.learners
-        self.comm, self.index = comm, comm.Get_rank()
-        seed = seeds.learner(cfg.seed, 1)
-        torch.manual_seed(seed["torch"] + 7919 * self.index)
-        dev = device_mod.resolve(cfg.device, torch)
-        if dev.type == "cuda" and torch.cuda.device_count() > 1:  # one GPU per learner
-            dev = torch.device(f"cuda:{self.index % torch.cuda.device_count()}")
-        log.set_attrs(**device_mod.describe(dev, torch))
-        self.trainer = TrainStep(cfg, spec, dev, cfg.amp)
-        self.sync = make_sync(
-            cfg, comm, sum(p.numel() for p in self.trainer.params), self.trainer.device
-        )
-        self.trainer.sync = self.sync
-        self.end, self.inbox = ends.group[0], ends.group_inbox
+        """``end``: toward the lead, ``inbox`` for its messages (`mpirl.wiring.connect`);
+        ``shard``: its part of the group's replay memory (None: the memory is not at the
+        learner); ``work``: the /work stream."""
+        self.index, self.comm, self.trainer, self.sync, self.wire = index, comm, trainer, sync, wire
+        self.log, self.work, self.end, self.inbox, self.memory = log, work, end, inbox, shard
+        self.ckpt, self.torch = ckpt, torch
         self.handlers = {
-            GTag.SHARD: self.on_shard,
-            GTag.ORDER: self.on_order,
-            GTag.CKPT: self.on_checkpoint,
-            GTag.STOP: self.on_stop,
+            Tag.SHARD: self.on_shard,
+            Tag.ORDER: self.on_order,
+            Tag.CHECKPOINT: self.on_checkpoint,
+            Tag.STOP: self.on_stop,
         }
-        self.memory = None
-        if cfg.replay_at == "learner":  # one shard of the group's memory
-            self.memory = make_replay(
-                shard_config(cfg, comm.Get_size()),
-                spec,
-                wire.record,
-                seed=seed["replay"] + 7919 * self.index,
-            )
-        self.logs = schema.open_streams(log, "learner_worker")
+        self.n_params = sum(p.numel() for p in trainer.params)
         self.backoff = Backoff()
         self.version = 0
         self.served = 0
         self.stopped = False
-        self.ckpt = ckpt
-        if resume is not None:
-            self.restore(resume)
 
-    def run(self) -> dict:
-        from mpirl.run import failure
-
+    def run(self) -> dict[str, int]:
         bcast_weights(self.comm, self.trainer)
         while not self.stopped or self.end.backlog:
             failure.FAULT.check()
@@ -114,52 +82,41 @@ class GroupWorker:
             self.log.maybe_flush(now)
         return {"orders": self.served}
 
-    def on_shard(self, g: GroupMessage) -> None:
-        m = self.wire.unpack(np.array(g.body), Tag.FORWARD, "the lead learner")
-        self.memory.add(m.arrays["records"], m.arrays["td_abs"], m.arrays.get("frames"))
+    def on_shard(self, g: Shard) -> None:
+        m = cast("Forward", self.wire.unpack(g.forward_buf, Tag.FORWARD, "the lead learner"))
+        assert self.memory is not None
+        self.memory.add(m.records, m.td_abs, m.frames)
 
-    def on_order(self, g: GroupMessage) -> None:
+    def on_order(self, g: Order) -> None:
         """One batch: load the weights it carries, compute, answer GRAD."""
         t0 = time.monotonic()
-        oid, version, n, beta, scale, relayed = (g.id, g.version, g.n, g.beta, g.scale, g.relayed)
-        raw = g.body
         t = self.trainer
-        if version >= 0:  # the lead's weights: online, then target
-            p = sum(x.numel() for x in t.params)
-            set_params(t.params, floats(raw, p))
-            set_params(list(t.target.parameters()), floats(raw, p, 4 * p))
-            raw = raw[8 * p :]
-            self.version = version
+        weights = g.weights(self.n_params)
+        if weights is not None:  # the lead's weights: online, then target
+            set_params(t.params, weights[0])
+            set_params(list(t.target.parameters()), weights[1])
+            self.version = g.version
         sample = None
-        if relayed:
-            m = self.wire.unpack(np.array(raw), Tag.BATCH, "the lead learner")
-            records, frames = m.arrays["records"], m.arrays.get("frames")
-            weights = m.arrays["weights"] * np.float32(scale)
+        if g.relayed:
+            b = cast("Batch", self.wire.unpack(g.batch_buf(self.n_params), Tag.BATCH, "the lead"))
+            records, frames = b.records, b.frames
+            weights_is = b.weights * np.float32(g.scale)
         else:
-            self.memory.beta = beta
-            sample = self.memory.sample(n)
-            records, weights, frames = sample.records, sample.weights, sample.frames
-        version_used = self.version if isinstance(self.sync, SubmitSync) else t.updates
-        loss, td = t.launch(t.put(records, weights, frames)).result()
+            assert self.memory is not None
+            self.memory.beta = g.beta
+            sample = self.memory.sample(g.n)
+            records, weights_is, frames = sample.records, sample.weights, sample.frames
+        submits = isinstance(self.sync, SubmitSync)
+        version_used = self.version if submits else t.updates
+        loss, td = t.launch(t.put(records, weights_is, frames)).result()
         if sample is not None:
+            assert self.memory is not None
             self.memory.update(sample.indices, sample.generations, td)
-        grad = [self.sync.taken()] if isinstance(self.sync, SubmitSync) else []
+        grad = self.sync.taken() if submits else None  # type: ignore[attr-defined]
         spent = time.monotonic() - t0
-        self.end.post(
-            pack(
-                GTag.GRAD,
-                [*grad, td.astype(np.float32)],
-                oid,
-                version_used,
-                len(td),
-                loss,
-                spent,
-                float(bool(grad)),
-            ),
-            GTag.GRAD,
-        )
-        self.logs["work"].append(
-            order=oid,
+        self.end.post(self.wire.grad(g.id, version_used, td, loss, spent, grad))
+        self.work.append(
+            order=g.id,
             version=version_used,
             samples=len(td),
             loss=loss,
@@ -168,15 +125,20 @@ class GroupWorker:
         )
         self.served += 1
 
-    def on_checkpoint(self, g: GroupMessage) -> None:
+    def on_checkpoint(self, g: Message) -> None:
         """Write this learner's part (its network and optimizer: the lead's own in allreduce,
         its copy otherwise; its shard) and acknowledge."""
-        cid = g.id
+        cid = g.seq
         t = self.trainer
-        meta = {"served": self.served, "version": self.version, "updates": t.updates}
+        meta: dict[str, Any] = {
+            "served": self.served,
+            "version": self.version,
+            "updates": t.updates,
+        }
         arrays = None
         if self.memory is not None:
             arrays, meta["replay"] = memory_state(self.memory)
+        assert self.ckpt is not None
         self.ckpt.write(
             cid,
             meta,
@@ -188,9 +150,9 @@ class GroupWorker:
                 "torch_rng": self.torch.get_rng_state(),
             },
         )
-        self.end.post(pack(GTag.CKPT, id_=cid), GTag.CKPT)
+        self.end.post(self.wire.checkpoint(cid))
 
-    def restore(self, part) -> None:
+    def restore(self, part: Part) -> None:
         """Continue from this learner's part of checkpoint ``part`` (the networks are the
         lead's, broadcast at the start; the optimizer and the shard are this learner's)."""
         t, r = self.trainer, part.meta
@@ -200,6 +162,6 @@ class GroupWorker:
         if self.memory is not None:
             restore_memory(self.memory, part.arrays, r["replay"])
 
-    def on_stop(self, g: GroupMessage) -> None:
-        self.end.post(pack(GTag.DONE, a=self.served), GTag.DONE)
+    def on_stop(self, g: Message) -> None:
+        self.end.post(self.wire.done(self.served, 0))
         self.stopped = True

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from mpirl.run.errors import ConfigError
+from mpirl.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "build_parser", "parse", "resume_dir", "to_dict"]
 
@@ -523,8 +523,6 @@ class Config:
                 f"learner_sync={c.learner_sync!r} must be 'allreduce', 'async' or 'gba'"
             )
         if c.straggle is not None:
-            from mpirl.roles.learner_group import parse_straggle
-
             try:
                 rank, _ = parse_straggle(c.straggle)
             except ValueError:
@@ -538,6 +536,16 @@ class Config:
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def parse_straggle(text: str) -> tuple[int, float]:
+    """--straggle 'RANK:MS' -> (learner rank, ms slept per update); ValueError on anything
+    else."""
+    rank, sep, ms = text.partition(":")
+    r, m = int(rank), float(ms)
+    if not sep or r < 0 or not m >= 0 or m == float("inf"):
+        raise ValueError(text)
+    return r, m
 
 
 # ---------------------------------------------------------------------------------------------

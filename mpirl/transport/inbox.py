@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.transport.wire import kind_of
+
 Handlers = Mapping[int, Callable]
 
 
@@ -41,9 +43,8 @@ def take(comm, source: int, status, reuse: Mapping[int, np.ndarray] | None = Non
 
 class Inbox:
     """One rank's inbox: ``me`` names the rank in errors, ``sender(rank)`` names a sender;
-    ``wire`` unpacks (`mpirl.transport.wire.Wire`, or the learner group's
-    `mpirl.roles.learner_group.GroupWire`); ``comm`` is the communicator `serve` probes (None:
-    messages come from link ends only)."""
+    ``wire`` unpacks (`mpirl.transport.wire.Wire`); ``comm`` is the communicator `serve`
+    probes (None: messages come from link ends only)."""
 
     def __init__(self, wire, me: str, sender: Callable[[int], str], comm=None):
         self.wire, self.me, self.sender, self.comm = wire, me, sender, comm
@@ -117,7 +118,9 @@ class SitePort:
         self.comm, self.inbox = comm, inbox
         self.sends: list = []  # (request, buffer) in flight
 
-    def post(self, buf: np.ndarray, tag: int, dest: int) -> None:
+    def post(self, buf: np.ndarray, dest: int, tag: int | None = None) -> None:
+        """Send ``buf`` to site rank ``dest``, tagged with the kind its header declares."""
+        tag = kind_of(buf) if tag is None else tag
         self.sends.append((self.comm.Isend([buf, MPI.BYTE], dest=dest, tag=tag), buf))
 
     def poll(self) -> None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpirl.run.errors import ConfigError
+from mpirl.errors import ConfigError
+from mpirl.transport.wire import kind_of
 
 PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
@@ -173,8 +174,10 @@ class LinkEnd:
         self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
 
     # ---- sending -----------------------------------------------------------------------------
-    def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
-        """Hand ``buf`` to the link; returns the time it waits behind earlier messages."""
+    def post(self, buf: np.ndarray, tag: int | None = None, now: float | None = None) -> float:
+        """Hand ``buf`` to the link, tagged with the kind its header declares; returns the time
+        it waits behind earlier messages."""
+        tag = kind_of(buf) if tag is None else tag
         now = time.monotonic() if now is None else now
         if self.profile.emulated:
             start = max(now, self.out_model.busy_until)

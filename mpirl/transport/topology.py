@@ -13,7 +13,7 @@ Three kinds of communicator are split from COMM_WORLD:
 * ``link``  : the lead learner (link rank 0) + every buffer (buffer s is link rank s + 1). The
   long haul.
 * ``learners``: the K learners (learner j is rank j), the cloud's own network; only with K > 1
-  does anything travel on it (mpirl.roles.learner_group).
+  does anything travel on it (mpirl.transport.group).
 
 The learner never talks to actors: weights go learner -> buffer (link) -> actors (site).
 """

@@ -25,7 +25,10 @@ from mpirl.transport import weight_codec as wc
 from mpirl.transport.wire import Tag, Wire
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpirl.run.config import Config
+    from mpirl.transport.link import LinkEnd
 
 AUTO_MIN_UPDATES = 100  # --weights-every auto: never more often than this many updates
 
@@ -42,12 +45,16 @@ class _SiteSync:
 class WeightSync:
     """Decides when the learner broadcasts and encodes each site's message."""
 
-    def __init__(self, cfg: Config, wire: Wire, sites: dict):
-        self.wire, self.sites = wire, sites
+    def __init__(
+        self, cfg: Config, wire: Wire, links: dict[int, LinkEnd], done: Callable[[int], bool]
+    ):
+        """``links``: link rank -> the end toward that site; ``done(rank)``: the site has left
+        (nothing more is sent to it)."""
+        self.wire, self.links, self.done = wire, links, done
         self.every = cfg.weights_every_fixed()
         self.share = cfg.weights_link_share
         self.encoding = cfg.weights_encoding
-        self.state = {r: _SiteSync(cfg.weights_keyframe_every) for r in sites}
+        self.state = {r: _SiteSync(cfg.weights_keyframe_every) for r in links}
         self.last_updates = -1
         self.t_last = -math.inf
         self.last_bytes = 0  # the largest site message of the last broadcast
@@ -61,9 +68,9 @@ class WeightSync:
     def rate_bps(self) -> float:
         """The slowest site's measured rate for weights (its profile's until measured)."""
         rates = []
-        for s in self.sites.values():
-            r = s.link.latest_rate_bps
-            rates.append(s.link.profile.rate_bps if math.isnan(r) else r)
+        for link in self.links.values():
+            r = link.latest_rate_bps
+            rates.append(link.profile.rate_bps if math.isnan(r) else r)
         return min(rates, default=math.inf)
 
     def due(self, updates: int, now: float) -> bool:
@@ -92,8 +99,8 @@ class WeightSync:
             self.made_updates += updates - self.last_updates
         self.made += 1
         self.last_updates, self.t_last, self.last_bytes = updates, now, 0
-        for rank, site in self.sites.items():
-            if site.done:
+        for rank, link in self.links.items():
+            if self.done(rank):
                 continue
             st = self.state[rank]
 
@@ -102,7 +109,7 @@ class WeightSync:
                 self.last_bytes = max(self.last_bytes, buf.nbytes)
                 return buf, lambda: self._committed(st, buf, key, base)
 
-            site.link.post_latest(Tag.WEIGHTS, make, now)
+            link.post_latest(Tag.WEIGHTS, make, now)
 
     def _encode(self, st: _SiteSync, params, version: int, updates: int, full, shared):
         """(message, keyframe?, the site's next base)."""
@@ -146,7 +153,7 @@ class WeightSync:
         self.lags.append(max(0, int(lag)))
 
     def replaced(self) -> int:
-        return self.replaced_before + sum(s.link.latest_replaced for s in self.sites.values())
+        return self.replaced_before + sum(link.latest_replaced for link in self.links.values())
 
     def take(self) -> dict:
         """The /progress fields of the interval since the last call."""

@@ -46,7 +46,19 @@ CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forward
             buffer -> learner     the sender's part is on disk.  After an ack the receiver
                                   holds that sender's later messages until its own snapshot
                                   (a consistent cut: see mpirl.run.checkpoint, docs/reliability.md)
+ORDER       lead learner ->       (--learners K) count=B, seq=order id, a=beta, b=importance-
+            learner j             weight scale; meta i8[2] (weights version carried, -1: none;
+                                  1 = a relayed BATCH follows), body u1[...]: [online f4[P],
+                                  target f4[P]] [the buffer's BATCH message as it came]
+SHARD       lead -> learner j     (replay_at=learner) body u1[...]: a buffer's FORWARD message
+GRAD        learner j -> lead     count=n, seq=order id, a=loss, b=compute seconds; meta i8[2]
+                                  (weights version used, 1 = a gradient follows), td_abs f4[n],
+                                  body u1[...]: [gradient f4[P]]
 ==========  ====================  ============================================================
+
+The learner group (``--learners K``) also uses STOP (finish, then answer DONE), DONE (a=orders
+served) and CHECKPOINT (seq=id: write your part; the same kind back once it is on disk) on its
+own communicator.  ``u1[...]`` is a variable tail: the rest of the message.
 
 ``records`` use the run's transition dtype (``transition_dtype``): obs, action, reward (the
 n-step return), next_obs (n steps later), discount (gamma^k, 0 if the episode terminated).
@@ -76,9 +88,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 6  # 2: CHECKPOINT, STOP.seq = final checkpoint id; 3: FLAG_ZSTD, frame tables;
-# 4: PRIORITIES.b = learner updates, BATCH.b = max weight; 5: BATCH window i8[1];
-# 6: WEIGHTS encodings, KEYFRAME, STATS.seq
+VERSION = 7  # every rank of a run must speak the same version
 
 HEADER = np.dtype(
     [
@@ -109,6 +119,9 @@ class Tag(IntEnum):
     DONE = 9
     CHECKPOINT = 10
     KEYFRAME = 11
+    ORDER = 41
+    SHARD = 42
+    GRAD = 43
 
 
 RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
@@ -118,6 +131,12 @@ COMPRESSED_KINDS = (Tag.FORWARD, Tag.BATCH)
 
 class WireError(RuntimeError):
     """A message that does not match its expected layout."""
+
+
+def kind_of(buf: np.ndarray) -> Tag:
+    """The kind (= MPI tag) a packed message declares in its header: senders take the tag from
+    here, never from the call site."""
+    return Tag(int(buf[4:6].view("<u2")[0]) & KIND_MASK)
 
 
 def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
@@ -169,8 +188,18 @@ def _slot(name: str, cast=None, doc: str = "") -> property:
     return property(lambda m: cast(m[i]), doc=doc)
 
 
+def _array(name: str, doc: str = "") -> property:
+    """A named array of the message (None where this message has none, e.g. ``frames`` of a
+    vector run)."""
+    return property(lambda m: m.arrays.get(name), doc=doc)
+
+
 class Experience(Message):
     __slots__ = ()
+    returns = _array("returns", "episode returns, f8")
+    td_abs = _array("td_abs", "the actor's initial |td|, f4")
+    records = _array("records")
+    frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="transitions")
     msg_no = _slot("seq")
     env_steps = _slot("a", int, "env steps since the actor's last EXPERIENCE")
@@ -188,6 +217,7 @@ class Weights(Message):
     encoding = _slot("count", doc="mpirl.transport.weight_codec: FULL, BF16, DELTA")
     version = _slot("seq")
     updates = _slot("a", int, "learner updates when the weights were made")
+    params = _array("params", "full: f4[P]; bf16: u2[P]")
 
 
 class Keyframe(Message):
@@ -197,12 +227,22 @@ class Keyframe(Message):
 
 class Forward(Message):
     __slots__ = ()
+    td_abs = _array("td_abs", "the actors' initial |td|, f4")
+    records = _array("records")
+    frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="transitions")
     msg_no = _slot("seq")
 
 
 class Batch(Message):
     __slots__ = ()
+    window = property(lambda m: int(m.arrays["window"][0]), doc="the buffer's in-flight window")
+    indices = _array("indices")
+    generations = _array("generations")
+    weights = _array("weights", "importance weights, f4")
+    priorities = _array("priorities", "stored priorities of the sampled slots, f4")
+    records = _array("records")
+    frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="batch size")
     batch_id = _slot("seq")
     t_send = _slot("a", doc="send time on the buffer's clock (echoed by PRIORITIES)")
@@ -211,6 +251,10 @@ class Batch(Message):
 
 class Priorities(Message):
     __slots__ = ()
+    timing = _array("timing", "(hold, step) seconds, f8")
+    indices = _array("indices")
+    generations = _array("generations")
+    td_abs = _array("td_abs")
     n = _slot("count", doc="batch size")
     batch_id = _slot("seq")
     t_echo = _slot("a", doc="BATCH.t_send echoed")
@@ -219,6 +263,7 @@ class Priorities(Message):
 
 class Stats(Message):
     __slots__ = ()
+    returns = _array("returns", "episode returns, f8")
     n_returns = _slot("count")
     weights_updates = _slot("seq", doc="learner updates of the weights the site acts with")
     env_steps = _slot("a", int, "the site's env steps (total)")
@@ -242,6 +287,55 @@ class Checkpoint(Message):
     env_steps = _slot("a", int, "ack: env steps (total) at the snapshot")
 
 
+class Order(Message):
+    """A learner-group work order: a batch to compute a gradient on."""
+
+    __slots__ = ()
+    n = _slot("count", doc="batch size")
+    id = _slot("seq", doc="order id")
+    beta = _slot("a", doc="the importance-sampling exponent")
+    scale = _slot("b", doc="the importance-weight scale of a relayed batch")
+    version = property(lambda m: int(m.arrays["meta"][0]), doc="weights version carried, or -1")
+    relayed = property(lambda m: bool(m.arrays["meta"][1]), doc="a buffer's BATCH follows")
+
+    def weights(self, n_params: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(online, target) float32 (copies: aligned), or None when the order carries none."""
+        if self.version < 0:
+            return None
+        body = self.arrays["body"]
+        both = np.frombuffer(body[: 8 * n_params].tobytes(), np.float32)
+        return both[:n_params], both[n_params:]
+
+    def batch_buf(self, n_params: int) -> np.ndarray:
+        """The relayed BATCH message, as it came over the link (a copy: aligned)."""
+        skip = 8 * n_params if self.version >= 0 else 0
+        return np.array(self.arrays["body"][skip:])
+
+
+class Shard(Message):
+    """replay_at=learner, --learners K: a FORWARD message for a learner's replay shard."""
+
+    __slots__ = ()
+    forward_buf = property(lambda m: np.array(m.arrays["body"]), doc="the FORWARD message")
+
+
+class Grad(Message):
+    """A learner's answer to an ORDER."""
+
+    __slots__ = ()
+    n = _slot("count", doc="samples")
+    id = _slot("seq", doc="the order answered")
+    loss = _slot("a")
+    compute_s = _slot("b", doc="seconds the learner spent on it")
+    version = property(lambda m: int(m.arrays["meta"][0]), doc="weights version it used")
+    has_grad = property(lambda m: bool(m.arrays["meta"][1]), doc="a gradient follows")
+    td_abs = property(lambda m: np.array(m.arrays["td_abs"]), doc="|td| per sample (a copy)")
+
+    def grad(self) -> np.ndarray | None:
+        """The flat float32 gradient (a copy: aligned), or None."""
+        return np.frombuffer(self.arrays["body"].tobytes(), np.float32) if self.has_grad else None
+
+
 #: the view `Wire.unpack` returns for each kind
 VIEWS: dict[Tag, type[Message]] = {
     Tag.EXPERIENCE: Experience,
@@ -255,6 +349,9 @@ VIEWS: dict[Tag, type[Message]] = {
     Tag.STOP: Stop,
     Tag.DONE: Done,
     Tag.CHECKPOINT: Checkpoint,
+    Tag.ORDER: Order,
+    Tag.SHARD: Shard,
+    Tag.GRAD: Grad,
 }
 
 
@@ -333,6 +430,11 @@ class Wire:
             return self._spec_weights(count)
         if kind == Tag.STATS:
             return [("returns", f8, count)]
+        if kind in (Tag.ORDER, Tag.GRAD):
+            meta = [("meta", i8, 2)] + ([("td_abs", f4, count)] if kind == Tag.GRAD else [])
+            return meta + [("body", np.dtype("u1"), -1)]
+        if kind == Tag.SHARD:
+            return [("body", np.dtype("u1"), -1)]
         return []
 
     def _spec_weights(self, encoding: int) -> list[tuple[str, np.dtype, int]]:
@@ -360,6 +462,9 @@ class Wire:
         if lay is None:
             parts, off = [], HEADER.itemsize
             for name, dt, n in self._spec(kind, count, b, nframes):
+                if n == -1:  # the variable tail: whatever follows (need is then a minimum)
+                    parts.append((name, (dt, None), off, None))
+                    continue
                 size = dt.itemsize * n
                 view = (dt.base, (n,) + dt.shape) if dt.subdtype is not None else (dt, None)
                 parts.append((name, view, off, off + size))
@@ -420,7 +525,8 @@ class Wire:
             if nframes < 0 or nframes > 1e9:
                 raise WireError(f"message with tag {tag} from {source}: bad nframes={nframes}")
         need, parts = self._layout(kind, count, b, nframes)
-        if need != buf.nbytes:
+        tail = bool(parts) and parts[-1][3] is None
+        if need != buf.nbytes and not (tail and buf.nbytes >= need):
             raise WireError(
                 f"message with tag {tag} from {source}: {kind.name} with "
                 f"count={count} must be {need} bytes, got {buf.nbytes} (mismatched "
@@ -428,7 +534,7 @@ class Wire:
             )
         arrays = {}
         for name, (dt, shape), lo, hi in parts:
-            part = buf[lo:hi].view(dt)
+            part = buf[lo:hi].view(dt)  # (hi None: the tail, to the end)
             arrays[name] = part if shape is None else part.reshape(shape)
         return VIEWS[kind](kind, count, seq, a, b, arrays, raw_nbytes, received, rank, t)
 
@@ -580,6 +686,42 @@ class Wire:
             a=updates,
         )
         return compress(raw, self._codecs()[0])
+
+    @staticmethod
+    def order(
+        order_id: int,
+        n: int,
+        beta: float,
+        scale: float = 1.0,
+        weights: tuple[np.ndarray, np.ndarray] | None = None,
+        version: int = -1,
+        batch_buf: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """A learner-group ORDER: ``weights`` (online, target) of ``version`` when the learner's
+        copy is older, ``batch_buf`` a buffer's BATCH relayed as it came (else: sample your
+        shard)."""
+        body = [] if weights is None else [np.asarray(w, "<f4") for w in weights]
+        if batch_buf is not None:
+            body.append(batch_buf)
+        meta = np.array([version if weights is not None else -1, batch_buf is not None], "<i8")
+        return pack(Tag.ORDER, [meta, *body], count=n, seq=order_id, a=beta, b=scale)
+
+    @staticmethod
+    def shard(forward_buf: np.ndarray) -> np.ndarray:
+        return pack(Tag.SHARD, [forward_buf])
+
+    @staticmethod
+    def grad(
+        order_id: int,
+        version: int,
+        td_abs: np.ndarray,
+        loss: float,
+        compute_s: float,
+        grad: np.ndarray | None = None,
+    ) -> np.ndarray:
+        meta = np.array([version, grad is not None], "<i8")
+        arrays = [meta, np.asarray(td_abs, "<f4")] + ([] if grad is None else [grad])
+        return pack(Tag.GRAD, arrays, count=len(td_abs), seq=order_id, a=loss, b=compute_s)
 
     @staticmethod
     def keyframe(version: int) -> np.ndarray:

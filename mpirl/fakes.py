@@ -1,7 +1,7 @@
 """Fakes of the transport, handed to the roles as arguments (never patched in), and builders of
-roles wired to them: what `mpirl.main.connect` builds for a real run, without MPI peers.
+roles wired to them: what `mpirl.wiring` builds for a real run, without MPI peers.
 
-Used by the tests and by bench/learner_loop.py (which puts this folder on ``sys.path``).
+The tests and the benches import them from here (``from mpirl.fakes import ...``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.agent.envs import inspect
+from mpirl.replay.build import record_dtype
+from mpirl.roles.actor import Actor
 from mpirl.transport.inbox import Inbox, SitePort
 from mpirl.transport.link import PROFILES, LinkStats
 from mpirl.transport.topology import Ends, layout
-from mpirl.transport.wire import Tag
+from mpirl.transport.wire import Tag, kind_of
+from mpirl.wiring import build_buffer, build_learner, make_wire
 
 
 class ScriptedLink:
@@ -42,7 +46,8 @@ class ScriptedLink:
         self.sent, self.received = LinkStats(), LinkStats()
         self.profile, self.backlog = PROFILES["none"], 0
 
-    def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
+    def post(self, buf: np.ndarray, tag: int | None = None, now: float | None = None) -> float:
+        tag = kind_of(buf) if tag is None else tag
         if self.log is not None:
             self.log.append((self.peer, Tag(tag)))
         self.sent.count(buf.nbytes)
@@ -87,8 +92,8 @@ class RecordingPort(SitePort):
         super().__init__(MPI.COMM_SELF, Inbox(wire, me, lambda r: f"site rank {r}", MPI.COMM_SELF))
         self.posts: list = []
 
-    def post(self, buf: np.ndarray, tag: int, dest: int) -> None:
-        self.posts.append((Tag(tag), buf, dest))
+    def post(self, buf: np.ndarray, dest: int, tag: int | None = None) -> None:
+        self.posts.append((kind_of(buf) if tag is None else Tag(tag), buf, dest))
 
 
 def learner_ends(wire, links: dict) -> Ends:
@@ -114,20 +119,14 @@ def wire_of(cfg, spec=None, role: str | None = None):
     """``(spec, wire)``: the env spec of ``cfg`` (inspected when not given) and the
     `mpirl.transport.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that
     rank's role), as `mpirl.main` builds them."""
-    from mpirl.agent.envs import inspect
-    from mpirl.main import _wire
-    from mpirl.replay.build import record_dtype
-
     if spec is None:
         spec = inspect(cfg.env, cfg.env_kwargs, cfg.wrapper_specs())
-    return spec, _wire(cfg, spec, record_dtype(cfg, spec), role)
+    return spec, make_wire(cfg, spec, record_dtype(cfg, spec), role)
 
 
 def make_learner(cfg, spec, wire, log, links: dict, **kw):
     """A `mpirl.roles.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
-    from mpirl.roles.learner import Learner
-
-    return Learner(
+    return build_learner(
         cfg,
         learner_topo(len(links)),
         spec,
@@ -142,17 +141,15 @@ def make_learner(cfg, spec, wire, log, links: dict, **kw):
 def make_buffer(cfg, spec, wire, log, link=None, **kw):
     """A `mpirl.roles.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on
     a one-rank site with no actors."""
-    from mpirl.roles.buffer import Buffer
-
     topo = SimpleNamespace(place=layout(3, 1)[1])
-    return Buffer(cfg, topo, spec, wire, log, buffer_ends(wire, link or ScriptedLink(0)), **kw)
+    return build_buffer(
+        cfg, topo, spec, wire, log, buffer_ends(wire, link or ScriptedLink(0)), **kw
+    )
 
 
 def make_actor(cfg, spec, wire, log, **kw):
     """``(actor, port)``: a `mpirl.roles.actor.Actor` (the only one of site 0) whose messages to the
     buffer are recorded in ``port.posts``."""
-    from mpirl.roles.actor import Actor
-
     port = RecordingPort(wire, "actor rank 2")
     topo = SimpleNamespace(place=layout(3, 1)[2], n_actors=1)
     return Actor(cfg, topo, spec, wire, log, port, **kw), port

@@ -1,0 +1,334 @@
+"""Who talks to whom, and which parts each role is handed: built once per rank.
+
+`connect` gives a rank its ends of the networks; `build_learner`, `build_buffer` and
+`build_worker` build a role from its parts, picking the placement of the replay memory
+(``--replay-at``, `mpirl.roles.placements`) and the learner group's sync (``--learners``,
+``--learner-sync``, `mpirl.transport.group`) here and nowhere else; `run_role` runs this rank's
+role.  Tests and benches build their roles with the same functions, over fake ends
+(`mpirl.fakes`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mpirl import seeds
+from mpirl.agent import device as device_mod
+from mpirl.agent import qnet
+from mpirl.agent.train_step import TrainStep
+from mpirl.logs import schema
+from mpirl.roles.actor import Actor
+from mpirl.roles.buffer import Buffer, BufferParts, RawBytes
+from mpirl.roles.evaluation import make_runner
+from mpirl.roles.group_lead import Group, LeadGroup, NoGroup
+from mpirl.roles.learner import CKPT_TIMEOUT_S, Learner, LearnerParts
+from mpirl.roles.learner_parts import Evaluation, LearnerCheckpoint, Report
+from mpirl.roles.learner_rows import Arrivals, HeldRows
+from mpirl.roles.learner_state import LearnerState
+from mpirl.roles.learner_worker import GroupWorker
+from mpirl.roles.placements import pick
+from mpirl.roles.placements.common import LearnerContext, Site, SiteContext
+from mpirl.run import failure
+from mpirl.run.checkpoint import part_name, write_allowance_s
+from mpirl.run.config import parse_straggle
+from mpirl.transport.cut import Cut
+from mpirl.transport.group import LocalSync, make_sync
+from mpirl.transport.inbox import Inbox, SitePort
+from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
+from mpirl.transport.pacing import TokenBucket
+from mpirl.transport.topology import ACTOR, BUFFER, Ends
+from mpirl.transport.waiting import Backoff
+from mpirl.transport.weight_sync import WeightSync
+from mpirl.transport.wire import Wire
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from mpirl.agent.envs import EnvSpec
+    from mpirl.logs.runlog import RunLog
+    from mpirl.run.checkpoint import Checkpointer, Part
+    from mpirl.run.config import Config
+    from mpirl.run.failure import StopSignal
+    from mpirl.transport.topology import Topology
+
+
+def make_wire(cfg: Config, spec: EnvSpec, record: np.dtype, role: str | None = None) -> Wire:
+    """This rank's packer; only the learner and the buffers compress (FORWARD, BATCH), so only
+    they need zstandard (mpirl.run.resources)."""
+    return Wire(
+        record,
+        qnet.param_count(spec.obs_shape, spec.n_actions, cfg.hidden, cfg.dueling),
+        frame_shape=spec.frame_shape,
+        compress=cfg.compress_for(spec.image) and role != "actor",
+    )
+
+
+def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
+    """Who talks to whom, built once for this rank (the roles are handed the result)::
+
+        actor  --site--  buffer s  ==link (emulated: cfg.link)==  lead learner  --learners--
+                                                                      learner 1..K-1
+
+    The learner never talks to actors, nor a buffer to another site.  Tests and benches build
+    an `Ends` of fakes instead (`mpirl.fakes`)."""
+    me, ends = topo.place, Ends()
+    piece_s = cfg.weights_piece_ms / 1e3
+    if me.role == ACTOR:
+        ends.site = SitePort(
+            topo.site,
+            Inbox(wire, f"actor rank {me.rank}", lambda r: f"buffer of site {me.site}", topo.site),
+        )
+    elif me.role == BUFFER:
+        ends.site = SitePort(
+            topo.site,
+            Inbox(wire, f"buffer {me.site}", lambda r: f"actor (site rank {r})", topo.site),
+        )
+        seed = seeds.buffer(cfg.seed, me.rank)["link"]
+        ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg), seed=seed, piece_s=piece_s)}
+        ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
+    elif topo.lead:
+        n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
+        link_seeds = seeds.learner(cfg.seed, n)["link"]
+        ends.links = {
+            b: LinkEnd(topo.link, b, profile, seed=link_seeds[b - 1], piece_s=piece_s)
+            for b in range(1, n + 1)
+        }
+        ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
+        k = topo.learners.Get_size() if topo.learners is not None else 1
+        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
+        ends.group_inbox = Inbox(wire, "learner", lambda j: f"learner {j}")
+    else:  # learner j > 0 of the group
+        ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
+        ends.group_inbox = Inbox(wire, f"learner {me.index}", lambda j: "the lead learner")
+    return ends
+
+
+def straggle_s(cfg: Config, learner: int) -> float:
+    """--straggle RANK:MS: learner ``learner``'s sleep per update, in seconds (0 elsewhere)."""
+    if not cfg.straggle:
+        return 0.0
+    rank, ms = parse_straggle(cfg.straggle)
+    return ms / 1000.0 if rank == learner else 0.0
+
+
+def checkpoint_timeout_s(cfg: Config, spec: EnvSpec) -> float:
+    """CKPT_TIMEOUT_S plus the time a healthy buffer may take to write what its placement keeps
+    there (``checkpoint.write_allowance_s``): a large memory must not abort a healthy one."""
+    edge = pick(cfg.replay_at).edge_memory_bytes(cfg, spec)
+    return CKPT_TIMEOUT_S + (write_allowance_s(edge) if edge else 0.0)
+
+
+def _group(
+    cfg: Config, topo: Any, ends: Ends, trainer: TrainStep, wire: Wire, streams: Any
+) -> Group:
+    """The learner group as the lead sees it (K = 1: `NoGroup`); sets the trainer's sync."""
+    comm = getattr(topo, "learners", None)  # (a bench or test may pass a bare topology)
+    if comm is None or comm.Get_size() == 1:
+        trainer.sync = LocalSync(straggle_s(cfg, 0)) if cfg.straggle else None
+        return NoGroup()
+    n_params = sum(p.numel() for p in trainer.params)
+    sync = make_sync(cfg.learner_sync, comm, n_params, trainer.device, straggle_s(cfg, 0))
+    trainer.sync = sync
+    assert ends.group_inbox is not None
+    return LeadGroup(cfg, comm, ends.group, ends.group_inbox, trainer, sync, wire, streams["group"])
+
+
+def build_learner(
+    cfg: Config,
+    topo: Any,
+    spec: EnvSpec,
+    wire: Wire,
+    log: RunLog,
+    ends: Ends,
+    say: Callable[[str], None] = print,
+    stop_signal: StopSignal | None = None,
+    ckpt: Checkpointer | None = None,
+    resume: Part | None = None,
+    refset: tuple[str, str] | None = None,
+) -> Learner:
+    """The lead learner and its parts: ``ends.links`` (link rank b -> the end toward buffer
+    b - 1) with ``ends.inbox``; ``ends.group`` and ``ends.group_inbox`` toward the other
+    learners (--learners K)."""
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads)
+    seed = seeds.learner(cfg.seed, len(ends.links))
+    torch.manual_seed(seed["torch"])
+    sites = {
+        b: Site(b, end, cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
+        for b, end in sorted(ends.links.items())
+    }
+    dev = device_mod.resolve(cfg.device, torch)
+    dev_info = device_mod.describe(dev, torch)
+    log.set_attrs(**dev_info)
+    say(device_mod.banner(dev_info, cfg.amp))
+    trainer = TrainStep(cfg, spec, dev, cfg.amp)
+    target = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
+    target_return = target if target is not None and np.isfinite(target) else None
+    log.set_attrs(target_return=target_return)
+    streams = schema.open_streams(log, "learner")
+    rows = HeldRows(streams, log, cfg.alpha, cfg.priority_eps, cfg.huber_delta)
+    arrival_rng = np.random.default_rng(seed["arrival"])
+    arrivals = Arrivals(cfg.arrival_sample, cfg.alpha, cfg.priority_eps, arrival_rng, trainer.td)
+    group = _group(cfg, topo, ends, trainer, wire, streams)
+    state = LearnerState(beta=cfg.beta)
+    log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
+    source = pick(cfg.replay_at).batch_source(
+        LearnerContext(
+            cfg, spec, wire, sites, rows, arrivals, streams, lambda: state.updates, group,
+            seed["replay"],
+        )
+    )  # fmt: skip
+    if isinstance(group, LeadGroup):
+        group.attach(source)
+    weights = WeightSync(cfg, wire, {b: s.link for b, s in sites.items()}, lambda b: sites[b].done)
+    backoff = Backoff()
+    assert ends.inbox is not None
+    parts = LearnerParts(
+        cfg=cfg,
+        wire=wire,
+        log=log,
+        sites=sites,
+        inbox=ends.inbox,
+        trainer=trainer,
+        source=source,
+        group=group,
+        weights=weights,
+        evaluation=Evaluation(
+            cfg,
+            lambda: make_runner(cfg.evaluator, cfg, spec, refset),
+            streams["evals"],
+            log.path.parent,
+            trainer,
+            target_return,
+            say,
+        ),
+        checkpoints=LearnerCheckpoint(
+            ckpt, trainer, [part_name(p.role, p.site, p.rank) for p in topo.places], log, torch
+        ),
+        cut=Cut(
+            ckpt, sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec), state.t_start
+        ),
+        report=Report(cfg, streams, sites, source, weights, backoff, say, state.t_start),
+        rows=rows,
+        state=state,
+        backoff=backoff,
+        fault=failure.FAULT,
+        cap=TokenBucket(cfg.learner_updates_per_s) if cfg.learner_updates_per_s else None,
+        resume=resume,
+        stop_signal=stop_signal,
+        say=say,
+    )
+    return Learner(parts)
+
+
+def build_buffer(
+    cfg: Config,
+    topo: Any,
+    spec: EnvSpec,
+    wire: Wire,
+    log: RunLog,
+    ends: Ends,
+    ckpt: Checkpointer | None = None,
+    resume: Part | None = None,
+) -> Buffer:
+    """A buffer and its placement's side: ``ends.site`` toward the actors, ``ends.links[0]`` the
+    long-haul link to the learner, ``ends.inbox`` for what it delivers."""
+    me = topo.place
+    seed = seeds.buffer(cfg.seed, me.rank)
+    streams = schema.open_streams(log, "buffer")
+    raw, link = RawBytes(wire), ends.links[0]
+    side = pick(cfg.replay_at).site_side(
+        SiteContext(cfg, spec, wire, link, streams, raw, seed["replay"])
+    )
+    assert ends.site is not None and ends.inbox is not None
+    return Buffer(
+        BufferParts(
+            cfg, wire, log, streams, ends.site, link, ends.inbox, side, me.site, raw, ckpt, resume
+        )
+    )
+
+
+def build_worker(
+    cfg: Config,
+    topo: Any,
+    spec: EnvSpec,
+    wire: Wire,
+    log: RunLog,
+    ends: Ends,
+    ckpt: Checkpointer | None = None,
+    resume: Part | None = None,
+) -> GroupWorker:
+    """Learner j > 0 of the group: ``ends.group[0]`` toward the lead, ``ends.group_inbox``."""
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads)
+    comm = topo.learners
+    index, k = comm.Get_rank(), comm.Get_size()
+    seed = seeds.learner(cfg.seed, 1)
+    torch.manual_seed(seed["torch"] + 7919 * index)
+    dev = device_mod.resolve(cfg.device, torch)
+    if dev.type == "cuda" and torch.cuda.device_count() > 1:  # one GPU per learner
+        dev = torch.device(f"cuda:{index % torch.cuda.device_count()}")
+    log.set_attrs(**device_mod.describe(dev, torch))
+    trainer = TrainStep(cfg, spec, dev, cfg.amp)
+    n_params = sum(p.numel() for p in trainer.params)
+    sync = make_sync(cfg.learner_sync, comm, n_params, trainer.device, straggle_s(cfg, index))
+    trainer.sync = sync
+    shard = pick(cfg.replay_at).worker_shard(
+        cfg, spec, wire.record, k, index, seed["replay"] + 7919 * index
+    )
+    streams = schema.open_streams(log, "learner_worker")
+    assert ends.group_inbox is not None
+    worker = GroupWorker(
+        index, comm, trainer, sync, wire, log, streams["work"], ends.group[0], ends.group_inbox,
+        shard, ckpt, torch,
+    )  # fmt: skip
+    if resume is not None:
+        worker.restore(resume)
+    return worker
+
+
+def run_role(
+    topo: Topology,
+    cfg: Config,
+    spec: EnvSpec,
+    wire: Wire,
+    log: RunLog,
+    ckpt: Checkpointer,
+    stop_signal: StopSignal,
+    resume: Part | None,
+    refset: tuple[str, str] | None,
+) -> dict[str, Any] | None:
+    """This rank's role, handed its ends of the networks (`connect`); the lead learner's
+    summary (summary.json), None elsewhere."""
+    ends = connect(cfg, topo, wire)
+    if topo.role == "learner" and not topo.lead:  # learner 1..K-1 of a group
+        build_worker(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=resume).run()
+    elif topo.role == "learner":
+        if refset is not None:
+            log.set_attrs(reference_set=refset[0], reference_set_sha256=refset[1])
+        say = lambda s: print(s, flush=True)  # noqa: E731
+        learner = build_learner(
+            cfg, topo, spec, wire, log, ends, say, stop_signal, ckpt, resume, refset
+        )
+        return learner.run()
+    elif topo.role == "buffer":
+        build_buffer(cfg, topo, spec, wire, log, ends, ckpt=ckpt, resume=resume).run()
+    else:
+        assert ends.site is not None
+        Actor(cfg, topo, spec, wire, log, ends.site, ckpt=ckpt, resume=resume).run()
+    return None
+
+
+__all__ = [
+    "build_buffer",
+    "build_learner",
+    "build_worker",
+    "checkpoint_timeout_s",
+    "connect",
+    "make_wire",
+    "run_role",
+]
