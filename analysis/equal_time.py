@@ -21,7 +21,7 @@ from analysis.stats import (
     LogRatio,
     figure_outcome,
     holm,
-    km_compare,
+    km_cell,
     ratio,
 )
 from analysis.tables import PAPER_TERM, brief, by_cell, read_rows
@@ -421,15 +421,8 @@ def _km_line(km: dict) -> str:
 
 
 def _km(cell: dict) -> dict | None:
-    rows = {k: list(v.values()) for k, v in cell.items()}
-    if not all(rows.values()) or not all(
-        math.isfinite(r["target"]) for v in rows.values() for r in v
-    ):
-        return None
-    tau = min(r["T"] for v in rows.values() for r in v)
-    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
-    reached = {k: np.array([r["reached"] == 1 for r in v]) for k, v in rows.items()}
-    return km_compare(times, reached, tau)
+    """Time to target as survival, censored at the shortest run's T."""
+    return km_cell(cell, "T", lambda r: r["reached"] == 1)
 
 
 def _map(cells: dict) -> list[str]:

@@ -104,6 +104,7 @@ __all__ = [
     "figure_status",
     "forest_plot",
     "holm",
+    "km_cell",
     "km_compare",
     "log_ratio_t",
     "pair_by_seed",
@@ -329,6 +330,24 @@ def km_compare(
     (dp, ep), (de, ee) = data["buffer"], data["learner"]
     out["logrank_p"] = float(logrank_test(dp, de, ep, ee).p_value)
     return out
+
+
+def km_cell(
+    cell: Mapping[str, Mapping], horizon: str, reached: Callable[[dict], bool]
+) -> dict[str, float] | None:
+    """`km_compare` on one cell of per-run rows (as `ratio` takes it): each row's
+    ``time_to_target_s``, ``reached(row)``, censored at tau, the shortest run's ``horizon``
+    column, so neither placement is credited with the other's longer run. None when a placement
+    has no run or a run has no target."""
+    rows = {k: list(v.values()) for k, v in cell.items()}
+    if not all(rows.values()) or not all(
+        math.isfinite(r["target"]) for v in rows.values() for r in v
+    ):
+        return None
+    tau = min(r[horizon] for v in rows.values() for r in v)
+    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
+    hit = {k: np.array([bool(reached(r)) for r in v]) for k, v in rows.items()}
+    return km_compare(times, hit, tau)
 
 
 # --- bootstrap ratios (the fixed-update appendix) -------------------------------------------------

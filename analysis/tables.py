@@ -6,8 +6,9 @@ reports of run folders keep trailing zeros and print NaN and None as ``n/a``, do
 generated sections drop them and print ``-`` (`brief`). Byte counts in B/kB/MB/GB with the same
 digits (`nbytes`).
 
-Rows (`read_rows`, `by_cell`): one dict per run, numbers as floats (NaN for a blank), grouped
-into cells of paired seeds for `analysis.stats`.
+Per-run rows: one dict per run; `field` writes a value into a CSV, `read_rows` reads the rows
+back with numbers as floats (NaN for a blank), `by_cell` groups them into cells of paired seeds
+for `analysis.stats`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "PAPER_TERM",
     "brief",
     "by_cell",
+    "field",
     "md_table",
     "nbytes",
     "num",
@@ -104,6 +106,16 @@ def value(v: str) -> float | str:
         return float(v)
     except ValueError:
         return v
+
+
+def field(v: Any) -> str:
+    """One CSV field of a per-run row as `analysis.export` writes it (`value` reads it back): a
+    float to 6 significant digits, NaN and None blank, a bool as 0 or 1."""
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return "" if v is None else str(v)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

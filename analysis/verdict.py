@@ -40,7 +40,7 @@ from analysis.stats import (
     PAPER_PRIORITY,
     figure_outcome,
     holm,
-    km_compare,
+    km_cell,
     ratio,
 )
 from analysis.tables import brief, by_cell, read_rows
@@ -97,13 +97,9 @@ def confound(rows: list[dict]) -> dict[str, float]:
 
 
 def survival(cell: dict[str, dict]) -> dict[str, float] | None:
-    """KM restricted mean time to target up to the shorter placement's horizon."""
-    runs = {k: list(v.values()) for k, v in cell.items()}
-    if not all(math.isfinite(r["target"]) for rs in runs.values() for r in rs):
-        return None
-    tau = min(r["wall_s"] for rs in runs.values() for r in rs)
-    times = {k: np.array([r["time_to_target_s"] for r in rs]) for k, rs in runs.items()}
-    return km_compare(times, {k: np.isfinite(t) for k, t in times.items()}, tau)
+    """KM restricted mean time to target up to the shortest run's wall time (a blank time:
+    not reached)."""
+    return km_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
 
 
 # --- the section ---------------------------------------------------------------------------------
