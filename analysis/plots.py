@@ -136,7 +136,7 @@ def _episodes(run: Run, edges: np.ndarray) -> np.ndarray:
     return binned_mean(e["t"], e["ret"], edges)
 
 
-def _link_bytes(direction: str) -> Callable[[Run, np.ndarray], np.ndarray]:
+def _link(direction: str) -> Callable[[Run, np.ndarray], np.ndarray]:
     def f(run: Run, edges: np.ndarray) -> np.ndarray:
         lk = run.learner.stream("link")
         return (
@@ -261,17 +261,8 @@ def plot_profile(
     save(fig, "return")
 
     fig, ax = subplots()
-    _draw(ax, groups, edges, _link_bytes("bytes_in"), colors, "-", ": toward learner")
-    _draw(
-        ax,
-        groups,
-        edges,
-        _link_bytes("bytes_out"),
-        colors,
-        "--",
-        ": toward buffers",
-        band_alpha=0.1,
-    )
+    _draw(ax, groups, edges, _link("bytes_in"), colors, "-", ": toward learner")
+    _draw(ax, groups, edges, _link("bytes_out"), colors, "--", ": toward buffers", band_alpha=0.1)
     ax.set(
         title=f"link throughput: {title}", xlabel=XLABEL, ylabel="MB/s (learner side, all buffers)"
     )
