@@ -3,23 +3,30 @@
 Input: ``docs/results/data/equal-time/runs.csv`` and ``curves.csv`` (`analysis.export`). Cells
 are named by the sweep folders (``cell=A``, ``cell=B``, ``cell=C``, ``cell=M``, and the map's
 ``bandwidth_mbps=..., rho=...``). The rule, the family and every definition are the Plan's
-(docs/results.md); `analysis.paired` holds the statistics. `section` returns the markdown and
+(docs/results.md); `analysis.stats` holds the statistics. `section` returns the markdown and
 `figures` writes the plots (Kaplan-Meier, return against time and against link MB).
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from analysis.paired import LogRatio, figure_outcome, holm, log_ratio_t
-from analysis.tables import PAPER_TERM
+from analysis.stats import (
+    PAPER_LOSS,
+    PAPER_PRIORITY,
+    LogRatio,
+    figure_outcome,
+    holm,
+    km_cell,
+    ratio,
+)
+from analysis.tables import PAPER_TERM, brief, by_cell, read_rows
 
-PAPER = {"train_loss": 0.26, "prio_td_held": 3.92}
+PAPER = {"train_loss": PAPER_LOSS, "prio_td_held": PAPER_PRIORITY}
 FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
 DECIDING = ("cell=A", "cell=B", "cell=M")
 #: the Plan's pairs per deciding cell (its power estimate); a family with a cell short of its
@@ -53,49 +60,25 @@ RISING = 1.05
 
 
 def read(data: Path) -> tuple[list[dict], dict[str, dict[str, np.ndarray]]]:
-    """runs.csv rows (numbers as floats) and the curves by run."""
-    runs = []
-    with (data / "runs.csv").open(newline="") as f:
-        for r in csv.DictReader(f):
-            runs.append({k: _num(v) for k, v in r.items()})
+    """runs.csv rows (`analysis.tables.read_rows`) and the curves by run."""
+    runs = read_rows(data / "runs.csv")
     curves: dict[str, dict[str, list]] = {}
-    path = data / "curves.csv"
-    if path.exists():
-        with path.open(newline="") as f:
-            for r in csv.DictReader(f):
-                c = curves.setdefault(r["run"], {})
-                for k, v in r.items():
-                    if k != "run":
-                        c.setdefault(k, []).append(_num(v))
+    if (data / "curves.csv").exists():
+        for r in read_rows(data / "curves.csv"):
+            c = curves.setdefault(r["run"], {})
+            for k, v in r.items():
+                if k != "run":
+                    c.setdefault(k, []).append(v)
     return runs, {k: {c: np.asarray(v, float) for c, v in d.items()} for k, d in curves.items()}
 
 
-def _num(v: str):
-    if v == "":
-        return math.nan
-    try:
-        return float(v)
-    except ValueError:
-        return v
-
-
-def by_cell(runs: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
-    """{cell: {replay_at: {seed: row}}} (replay_at "learner" or "buffer"); cell C's buffer arm
-    is cell B's."""
-    out: dict[str, dict[str, dict[int, dict]]] = {}
-    for r in runs:
-        place = "learner" if r["replay_at"] == "learner" else "buffer"
-        out.setdefault(r["cell"], {"learner": {}, "buffer": {}})[place][int(r["seed"])] = r
+def plan_cells(runs: list[dict]) -> dict[str, dict[str, dict[int, dict]]]:
+    """The Plan's cells (`analysis.tables.by_cell`), deciding cells and C first; cell C's buffer
+    arm is cell B's."""
+    out = by_cell(runs)
     if CONTROL in out and THINNING in out:
         out[CONTROL]["buffer"] = out[THINNING]["buffer"]
     return dict(sorted(out.items(), key=lambda kv: (kv[0] not in DECIDING + (CONTROL,), kv[0])))
-
-
-def ratio(cell: dict, key: str) -> LogRatio:
-    return log_ratio_t(
-        {s: r[key] for s, r in cell["buffer"].items()},
-        {s: r[key] for s, r in cell["learner"].items()},
-    )
 
 
 def achieved(cell: dict, arm: str) -> dict[str, float]:
@@ -210,12 +193,6 @@ def iqm_and_improvement(cell: dict, key: str) -> tuple[float, float, float]:
     return float(stats.trim_mean(e, 0.25)), float(stats.trim_mean(p, 0.25)), float(prob)
 
 
-def _f(x: float, digits: int = 3) -> str:
-    if not (isinstance(x, float) and math.isfinite(x)):
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
-
-
 # --- the markdown --------------------------------------------------------------------------------
 
 
@@ -231,7 +208,7 @@ def section(data: Path) -> str:
             f"(`{shown}/runs.csv` does not exist)."
         )
     runs, curves = read(data)
-    cells = by_cell(runs)
+    cells = plan_cells(runs)
     fam = family_tests(cells)
     out = [_verdict(cells, fam), ""]
     out += _family_table(fam)
@@ -303,7 +280,7 @@ def _family_table(fam: list) -> list[str]:
         lo, hi = r.interval(1 - 0.05 / max(m, 1))
         out.append(
             f"| {c} | {FIGURE_NAMES[k].replace('|', chr(92) + '|')} ({PAPER[k]:g}) | "
-            f"{r.text()} | {r.n} | {_f(r.p, 2)} | {_f(p, 2)} | [{_f(lo)}, {_f(hi)}] | "
+            f"{r.text()} | {r.n} | {brief(r.p, 2)} | {brief(p, 2)} | [{brief(lo)}, {brief(hi)}] | "
             f"{o} |"
         )
     return out + [""]
@@ -381,7 +358,7 @@ def _rising_line(cell: dict, curves: dict) -> list[str]:
 
 
 def _x(g: float) -> str:
-    return f"{_f(g)}x" if math.isfinite(g) else "no runs"
+    return f"{brief(g)}x" if math.isfinite(g) else "no runs"
 
 
 def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
@@ -390,10 +367,10 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
         f"#### {c}",
         "",
         f"T {a_e['T']:.0f} s. Achieved (median run), existing / proposed: P "
-        f"{_f(a_e['P'])} / {_f(a_p['P'])} env steps/s, U {_f(a_e['U'])} / {_f(a_p['U'])} "
-        f"updates/s, rho {_f(a_e['rho'])} / {_f(a_p['rho'])}; existing delivered "
-        f"{_f(a_e['delivered_fraction'])} of production; load average at most "
-        f"{_f(max(a_e['load_max'], a_p['load_max']), 2)}.",
+        f"{brief(a_e['P'])} / {brief(a_p['P'])} env steps/s, U {brief(a_e['U'])} / "
+        f"{brief(a_p['U'])} updates/s, rho {brief(a_e['rho'])} / {brief(a_p['rho'])}; existing "
+        f"delivered {brief(a_e['delivered_fraction'])} of production; load average at most "
+        f"{brief(max(a_e['load_max'], a_p['load_max']), 2)}.",
     ]
     flagged = marks(cell)
     if flagged:
@@ -411,14 +388,14 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
         if r.n == 0:  # no run of the cell measured it (e.g. no reference set): a line, not a row
             absent.append(name)
             continue
-        out.append(f"| {name} | {r.text()} | {r.n} | {_f(r.p, 2)} |")
+        out.append(f"| {name} | {r.text()} | {r.n} | {brief(r.p, 2)} |")
     if absent:
         out += ["", f"Not measured in this cell's runs: {'; '.join(absent)}."]
     e_iqm, p_iqm, prob = iqm_and_improvement(cell, "final_return")
     out += [
         "",
-        f"Final-window return, IQM: existing {_f(e_iqm)}, proposed {_f(p_iqm)}; "
-        f"probability of improvement (proposed > existing over seed pairs) {_f(prob, 2)}.",
+        f"Final-window return, IQM: existing {brief(e_iqm)}, proposed {brief(p_iqm)}; "
+        f"probability of improvement (proposed > existing over seed pairs) {brief(prob, 2)}.",
     ]
     out += _rising_line(cell, curves)
     km = _km(cell)
@@ -431,7 +408,7 @@ def _km_line(km: dict) -> str:
     """One run per placement has a KM variance of 0: no interval and no test, not a certainty."""
     n = min(km["n_learner"], km["n_buffer"])
     spread = (
-        f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p {_f(km['logrank_p'], 2)}"
+        f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p {brief(km['logrank_p'], 2)}"
         if n >= 2
         else f"s (no interval, n = {n}), log-rank p -"
     )
@@ -444,17 +421,8 @@ def _km_line(km: dict) -> str:
 
 
 def _km(cell: dict) -> dict | None:
-    from analysis.paired import km_compare
-
-    rows = {k: list(v.values()) for k, v in cell.items()}
-    if not all(rows.values()) or not all(
-        math.isfinite(r["target"]) for v in rows.values() for r in v
-    ):
-        return None
-    tau = min(r["T"] for v in rows.values() for r in v)
-    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
-    reached = {k: np.array([r["reached"] == 1 for r in v]) for k, v in rows.items()}
-    return km_compare(times, reached, tau)
+    """Time to target as survival, censored at the shortest run's T."""
+    return km_cell(cell, "T", lambda r: r["reached"] == 1)
 
 
 def _map(cells: dict) -> list[str]:
@@ -493,7 +461,7 @@ def _map(cells: dict) -> list[str]:
             else:
                 label, who = "no difference shown", f"no difference shown at n = {r.n}"
             by[key].setdefault(label, []).append(c)
-            row.append(f"{who}, {r.text()}, Holm p {_f(p, 2)}")
+            row.append(f"{who}, {r.text()}, Holm p {brief(p, 2)}")
         out.append(f"| {c} | " + " | ".join(row) + " |")
     return [*out, "", _map_answer(cells, by, len(tests), bool(short)), ""]
 
@@ -553,7 +521,7 @@ def figures(data: Path, out: Path) -> list[Path]:
     if not (data / "runs.csv").exists():
         return []
     runs, curves = read(data)
-    cells = by_cell(runs)
+    cells = plan_cells(runs)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for c, cell in cells.items():
@@ -620,10 +588,10 @@ def pilot_section(data: Path) -> str:
         if e is None or p is None:
             continue
         out.append(
-            f"| {bw:g} Mb/s | {_f(e['P'])}, {_f(e['U'])}, {_f(e['delivered_fraction'])} "
-            f"| {_f(p['P'])}, {_f(p['U'])} ({_f(p['U_requested'])}) | "
-            f"{_f(e['link_mb'])} / {_f(p['link_mb'])} | "
-            f"{_f(max(e['load_max'], p['load_max']), 2)} |"
+            f"| {bw:g} Mb/s | {brief(e['P'])}, {brief(e['U'])}, {brief(e['delivered_fraction'])} "
+            f"| {brief(p['P'])}, {brief(p['U'])} ({brief(p['U_requested'])}) | "
+            f"{brief(e['link_mb'])} / {brief(p['link_mb'])} | "
+            f"{brief(max(e['load_max'], p['load_max']), 2)} |"
         )
         holds = abs(p["U"] / p["U_requested"] - 1) <= REQUESTED_TOLERANCE
         if 0.4 <= e["delivered_fraction"] <= 0.6 and holds:

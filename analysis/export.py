@@ -48,6 +48,7 @@ import numpy as np
 from analysis.cells import cell_label, cell_of
 from analysis.metrics import link_mb_at, resolve_target
 from analysis.runs import Run, find_runs, load_run
+from analysis.tables import field
 
 GRID = 48
 RUN_FIELDS = (
@@ -255,21 +256,13 @@ def run_curves(run: Run) -> list[dict[str, Any]]:
     ]
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(int(v))
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
-    return "" if v is None else str(v)
-
-
 def merge_csv(path: Path, fields: tuple[str, ...], rows: list[dict], replace: set[str]) -> None:
     """Write ``rows`` into ``path``, keeping its rows of runs not in ``replace``."""
     kept = []
     if path.exists():
         with path.open(newline="") as f:
             kept = [r for r in csv.DictReader(f) if r["run"] not in replace]
-    new = [{k: _fmt(r.get(k)) for k in fields} for r in rows]
+    new = [{k: field(r.get(k)) for k in fields} for r in rows]
     allrows = sorted(kept + new, key=lambda r: (r["run"], float(r.get("t") or 0)))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

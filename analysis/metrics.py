@@ -345,7 +345,7 @@ def delivered_fraction(run: Run) -> float:
     return float(np.sum(n[fwd]) / steps) if steps else float("nan")
 
 
-def _link(run: Run) -> dict[str, Any]:
+def _link_totals(run: Run) -> dict[str, Any]:
     """The summary's link bytes (learner side: ``in`` = toward the learner), their total, per
     update and in MB."""
     s = run.summary
@@ -375,7 +375,7 @@ def run_metrics(
       ``conv_start_row``, ``conv_update``, ``conv_t``, ``conv_window``, ``loss_final_w`` (mean
       loss of the last W updates), and every mean of `window_means` with ``_conv`` appended,
       transfers counted by time (``t >= conv_t``);
-    - link bytes (`_link`); the target (`resolve_target`) and time to it (`to_target`);
+    - link bytes (`_link_totals`); the target (`resolve_target`) and time to it (`to_target`);
       ``final_eval`` / ``best_eval``: the last and best ``/evals/ret_mean``.
     """
     s = run.summary
@@ -388,7 +388,7 @@ def run_metrics(
         settled = dict.fromkeys(fixed, float("nan")) | {"transferred": 0}
     else:
         settled = window_means(run, Window(conv.update, since_t=conv.t))
-    link = _link(run)
+    link = _link_totals(run)
     tgt, tgt_src = resolve_target(run, target)
     rets = np.asarray(run.learner.stream("evals").get("ret_mean", np.zeros(0)), "f8")
     updates = int(s.get("updates") or 0) or len(loss)

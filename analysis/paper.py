@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from analysis import metrics as M
+from analysis import stats as S
 from analysis.cells import PAPER_TERM, Cell, group, slugify
 from analysis.runs import load_experiment
+from analysis.stats import DECIDING
 from analysis.tables import md_table, num, sort_key, write_csv
 
 __all__ = [
@@ -69,7 +71,6 @@ CSV_FIELDS = (
     "updates_to_target",
     "link_mb_to_target",
 )
-DECIDING = 0.9  # a cell is in the paper's regime when replay_at=learner delivers less
 
 
 def _budget_s(runs: list) -> float:
@@ -91,8 +92,6 @@ def _run_end(m: dict, key: str, fallback: float) -> float:
 def analyse_cell(c: Cell, target: float | None = None) -> Cell:
     """Fill in ``c``: per-seed metrics of both placements, every ratio with its paired interval,
     censored time to target, the decision rule and the crossover verdicts."""
-    from analysis import stats as S
-
     for g in c.groups:
         g.metrics = [M.run_metrics(r, target=target) for r in g.runs]
     c.budget_s = _budget_s(c.runs)
@@ -177,8 +176,6 @@ def deciding(c: Cell) -> bool:
 def headline(cells: list[Cell]) -> str:
     """The verdict over the deciding cells: "reproduced" or "refuted in this regime" only when
     every deciding cell says so, else "holds only where ..." naming the cells that reproduce."""
-    from analysis import stats as S
-
     dec = [c for c in cells if deciding(c)]
     if not dec:
         return (
@@ -278,7 +275,6 @@ def paper_report(
 ) -> list[Cell]:
     """The fixed-update Plan's report (docs/results/appendix/fixed-updates.md) from the HDF5
     files under ``exp_dir`` into ``report`` (the files: module docstring)."""
-    from analysis import stats as S
     from analysis.plots import plot_curves, plot_return_vs_link
 
     exp_dir, report = Path(exp_dir), Path(report)

@@ -16,12 +16,17 @@ import numpy as np
 from analysis import metrics as M
 from analysis.cells import PAPER_TERM, Cell, Group, group
 from analysis.runs import load_experiment
+from analysis.stats import PAPER_LOSS, PAPER_PRIORITY
 from analysis.tables import md_table, nbytes, num, write_csv
 
-__all__ = ["ROWS", "profile_report", "profile_table", "ratio"]
+__all__ = ["ROWS", "mean_ratio", "profile_report", "profile_table"]
 
 # The paper's ratios buffer / learner after convergence (loss, transferred priority).
-PAPER = {"train_loss_conv": 0.26, "prio_held_conv": 3.92, "arrival_prio_conv": 3.92}
+PAPER = {
+    "train_loss_conv": PAPER_LOSS,
+    "prio_held_conv": PAPER_PRIORITY,
+    "arrival_prio_conv": PAPER_PRIORITY,
+}
 
 ROWS = [  # (metric key, row label, cell kind)
     ("updates", "learner updates", "num"),
@@ -102,7 +107,7 @@ def _conv_cell(g: Group) -> str:
     return "; ".join(parts)
 
 
-def ratio(num_: Group, den: Group, key: str) -> float:
+def mean_ratio(num_: Group, den: Group, key: str) -> float:
     """mean over ``num_``'s seeds / mean over ``den``'s seeds (NaN when either is missing)."""
     a, b = num_.mean(key), den.mean(key)
     return a / b if np.isfinite(a) and np.isfinite(b) and b != 0 else float("nan")
@@ -121,7 +126,7 @@ def _row(key: str, kind: str, groups: list[Group], pairs: list[tuple[Group, Grou
         if kind == "target" and not all(np.isfinite(g.values(key)).all() for g in (gb, gl)):
             cells.append("n/a")  # a mean over the seeds that reached it would flatter
         else:
-            cells.append(num(ratio(gb, gl, key)) if key in RATIO_ROWS else "")
+            cells.append(num(mean_ratio(gb, gl, key)) if key in RATIO_ROWS else "")
     cells.append(num(PAPER[key]) if key in PAPER else "")
     return cells
 

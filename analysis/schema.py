@@ -147,7 +147,7 @@ def _type(v: Any) -> str:
     return np.asarray(v).dtype.name
 
 
-def _cell(s: str) -> str:
+def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
@@ -159,9 +159,8 @@ def describe_file(path: str | Path, role: str) -> str:
     with h5py.File(path, "r", locking=False) as f:
         out += ["| attribute | type | meaning |", "|---|---|---|"]
         for k in sorted(f.attrs):
-            out.append(
-                f"| `{k}` | {_type(f.attrs[k])} | {_cell(docs.get(k, '(not documented here)'))} |"
-            )
+            doc = _md_cell(docs.get(k, "(not documented here)"))
+            out.append(f"| `{k}` | {_type(f.attrs[k])} | {doc} |")
         for name, g in f.items():
             if not isinstance(g, h5py.Group):
                 continue
@@ -188,14 +187,14 @@ def stream_table(name: str, doc: str, rows) -> list[str]:
     """The markdown lines of one stream: ``rows`` of (field, dtype, per-row shape, units, doc)."""
     out = [
         "",
-        f"**`/{name}`**: {_cell(doc)}",
+        f"**`/{name}`**: {_md_cell(doc)}",
         "",
         "| field | dtype | shape per row | units | meaning |",
         "|---|---|---|---|---|",
     ]
     for k, dtype, shape, units, doc_k in rows:
         shape = "scalar" if tuple(shape) == () else "×".join(map(str, shape))
-        out.append(f"| `{k}` | {dtype} | {shape} | {_cell(units) or '-'} | {_cell(doc_k)} |")
+        out.append(f"| `{k}` | {dtype} | {shape} | {_md_cell(units) or '-'} | {_md_cell(doc_k)} |")
     return out
 
 
@@ -234,7 +233,7 @@ def describe_run(run_dir: str | Path) -> str:
         for k, v in summary.items():
             out.append(
                 f"| `{k}` | {type(v).__name__} | "
-                f"{_cell(SUMMARY_DOCS.get(k, '(not documented here)'))} |"
+                f"{_md_cell(SUMMARY_DOCS.get(k, '(not documented here)'))} |"
             )
         out.append("")
     return "\n".join(out)

@@ -1,31 +1,59 @@
-"""Statistics for the verdict on the paper's figures: per-seed ratios, paired bootstrap intervals,
-the decision rule, censored time to target, and a forest plot (issue 14, items 3 and 5).
+"""The statistics of every report: paired seeds, ratios of geometric means with their intervals,
+Holm's correction, the decision rules, and time to target.
 
-Ratio (`ratio_ci`)
-------------------
-For a metric with one positive value per run (the loss after convergence, the transferred
-priority, ...), the comparison of the placements is
+Every comparison is replay_at=buffer (the paper's proposed placement, ``num``) against
+replay_at=learner (the existing one, ``den``) over seeds run in both placements: the same seed
+gives the same environment seeds and the same initial network, so seed i of one placement is
+paired with seed i of the other (`pair_by_seed`). A seed measured in one placement only is left
+out of the comparison and counted as unpaired. The ratio is one of geometric means,
 
-    R = geometric mean over seeds (buffer) / geometric mean over seeds (learner)
-      = exp(mean_i log p_i - mean_i log e_i),
+    R = exp(mean_i log num_i - mean_i log den_i),
 
-so a ratio and its inverse are symmetric, and one outlying seed cannot dominate as it does a
-ratio of arithmetic means. Seed ``i`` of one placement is paired with seed ``i`` of the other
-(the same seed gives the same environment seeds and the same initial network). The 95%
-confidence interval is ``scipy.stats.bootstrap`` over the seeds with ``paired=True``: each
-resample draws seeds with replacement and keeps both placements' values of a drawn seed
-together, so what the seeds share (an easy or hard seed) cancels in the ratio. The interval
-method is BCa (scipy's default); when BCa cannot give one (scipy's degenerate-data warning) the
-percentile interval is used and `Ratio.method` says so. Every per-seed value is kept. When
-every seed has the same ratio the interval is that ratio (``method = "degenerate"``); one seed
-gives no interval (NaN). A seed with a value in only one placement is left out of the ratio and
-listed in `Ratio.unpaired`.
+so a ratio and its inverse are symmetric and one outlying seed cannot dominate as it does a
+ratio of arithmetic means.
 
-Decision rule (`decide`; the fixed-update Plan, docs/results/appendix/fixed-updates.md)
---------------------------------------------------------------------------------
-With the paper's figures L = 0.26 (training loss, proposed / existing) and P = 3.92 (average
-priority of the transferred experiences, proposed / existing), and the 95% intervals
-[lo, hi] of the measured loss ratio and priority ratio in one cell:
+The equal-wall-time plan (docs/results.md, "Plan for the equal-wall-time experiment")
+------------------------------------------------------------------------------------
+*Paired log ratio* (`log_ratio_t`, `ratio` for a cell of per-run rows): with
+d_i = log(buffer_i / learner_i),
+
+    estimate = exp(mean d),
+    interval = exp(mean d +- t(1 - a/2, n - 1) * sd(d) / sqrt(n)),
+    p = two-sided one-sample t-test of mean d = 0   (scipy.stats.ttest_1samp).
+
+The t-interval keeps its coverage at small n where a bootstrap interval over a handful of pairs
+does not.
+
+*Holm* (`holm`): sort the m p-values, compare the k-th smallest (k = 0..m-1) with
+alpha / (m - k), stop at the first that fails; the adjusted p-value is the running maximum of
+(m - k) p_(k), capped at 1. It controls the family-wise error rate at alpha with no assumption
+about the dependence between the tests. Written out here (ten lines) rather than adding
+statsmodels, whose ``multipletests(method="holm")`` gives the same numbers (see
+tests/test_paired.py).
+
+*Decision* (`figure_outcome`): for one (cell, figure) with the paper's value v: Holm-adjusted
+p < alpha in the paper's direction (ratio below 1 if v < 1, above 1 if v > 1) -> "matches the
+paper" when the simultaneous interval (level 1 - alpha/m) contains v, else "same direction,
+smaller / larger than the paper"; Holm-adjusted p < alpha in the other direction -> "opposite
+direction"; otherwise "inconclusive at n = N".
+
+*Time to target as survival* (`km_compare`, `rmst`): censored at tau, Kaplan-Meier restricted
+mean time to target per placement, their difference with a 95% normal interval, the log-rank p.
+
+The fixed-update appendix (docs/results/appendix/fixed-updates.md, its Plan)
+---------------------------------------------------------------------------
+*Bootstrap ratio* (`ratio_ci`): the 95% confidence interval of R is ``scipy.stats.bootstrap``
+over the seeds with ``paired=True``: each resample draws seeds with replacement and keeps both
+placements' values of a drawn seed together, so what the seeds share (an easy or hard seed)
+cancels in the ratio. The interval method is BCa (scipy's default); when BCa cannot give one
+(scipy's degenerate-data warning) the percentile interval is used and `Ratio.method` says so.
+Every per-seed value is kept. When every seed has the same ratio the interval is that ratio
+(``method = "degenerate"``); one seed gives no interval (NaN). The unpaired seeds are listed in
+`Ratio.unpaired`.
+
+*Decision rule* (`decide`): with the paper's figures L = 0.26 (training loss, proposed /
+existing) and P = 3.92 (average priority of the transferred experiences, proposed / existing),
+and the 95% intervals [lo, hi] of the measured loss ratio and priority ratio in one cell:
 
 * **reproduced**: the priority interval lies above 1 (lo > 1) and contains P (lo <= P <= hi),
   and the loss interval lies below 1 (hi < 1);
@@ -37,23 +65,24 @@ priority of the transferred experiences, proposed / existing), and the 95% inter
 
 The two outcomes exclude each other. Each figure also gets a status of its own
 (`figure_status`): "matches", "same direction, smaller/larger than the paper", "opposite
-direction" or "undecided (interval contains 1)".
+direction" or "undecided (interval contains 1)". A cell decides when the existing placement
+delivered less than `DECIDING` of production (the paper's regime).
 
-Time to target (`time_to_target`)
----------------------------------
-A seed that did not reach the target within the budget (or failed, or has no value) counts as
-reached after the budget ("> budget"): it is censored, never dropped. Reported: the fraction of
-seeds that reached the target (with its 95% Wilson interval, ``scipy.stats.binomtest``) and the
-median, defined as the first time by which at least half of the seeds had reached it (the
-Kaplan-Meier median; with every censoring at the budget it is the ceil(n/2)-th smallest time);
-``inf`` when fewer than half reached it, written "> budget".
+*Time to target* (`time_to_target`): a seed that did not reach the target within the budget (or
+failed, or has no value) counts as reached after the budget ("> budget"): it is censored, never
+dropped. Reported: the fraction of seeds that reached the target (with its 95% Wilson interval,
+``scipy.stats.binomtest``) and the median, defined as the first time by which at least half of
+the seeds had reached it (the Kaplan-Meier median; with every censoring at the budget it is the
+ceil(n/2)-th smallest time); ``inf`` when fewer than half reached it, written "> budget".
+
+*Forest plot* (`forest_plot`): one row per bootstrap ratio, with its per-seed ratios.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,22 +90,267 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "DECIDING",
+    "MATCHES",
+    "OPPOSITE",
     "PAPER_LOSS",
     "PAPER_PRIORITY",
     "Decision",
+    "LogRatio",
     "Ratio",
     "TimeToTarget",
     "decide",
+    "figure_outcome",
     "figure_status",
     "forest_plot",
+    "holm",
+    "km_cell",
+    "km_compare",
+    "log_ratio_t",
+    "pair_by_seed",
+    "ratio",
     "ratio_ci",
+    "rmst",
     "seed_values",
     "time_to_target",
 ]
 
+#: the paper's figures, proposed / existing: training loss and transferred priority
 PAPER_LOSS = 0.26
 PAPER_PRIORITY = 3.92
+#: the fixed-update design's regime: a cell decides when replay_at=learner delivers less than
+#: this fraction of production
+DECIDING = 0.9
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted in this regime", "inconclusive"
+MATCHES = "matches the paper"
+OPPOSITE = "opposite direction"
+
+
+# --- pairing seeds --------------------------------------------------------------------------------
+
+
+def _value(v: Any) -> float:
+    """A number, or NaN for None, blanks and text."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def pair_by_seed(
+    num: Mapping | Sequence,
+    den: Mapping | Sequence,
+    seeds: Sequence | None = None,
+    *,
+    nonpositive: str = "raise",
+) -> tuple[list, list[float], list[float], list]:
+    """The seeds measured in both placements, paired: ``(seeds, num values, den values,
+    unpaired seeds)``.
+
+    ``num`` and ``den``: ``{seed: value}`` mappings (paired by seed, in seed order), or two
+    sequences of equal length paired by position (``seeds`` names them, default 0..n-1). A seed
+    with a value (not None, not NaN) on one side only is unpaired. A ratio of geometric means
+    needs positive values: ``nonpositive="raise"`` makes a value <= 0 an error, ``"drop"``
+    counts its seed as unpaired."""
+    if isinstance(num, Mapping) != isinstance(den, Mapping):
+        raise TypeError("pass both sides as {seed: value} mappings or both as sequences")
+    if isinstance(num, Mapping):
+        if seeds is not None:
+            raise TypeError("seeds= goes with sequences; mappings carry their seeds")
+        keys = sorted(set(num) | set(den), key=lambda s: (str(type(s)), s))
+        p = [num.get(k) for k in keys]
+        e = [den.get(k) for k in keys]
+    else:
+        p, e = list(num), list(den)
+        if len(p) != len(e):
+            raise ValueError(
+                f"{len(p)} numerator values and {len(e)} denominator ones: paired "
+                "values need one of each per seed (use {seed: value} mappings "
+                "when seeds are missing)"
+            )
+        keys = list(seeds) if seeds is not None else list(range(len(p)))
+        if len(keys) != len(p):
+            raise ValueError(f"{len(keys)} seeds for {len(p)} values")
+    used, pv, ev, unpaired = [], [], [], []
+    for k, a, b in zip(keys, map(_value, p), map(_value, e), strict=True):
+        if math.isfinite(a) and math.isfinite(b):
+            if a <= 0 or b <= 0:
+                if nonpositive == "drop":
+                    unpaired.append(k)
+                    continue
+                raise ValueError(
+                    f"seed {k}: num={a:g}, den={b:g}; a ratio of geometric means needs positive "
+                    "values"
+                )
+            used.append(k)
+            pv.append(a)
+            ev.append(b)
+        elif math.isfinite(a) or math.isfinite(b):
+            unpaired.append(k)
+    return used, pv, ev, unpaired
+
+
+# --- paired t on log ratios (the equal-wall-time plan) --------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogRatio:
+    """num / den (replay_at=buffer / replay_at=learner) of one metric in one cell (see the
+    module docstring)."""
+
+    estimate: float
+    low: float  # 95% t-interval (NaN with fewer than 2 pairs)
+    high: float
+    p: float  # two-sided paired t-test of log ratio = 0
+    n: int
+    sd: float  # SD of the per-seed log ratios
+    unpaired: int = 0
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The t-interval at another level (e.g. the simultaneous 1 - alpha/m)."""
+        from scipy import stats
+
+        if self.n < 2 or not math.isfinite(self.sd):
+            return math.nan, math.nan
+        half = stats.t.ppf(0.5 + confidence / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        m = math.log(self.estimate)
+        return math.exp(m - half), math.exp(m + half)
+
+    def text(self, digits: int = 3) -> str:
+        if not math.isfinite(self.low):
+            return f"{self.estimate:.{digits}g} (no interval, n = {self.n})"
+        return f"{self.estimate:.{digits}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
+
+
+def log_ratio_t(num: Mapping, den: Mapping, confidence: float = 0.95) -> LogRatio:
+    """``{seed: value}`` of each side (replay_at=buffer, replay_at=learner) -> `LogRatio`
+    (module docstring); a seed with a value <= 0 counts as unpaired."""
+    from scipy import stats
+
+    _, p, e, unpaired = pair_by_seed(num, den, nonpositive="drop")
+    d = np.asarray([math.log(a / b) for a, b in zip(p, e, strict=True)], dtype=float)
+    n, k = len(d), len(unpaired)
+    if n == 0:
+        return LogRatio(math.nan, math.nan, math.nan, math.nan, 0, math.nan, k)
+    est = math.exp(float(d.mean()))
+    if n < 2:
+        return LogRatio(est, math.nan, math.nan, math.nan, n, math.nan, k)
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:  # every seed the same ratio: a point, and p is 0 unless that ratio is 1
+        p0 = 1.0 if d[0] == 0 else 0.0
+        return LogRatio(est, est, est, p0, n, 0.0, k)
+    pv = float(stats.ttest_1samp(d, 0.0).pvalue)
+    lo, hi = LogRatio(est, math.nan, math.nan, pv, n, sd, k).interval(confidence)
+    return LogRatio(est, lo, hi, pv, n, sd, k)
+
+
+def ratio(cell: Mapping[str, Mapping], key: str | Callable[[dict], float]) -> LogRatio:
+    """`log_ratio_t` of one metric in one cell of per-run rows: ``cell`` is
+    ``{"buffer": {seed: row}, "learner": {seed: row}}`` (`analysis.tables.by_cell`), ``key`` a
+    row's column or a function of a row."""
+    get = key if callable(key) else (lambda r: r[key])
+    return log_ratio_t(
+        {s: get(r) for s, r in cell["buffer"].items()},
+        {s: get(r) for s, r in cell["learner"].items()},
+    )
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the input order (NaN stays NaN and is not counted in m)."""
+    idx = [i for i, p in enumerate(pvalues) if math.isfinite(p)]
+    m = len(idx)
+    out = [math.nan] * len(pvalues)
+    running = 0.0
+    for k, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - k) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def figure_outcome(r: LogRatio, p_holm: float, paper: float, m: int, alpha: float = 0.05) -> str:
+    """The decision for one (cell, figure) (module docstring)."""
+    if not (math.isfinite(p_holm) and p_holm < alpha):
+        return f"inconclusive at n = {r.n}"
+    if (r.estimate < 1) != (paper < 1):
+        return OPPOSITE
+    lo, hi = r.interval(1 - alpha / m)
+    if lo <= paper <= hi:
+        return MATCHES
+    smaller = abs(math.log(math.sqrt(lo * hi))) < abs(math.log(paper))
+    return f"same direction, {'smaller' if smaller else 'larger'} than the paper"
+
+
+# --- time to target as survival (the equal-wall-time plan) ----------------------------------------
+
+
+def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, float]:
+    """Kaplan-Meier restricted mean survival time up to ``tau`` and the variance of that
+    estimate: sum over event times t_j <= tau of A_j^2 d_j / (Y_j (Y_j - d_j)), with A_j the area
+    under the KM curve from t_j to tau (terms with Y_j = d_j count 0, as R's survRM2 does).
+    The KM fit is lifelines'; lifelines' own ``return_variance`` is the variance of
+    min(T, tau) itself, not of the estimate."""
+    from lifelines import KaplanMeierFitter
+
+    km = KaplanMeierFitter().fit(durations, events)
+    tab = km.event_table
+    t = np.asarray(tab.index, dtype=float)
+    surv = km.survival_function_at_times(t).to_numpy()
+    keep = t <= tau
+    t, surv = t[keep], surv[keep]
+    edges = np.append(t, tau)
+    pieces = surv * np.diff(edges)  # S is constant on [t_k, t_k+1)
+    area_after = np.cumsum(pieces[::-1])[::-1]  # A at each t_k: from t_k to tau
+    d = tab["observed"].to_numpy()[keep]
+    y = tab["at_risk"].to_numpy()[keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(y > d, d / (y * (y - d)), 0.0)
+    return float(pieces.sum()), float(np.sum(area_after**2 * w))
+
+
+def km_compare(
+    times: dict[str, np.ndarray], reached: dict[str, np.ndarray], tau: float
+) -> dict[str, float]:
+    """Time to target as survival, censored at ``tau``, for each placement (``times`` and
+    ``reached`` keyed by replay_at, "learner" and "buffer"): each placement's restricted mean
+    time to target (`rmst`), the difference buffer - learner
+    with a 95% normal interval, and the log-rank p (lifelines)."""
+    from lifelines.statistics import logrank_test
+
+    out: dict[str, float] = {"tau": tau}
+    data = {}
+    for k in ("learner", "buffer"):
+        event = np.asarray(reached[k], bool) & (np.asarray(times[k]) <= tau)
+        dur = np.where(event, times[k], tau)
+        data[k] = (dur, event)
+        out[f"rmst_{k}"], out[f"var_{k}"] = rmst(dur, event, tau)
+        out[f"reached_{k}"], out[f"n_{k}"] = int(event.sum()), len(dur)
+    diff = out["rmst_buffer"] - out["rmst_learner"]
+    half = 1.96 * math.sqrt(out["var_buffer"] + out["var_learner"])
+    out.update(diff=diff, diff_low=diff - half, diff_high=diff + half)
+    (dp, ep), (de, ee) = data["buffer"], data["learner"]
+    out["logrank_p"] = float(logrank_test(dp, de, ep, ee).p_value)
+    return out
+
+
+def km_cell(
+    cell: Mapping[str, Mapping], horizon: str, reached: Callable[[dict], bool]
+) -> dict[str, float] | None:
+    """`km_compare` on one cell of per-run rows (as `ratio` takes it): each row's
+    ``time_to_target_s``, ``reached(row)``, censored at tau, the shortest run's ``horizon``
+    column, so neither placement is credited with the other's longer run. None when a placement
+    has no run or a run has no target."""
+    rows = {k: list(v.values()) for k, v in cell.items()}
+    if not all(rows.values()) or not all(
+        math.isfinite(r["target"]) for v in rows.values() for r in v
+    ):
+        return None
+    tau = min(r[horizon] for v in rows.values() for r in v)
+    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
+    hit = {k: np.array([bool(reached(r)) for r in v]) for k, v in rows.items()}
+    return km_compare(times, hit, tau)
+
+
+# --- bootstrap ratios (the fixed-update appendix) -------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -123,45 +397,6 @@ class Ratio:
         return f"{est} [{self.low:.{digits}g}, {self.high:.{digits}g}] (n={self.n})"
 
 
-def _pairs(num, den, seeds) -> tuple[list, list[float], list[float], list]:
-    if isinstance(num, Mapping) != isinstance(den, Mapping):
-        raise TypeError("pass both sides as {seed: value} mappings or both as sequences")
-    if isinstance(num, Mapping):
-        if seeds is not None:
-            raise TypeError("seeds= goes with sequences; mappings carry their seeds")
-        keys = sorted(set(num) | set(den), key=lambda s: (str(type(s)), s))
-        p = [num.get(k) for k in keys]
-        e = [den.get(k) for k in keys]
-    else:
-        p, e = list(num), list(den)
-        if len(p) != len(e):
-            raise ValueError(
-                f"{len(p)} numerator values and {len(e)} denominator ones: paired "
-                "values need one of each per seed (use {seed: value} mappings "
-                "when seeds are missing)"
-            )
-        keys = list(seeds) if seeds is not None else list(range(len(p)))
-        if len(keys) != len(p):
-            raise ValueError(f"{len(keys)} seeds for {len(p)} values")
-
-    def ok(v) -> bool:
-        return v is not None and math.isfinite(float(v))
-
-    used, pv, ev, unpaired = [], [], [], []
-    for k, a, b in zip(keys, p, e, strict=True):
-        if ok(a) and ok(b):
-            if float(a) <= 0 or float(b) <= 0:
-                raise ValueError(
-                    f"seed {k}: num={a}, den={b}; a ratio of geometric means needs positive values"
-                )
-            used.append(k)
-            pv.append(float(a))
-            ev.append(float(b))
-        elif ok(a) or ok(b):
-            unpaired.append(k)
-    return used, pv, ev, unpaired
-
-
 def _log_ratio_of_means(lp, le, axis=-1):
     return np.exp(np.mean(lp, axis=axis) - np.mean(le, axis=axis))
 
@@ -186,7 +421,7 @@ def ratio_ci(
     report is reproducible)."""
     from scipy import stats
 
-    used, p, e, unpaired = _pairs(num, den, seeds)
+    used, p, e, unpaired = pair_by_seed(num, den, seeds)
     base = {
         "label": label,
         "confidence": confidence,
@@ -238,7 +473,7 @@ def seed_values(metrics: Sequence[Mapping[str, Any]], key: str) -> dict:
     return out
 
 
-# --- the decision rule --------------------------------------------------------------------------
+# --- the decision rule of the fixed-update appendix -----------------------------------------------
 
 
 def figure_status(r: Ratio, paper: float) -> str:
@@ -298,7 +533,7 @@ def decide(
     return Decision(INCONCLUSIVE, ls, ps, f"priority: {ps}; loss: {ls}")
 
 
-# --- time to target -----------------------------------------------------------------------------
+# --- censored time to target (the fixed-update appendix) ------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -354,7 +589,7 @@ def time_to_target(times: Sequence[float | None], budget: float) -> TimeToTarget
     )
 
 
-# --- the forest plot ----------------------------------------------------------------------------
+# --- the forest plot ------------------------------------------------------------------------------
 
 
 def forest_plot(

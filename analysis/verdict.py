@@ -7,16 +7,17 @@ Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
 ``<!-- END generated: NAME -->``; everything else on the page is written by hand. The sections:
 
 ``equal_time``
-    The equal-wall-time design (issue 27) from ``docs/results/data/equal-time/`` (`analysis.export`
+    The equal-wall-time design from ``docs/results/data/equal-time/`` (`analysis.export`
     writes it, the sweep after every run): the family F with Holm's decisions, the matched
     control, each cell's achieved rates (marked when off by more than 10%), ratios with
     t-intervals, IQM and probability of improvement, time to target as survival, and the
     crossover map (`analysis.equal_time`); the figures go to ``docs/results/equal-time/``.
 
 ``reanalysis``
-    The withdrawn fixed-update design (issue 14) re-analysed from its committed CSVs
-    (``docs/results/appendix/fixed-updates/paper-cells.csv`` and ``.../minatar/paper-cells.csv``)
-    with the statistics of the equal-wall-time plan (`analysis.paired`): t-intervals on paired log
+    The withdrawn fixed-update design re-analysed from its committed per-run rows
+    (``docs/results/appendix/fixed-updates/paper-cells.csv`` and ``.../minatar/paper-cells.csv``,
+    which `analysis.paper` wrote from the runs' HDF5) with the statistics of the equal-wall-time
+    plan (`analysis.stats`): t-intervals on paired log
     ratios, Holm over the old deciding cells x the two figures in the paper's units (training
     loss, |td| on arrival), the regression of the reference loss on wall time and placement that
     shows the confound, and time to target as survival on the horizon both placements ran.
@@ -25,7 +26,6 @@ Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import re
 import sys
@@ -34,61 +34,39 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.paired import LogRatio, figure_outcome, holm, km_compare, log_ratio_t
+from analysis.stats import (
+    DECIDING,
+    PAPER_LOSS,
+    PAPER_PRIORITY,
+    figure_outcome,
+    holm,
+    km_cell,
+    ratio,
+)
+from analysis.tables import brief, by_cell, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results.md"
 FIXED = ROOT / "docs" / "results" / "appendix" / "fixed-updates"
-PAPER_LOSS, PAPER_PRIORITY = 0.26, 3.92
-DECIDING = 0.9  # the old design's rule: a cell decides when replay_at=learner delivers < 90%
 
 
-def read_rows(path: Path, env: str) -> list[dict]:
-    """Per-run rows of a committed CSV, numbers as floats (NaN for blanks), with ``env``."""
+def fixed_update_rows() -> list[dict]:
+    """The fixed-update runs' rows, each with its ``env``; a MinAtar cell is named with it."""
     rows = []
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
-            row: dict = {"env": env}
-            for k, v in r.items():
-                try:
-                    row[k] = float(v) if v != "" else math.nan
-                except ValueError:
-                    row[k] = v
+    for path, env in (
+        (FIXED / "paper-cells.csv", "CartPole-v1"),
+        (FIXED / "minatar" / "paper-cells.csv", "MinAtar/Breakout"),
+    ):
+        for row in read_rows(path):
+            row["env"] = env
             if env != "CartPole-v1":
                 row["cell"] = f"{env} {row['cell']}"
             rows.append(row)
     return rows
 
 
-def fixed_update_rows() -> list[dict]:
-    return read_rows(FIXED / "paper-cells.csv", "CartPole-v1") + read_rows(
-        FIXED / "minatar" / "paper-cells.csv", "MinAtar/Breakout"
-    )
-
-
-def cells(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """{cell: {replay_at: {seed: row}}}, in the CSV's order."""
-    out: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by_seed = out.setdefault(r["cell"], {"learner": {}, "buffer": {}})
-        by_seed[r["replay_at"]][int(r["seed"])] = r
-    return out
-
-
-def ratio(cell: dict[str, dict], key: str | Callable[[dict], float]) -> LogRatio:
-    get = key if callable(key) else (lambda r: r[key])
-    return log_ratio_t(
-        {s: get(r) for s, r in cell["buffer"].items()},
-        {s: get(r) for s, r in cell["learner"].items()},
-    )
-
-
 def delivered(cell: dict[str, dict]) -> float:
     return float(np.median([r["delivered_fraction"] for r in cell["learner"].values()]))
-
-
-def _f(x: float, digits: int = 3) -> str:
-    return "-" if not math.isfinite(x) else f"{x:.{digits}g}"
 
 
 # --- the confound --------------------------------------------------------------------------------
@@ -119,13 +97,9 @@ def confound(rows: list[dict]) -> dict[str, float]:
 
 
 def survival(cell: dict[str, dict]) -> dict[str, float] | None:
-    """KM restricted mean time to target up to the shorter placement's horizon."""
-    runs = {k: list(v.values()) for k, v in cell.items()}
-    if not all(math.isfinite(r["target"]) for rs in runs.values() for r in rs):
-        return None
-    tau = min(r["wall_s"] for rs in runs.values() for r in rs)
-    times = {k: np.array([r["time_to_target_s"] for r in rs]) for k, rs in runs.items()}
-    return km_compare(times, {k: np.isfinite(t) for k, t in times.items()}, tau)
+    """KM restricted mean time to target up to the shortest run's wall time (a blank time:
+    not reached)."""
+    return km_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
 
 
 # --- the section ---------------------------------------------------------------------------------
@@ -138,7 +112,7 @@ FIGURES = (
 
 def reanalysis() -> str:
     rows = fixed_update_rows()
-    cs = cells(rows)
+    cs = by_cell(rows)
     deciding = [c for c in cs if delivered(cs[c]) < DECIDING]
     tests = [
         (c, label, key, paper, ratio(cs[c], key)) for c in deciding for label, key, paper in FIGURES
@@ -162,8 +136,8 @@ def reanalysis() -> str:
         o = figure_outcome(r, p_adj, paper, m)
         outcomes.append((c, label, o))
         out.append(
-            f"| {c} | {label} ({paper:g}) | {r.text()} | {_f(r.p, 2)} | {_f(p_adj, 2)} "
-            f"| [{_f(lo)}, {_f(hi)}] | {o} |"
+            f"| {c} | {label} ({paper:g}) | {r.text()} | {brief(r.p, 2)} | {brief(p_adj, 2)} "
+            f"| [{brief(lo)}, {brief(hi)}] | {o} |"
         )
     out += ["", _verdict_sentence(outcomes), ""]
     out += _confound_text(confound(rows))
@@ -252,7 +226,7 @@ def _survival_table(cs: dict) -> list[str]:
             f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
             f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
             f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
-            f"{s['diff_high']:+.1f}] s | {_f(s['logrank_p'], 2)} |"
+            f"{s['diff_high']:+.1f}] s | {brief(s['logrank_p'], 2)} |"
         )
     if short:
         out += [
@@ -273,7 +247,7 @@ def equal_time() -> str:
 
     body = E.section(DATA)
     if (DATA / "runs.csv").exists():
-        cells = E.by_cell(E.read(DATA)[0])
+        cells = E.plan_cells(E.read(DATA)[0])
         body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)" for c in cells)
     return body
 

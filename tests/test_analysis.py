@@ -227,7 +227,7 @@ def test_ratios_are_computed_from_the_data(experiment, compared):
         assert existing.mean(key) == pytest.approx(he[key], rel=1e-6), key
         assert proposed.mean(key) == pytest.approx(hp[key], rel=1e-6), key
         want = hp[key] / he[key]
-        assert P.ratio(proposed, existing, key) == pytest.approx(want, rel=1e-6), key
+        assert P.mean_ratio(proposed, existing, key) == pytest.approx(want, rel=1e-6), key
     row = next(r for r in profiles[0].table.splitlines() if "held by sender" in r)
     ratio_cell = row.strip("| ").split(" | ")[3]
     assert float(ratio_cell) == pytest.approx(hp["prio_held_conv"] / he["prio_held_conv"], rel=5e-3)

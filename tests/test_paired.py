@@ -1,4 +1,4 @@
-"""analysis.paired (t-intervals on paired log ratios, Holm, the decision rule) and
+"""analysis.stats' paired t (t-intervals on paired log ratios, Holm, the decision rule) and
 analysis.verdict (docs/results.md's generated sections equal what the committed data give)."""
 
 import math
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import paired, verdict
-from analysis.paired import MATCHES, OPPOSITE, figure_outcome, holm, log_ratio_t
+from analysis import stats as paired
+from analysis import verdict
+from analysis.stats import MATCHES, OPPOSITE, figure_outcome, holm, log_ratio_t
 
 
 def test_holm_matches_the_step_down_procedure():

@@ -471,3 +471,36 @@ def test_how_an_experience_travels_names_at_most_ten_modules_that_exist():
         assert 3 <= len(modules) <= 10, (walk[:30], sorted(modules))
         missing = [m for m in sorted(modules) if resolve(f"{m}.py")]
         assert not missing, f"the walk names modules that do not exist: {missing}"
+
+
+# --- analysis/: every helper is written once ----------------------------------------------------
+
+
+def test_no_helper_is_defined_in_two_analysis_modules():
+    """One ratio, one number formatter, one pairing of seeds, one reader of per-run rows: a
+    module-level function or class of analysis/ is defined in one module only (each command's
+    ``main`` aside), and the shared helpers live where the reports import them from."""
+    where: dict[str, list[str]] = {}
+    for p in sorted((ROOT / "analysis").glob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                where.setdefault(node.name, []).append(p.stem)
+    twice = {name: mods for name, mods in where.items() if len(mods) > 1 and name != "main"}
+    assert not twice, f"defined in more than one analysis module: {twice}"
+    home = {
+        "ratio": "stats",
+        "pair_by_seed": "stats",
+        "log_ratio_t": "stats",
+        "ratio_ci": "stats",
+        "holm": "stats",
+        "km_cell": "stats",
+        "num": "tables",
+        "field": "tables",
+        "value": "tables",
+        "read_rows": "tables",
+        "by_cell": "tables",
+    }
+    assert {k: where.get(k) for k in home} == {k: [m] for k, m in home.items()}
+    from analysis.tables import brief, num
+
+    assert brief.func is num, "docs/results.md's number style is tables.num with its options"
