@@ -41,7 +41,6 @@ Modules:
 - `analysis.compare`: the command of the appendix path (``python -m analysis.compare
   EXPERIMENT_DIR``); `analysis.profile`, `analysis.paper`: its reports; `analysis.plots`: their
   time-series figures (matplotlib, imported only when drawing).
-- `analysis.paired`: the two names experiments/weights_delta.py imports from `analysis.stats`.
 - `analysis.schema`: the HDF5 layout of a run as markdown (``python -m analysis.schema RUN_DIR``).
 - `analysis.to_tensorboard`: TensorBoard event files from a run's ``learner.h5`` and
   ``buffer-<s>.h5`` files (``python -m analysis.to_tensorboard RUN_DIR``).

@@ -7,7 +7,7 @@
 Per env cell (``env=<label>``): each run's return AUC over its whole run (`run_figures`),
 paired by seed across
 ``weights_encoding=full`` and ``=delta``; the ratio of geometric means delta / full with a 95%
-t-interval on the paired log ratios (`analysis.paired.log_ratio_t`: it keeps its coverage at
+t-interval on the paired log ratios (`analysis.stats.log_ratio_t`: it keeps its coverage at
 n = 10, where a bootstrap interval does not).  Verdict "not worse" in a cell when the interval's
 lower end is above 0.9 (it excludes a 10% loss); delta is called not worse only when both cells
 say so, so the two tests need no multiplicity correction (an intersection-union test).  Also
@@ -150,7 +150,7 @@ def read_rows(path: Path) -> list[dict]:
 def summarize(table: list[dict]) -> dict:
     """Per env: the paired ratio delta / full of the returns, its verdict, and each encoding's
     median return, weight-message bytes and policy lag."""
-    from analysis.paired import log_ratio_t
+    from analysis.stats import log_ratio_t
 
     res = {}
     for env in dict.fromkeys(r["env"] for r in table):
@@ -204,7 +204,7 @@ def planned() -> dict[str, int]:
 
 
 def _r(x: float, lo: float, hi: float, n: int) -> str:
-    from analysis.paired import LogRatio
+    from analysis.stats import LogRatio
 
     return LogRatio(x, lo, hi, math.nan, n, math.nan).text() if math.isfinite(x) else "-"
 
