@@ -107,7 +107,7 @@ class Relay:
     relayed, so a second one, after ``mpirl.run.failure.REPEAT_S``, ends the job at once.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.signal: int | None = None
         self._seen: set[int] = set()  # pending at the launcher: a bit stays set, so relay once

@@ -129,7 +129,7 @@ def _minatar_frames(env):
     class MinAtarFrames(gym.Wrapper):
         render_mode = "rgb_array"
 
-        def __init__(self, env):
+        def __init__(self, env) -> None:
             super().__init__(env)
             self.metadata = {**env.metadata, "render_fps": 15}
             c = env.observation_space.shape[0]

@@ -101,7 +101,7 @@ class Adam:
 
     def __init__(
         self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
-    ):
+    ) -> None:
         self._adam = _ADAM_KERNEL
         self.params = list(params)
         self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)

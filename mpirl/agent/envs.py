@@ -338,7 +338,7 @@ class Evaluator:
         max_steps: int = 0,
         kwargs: dict | None = None,
         wrappers: list[str] | None = None,
-    ):
+    ) -> None:
         """``seed``: the run's --seed; round ``k`` resets with ``seeds.evaluation(seed, episodes,
         k)``."""
         self.envs = [make(env_id, kwargs=kwargs, wrappers=wrappers) for _ in range(episodes)]
@@ -371,6 +371,6 @@ class Evaluator:
                     live[j] = False
         return returns
 
-    def close(self):
+    def close(self) -> None:
         for e in self.envs:
             e.close()

@@ -44,7 +44,7 @@ def frames_per_transition(stack: int, n_step: int, envs_per_actor: int, actor_ch
 class FrameLog:
     """Actor side: every frame an env produces gets an id once; a stack is a tuple of ids."""
 
-    def __init__(self, stack: int, frame_shape: tuple[int, ...]):
+    def __init__(self, stack: int, frame_shape: tuple[int, ...]) -> None:
         self.stack = stack
         self.frame_shape = tuple(frame_shape)
         self.c = frame_shape[0]

@@ -69,7 +69,7 @@ class GlobalBatch:
     ``ready``.  ``samples``: the global batch (K x batch).  ``decay=False``: every contribution
     inside the bound at full weight."""
 
-    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True):
+    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True) -> None:
         if samples <= 0:
             raise ValueError(f"samples={samples} must be > 0")
         if max_staleness is not None and max_staleness < 0:

@@ -16,7 +16,7 @@ from collections import deque
 class NStep:
     """n-step accumulator for one environment."""
 
-    def __init__(self, n: int, gamma: float):
+    def __init__(self, n: int, gamma: float) -> None:
         if n < 1:
             raise ValueError(f"n_step={n} must be >= 1")
         self.n, self.gamma = n, gamma

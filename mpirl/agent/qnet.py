@@ -75,7 +75,9 @@ def n_params(obs_dim, n_actions, hidden, dueling) -> int:
 class NumpyQ:
     """Q(s, .) in numpy from the flat parameter vector."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool):
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool
+    ) -> None:
         self.shapes = layer_shapes(obs_dim, n_actions, hidden, dueling)
         self.dueling = dueling
         self.size = sum(o * i + o for _, o, i in self.shapes)
@@ -126,7 +128,7 @@ def make_torch_q(
         obs_dim = int(np.prod(obs_dim))
 
     class TorchQ(_torch_q_base()):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             shapes = layer_shapes(obs_dim, n_actions, hidden, dueling)
             n_hidden = len(hidden)
@@ -174,7 +176,7 @@ def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
     flat_in = _conv_out(obs_shape)
 
     class TorchCNNQ(_torch_q_base()):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.convs = nn.ModuleList(nn.Conv2d(i, o, k, stride=s) for o, i, k, s in convs)
             self.fc = nn.Linear(flat_in, fc)
@@ -202,7 +204,7 @@ class TorchActorQ:
 
     def __init__(
         self, obs_shape, n_actions: int, dueling: bool, obs_scale: float, threads: int | None = 1
-    ):
+    ) -> None:
         import torch
 
         if threads is not None:

@@ -50,7 +50,7 @@ def frame_capacity(capacity: int, frames_per_transition: float) -> int:
 class _RetiringReplay(PrioritizedReplay):
     """PrioritizedReplay whose oldest transitions can be retired before their slots are reused."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self._tail = 0  # serial number of the oldest transition not retired
 
@@ -300,7 +300,7 @@ class _Held:
     """A checkpoint's priorities of the held slots, sliced as `copy_rows` and load_state_dict
     slice them, with the retired slots' 0 (or placeholder) raised to ``floor``."""
 
-    def __init__(self, p, floor: float):
+    def __init__(self, p, floor: float) -> None:
         self.p, self.floor, self.shape = p, floor, p.shape
 
     def __getitem__(self, key) -> np.ndarray:

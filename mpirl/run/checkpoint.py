@@ -124,7 +124,7 @@ class _HashingWriter:
     ``seek``: zipfile then streams each member (sizes in a data descriptor after the data)
     instead of seeking back to patch the member's header, so the hash is the file's."""
 
-    def __init__(self, f):
+    def __init__(self, f) -> None:
         self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
 
     def write(self, data) -> int:
@@ -143,7 +143,7 @@ def _write_tmp_hashed(path: Path, write) -> tuple[Path, dict]:
     """`_write_tmp` through a `_HashingWriter`: (temp path, {"bytes", "sha256"})."""
     out = {}
 
-    def hashed(f):
+    def hashed(f) -> None:
         w = _HashingWriter(f)
         write(w)
         out.update(bytes=w.nbytes, sha256=w.sha.hexdigest())
@@ -517,7 +517,7 @@ class Checkpointer:
 
     def __init__(
         self, run_dir: str | Path, name: str, fault=None, info: dict | None = None, log=None
-    ):
+    ) -> None:
         self.run_dir, self.name, self.fault, self.info = Path(run_dir), name, fault, info or {}
         self.log = log  # the rank's RunLog: flushed, its row counts go into every part
         self.seconds = 0.0  # time spent writing parts, for the logs

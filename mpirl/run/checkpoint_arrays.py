@@ -24,7 +24,7 @@ class StoredArray:
     ``np.asarray(a)`` reads all of it.  Members are stored uncompressed (ZIP_STORED), so a row's
     bytes sit at a fixed offset in the file; the file's SHA-256 was checked by `select`."""
 
-    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple):
+    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple) -> None:
         self.path, self.offset, self.dtype, self.shape = path, offset, dtype, shape
         self.ndim = len(shape)
         self.size = int(np.prod(shape, dtype=np.int64))

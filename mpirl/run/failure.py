@@ -26,7 +26,7 @@ FORWARD_GRACE_S = 0.25
 
 
 def install(world, who: str) -> None:
-    def hook(exc_type, exc, tb):
+    def hook(exc_type, exc, tb) -> None:
         if exc_type is KeyboardInterrupt:
             msg = f"mpirl: {who}: interrupted\n"
         else:
@@ -45,14 +45,14 @@ def install(world, who: str) -> None:
 class Watchdog:
     """Abort the job if ``disarm()`` is not called within ``seconds`` of ``arm()``."""
 
-    def __init__(self, world, who: str):
+    def __init__(self, world, who: str) -> None:
         self.world, self.who = world, who
         self._timer: threading.Timer | None = None
 
     def arm(self, seconds: float, what: str) -> None:
         self.disarm()
 
-        def fire():
+        def fire() -> None:
             sys.stderr.write(
                 f"mpirl: {self.who}: {what} took longer than {seconds:g} s; aborting the job\n"
             )
@@ -94,7 +94,9 @@ class StopSignal:
     ranks. At exit they are ignored, so that one still on its way cannot kill a finished rank.
     """
 
-    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S):
+    def __init__(
+        self, world, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S
+    ) -> None:
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
         self._grace, self._repeat = grace_s, repeat_s
@@ -112,7 +114,7 @@ class StopSignal:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         now = time.monotonic()
         if self.requested is not None:
@@ -140,7 +142,7 @@ class Fault:
 
     ACTIONS = ("raise", "kill", "checkpoint", "wire")
 
-    def __init__(self, role: str = "", rank: int = -1, spec: str | None = None):
+    def __init__(self, role: str = "", rank: int = -1, spec: str | None = None) -> None:
         self.spec = spec if spec is not None else os.environ.get("MPIRL_FAULT", "")
         self.action: str | None = None
         self.delay = 0.0

@@ -34,7 +34,9 @@ class Cut:
     ``sites`` are the buffers' link ranks; ``every_s`` the periodic cadence (0: only the final
     checkpoint); ``checkpointer`` None turns checkpoints off (``final_id`` is then -1)."""
 
-    def __init__(self, checkpointer, sites, every_s: float, timeout_s: float, t_start: float):
+    def __init__(
+        self, checkpointer, sites, every_s: float, timeout_s: float, t_start: float
+    ) -> None:
         self.on = checkpointer is not None
         self.sites = list(sites)
         self.every_s = every_s if self.on else 0
@@ -112,7 +114,7 @@ class Cut:
 class SiteCut:
     """A buffer's side: the checkpoint it relays and which of its actors have acknowledged."""
 
-    def __init__(self, actors):
+    def __init__(self, actors) -> None:
         self.actors = list(actors)
         self.id = -1  # the checkpoint in progress
         self.held: set[int] = set()  # actors that acknowledged: their later messages wait
