@@ -96,7 +96,7 @@ class GlobalBatch:
         self.waiting.append(c)
 
     def _prune(self, version: int) -> list[tuple[Contribution, int]]:
-        out = []
+        out: list[tuple[Contribution, int]] = []
         if self.max_staleness is None:
             return out
         keep: deque[Contribution] = deque()
