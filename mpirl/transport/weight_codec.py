@@ -66,7 +66,7 @@ def dequantize(scales: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def checksum(w: np.ndarray) -> int:
     """crc32 of the float32 bytes: sender and receiver rebuild bit-identical vectors."""
-    return zlib.crc32(np.ascontiguousarray(w, np.float32).view(np.uint8))
+    return zlib.crc32(np.ascontiguousarray(w, np.float32).view(np.uint8).data)
 
 
 def encode_delta(w: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
