@@ -54,9 +54,14 @@ A resumed run adds a file in each folder and its steps continue. View with
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.logs.runlog import RunLog
 
 __all__ = [
     "EVERY",
@@ -112,7 +117,9 @@ class _Groups:
         self.fields, self.last = fields, last  # ``last``: take the group's last value
         self.pending: dict[str, np.ndarray] | None = None
 
-    def add(self, cols: dict[str, np.ndarray], key: str, done: bool = False):
+    def add(
+        self, cols: dict[str, np.ndarray], key: str, done: bool = False
+    ) -> Iterator[tuple[int, float, dict[str, float]]]:
         """Yield (group's last key, last t, {field: value}) for each complete group."""
         names = ("t", key, *self.fields, *self.last)
         cols = {k: np.asarray(cols[k]) for k in names if k in cols}
@@ -243,7 +250,7 @@ class BufferScalars:
 
 
 #: the scalars of each role's file, and its streams in the order the converter reads them
-SCALARS = {
+SCALARS: dict[str, tuple[type[Scalars] | type[BufferScalars], tuple[str, ...]]] = {
     "learner": (Scalars, ("progress", "evals", "updates", "link", "transfers")),
     "buffer": (BufferScalars, ("site", "link", "batches")),
 }
@@ -292,7 +299,7 @@ class TensorBoardMirror:
     """A `RunLog` mirror: ``write(stream, columns)`` for each flushed block, ``close()``;
     ``role``: whose rows they are (learner or buffer)."""
 
-    def __init__(self, logdir: str | Path, log, role: str = "learner") -> None:
+    def __init__(self, logdir: str | Path, log: RunLog, role: str = "learner") -> None:
         self.scalars = SCALARS[role][0](float(log.file.attrs["t0_unix"]))
         self.writer = EventWriter(logdir, flush_secs=FLUSH_SECONDS)
 
