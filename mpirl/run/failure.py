@@ -18,6 +18,11 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 #: Pause between printing the error and aborting: MPI_Abort tears down Hydra's output forwarding,
 #: and on a loaded machine the flushed line naming the rank can be lost without it (seen in a full
@@ -25,8 +30,10 @@ import traceback
 FORWARD_GRACE_S = 0.25
 
 
-def install(world, who: str) -> None:
-    def hook(exc_type, exc, tb) -> None:
+def install(world: MPI.Comm, who: str) -> None:
+    def hook(
+        exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is KeyboardInterrupt:
             msg = f"mpirl: {who}: interrupted\n"
         else:
@@ -45,7 +52,7 @@ def install(world, who: str) -> None:
 class Watchdog:
     """Abort the job if ``disarm()`` is not called within ``seconds`` of ``arm()``."""
 
-    def __init__(self, world, who: str) -> None:
+    def __init__(self, world: MPI.Comm, who: str) -> None:
         self.world, self.who = world, who
         self._timer: threading.Timer | None = None
 
@@ -95,7 +102,7 @@ class StopSignal:
     """
 
     def __init__(
-        self, world, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S
+        self, world: MPI.Comm, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S
     ) -> None:
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
@@ -114,7 +121,7 @@ class StopSignal:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         now = time.monotonic()
         if self.requested is not None:
