@@ -11,7 +11,7 @@ with k = n, or fewer when the episode ends first.  A terminated episode bootstra
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, SupportsFloat
 
 
 class NStep:
@@ -27,7 +27,7 @@ class NStep:
         self,
         obs: Any,
         action: Any,
-        reward: float,
+        reward: SupportsFloat,
         next_obs: Any,
         terminated: bool,
         truncated: bool,
