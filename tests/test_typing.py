@@ -53,6 +53,9 @@ def test_almost_every_function_in_mpirl_is_annotated():
     )
 
 
+# Fails until the same files annotate their `cfg` (mpirl/main.py, roles/evaluation.py,
+# roles/learner.py, roles/learner_group.py; run/resources.py and transport/link.py too, being
+# edited elsewhere when this test came in).
 def test_every_cfg_parameter_is_a_config():
     wrong = []
     for where, fn in _functions():
