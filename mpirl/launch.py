@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from mpirl.run.failure import REPEAT_S
 
@@ -78,7 +80,7 @@ def stop_signal() -> signal.Signals:
     return RELAYED if launcher() == "openmpi" else signal.SIGTERM
 
 
-def spawn(cmd: list[str], **popen_kw) -> subprocess.Popen:
+def spawn(cmd: list[str], **popen_kw: Any) -> subprocess.Popen:
     """``subprocess.Popen(cmd)`` with ``BLOCKED`` blocked in the child (and, meanwhile, here)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)
     try:
@@ -107,13 +109,13 @@ class Relay:
     relayed, so a second one, after ``mpirl.run.failure.REPEAT_S``, ends the job at once.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.signal: int | None = None
         self._seen: set[int] = set()  # pending at the launcher: a bit stays set, so relay once
         self._relayed_at = -REPEAT_S
 
-    def __call__(self, signum, _frame=None) -> None:
+    def __call__(self, signum: int, _frame: FrameType | None = None) -> None:
         if self.signal is None:
             self.signal = signum
         proc = self.proc
@@ -127,7 +129,7 @@ class Relay:
             )
             proc.send_signal(RELAYED)
 
-    def start(self, cmd: list[str], **popen_kw) -> subprocess.Popen:
+    def start(self, cmd: list[str], **popen_kw: Any) -> subprocess.Popen:
         self._seen = set()
         self.proc = spawn(cmd, **popen_kw)
         if self.signal is not None:  # it came before the launcher existed
@@ -147,6 +149,7 @@ class Relay:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """The launcher's return code, polling its pending signals; None after ``timeout``."""
+        assert self.proc is not None, "start() comes first"
         waited = 0.0
         while timeout is None or waited < timeout:
             step = POLL_S if timeout is None else min(POLL_S, timeout - waited)
@@ -176,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 127
     rc = relay.wait()
+    assert rc is not None  # no timeout
     return rc if rc >= 0 else 128 - rc
 
 

@@ -48,7 +48,9 @@ class PlacementError(ValueError):
 
 def _split_top(expr: str) -> list[str]:
     """Split on commas and whitespace outside brackets."""
-    items, depth, cur = [], 0, []
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -265,8 +267,8 @@ def allocation_from_slurm(
     hosts = expand_nodelist(env[var])
     counts, how = _slots_for(hosts, env, "", slots)
     c = _pick_cloud(cloud, hosts[0], hosts, var)
-    edge = tuple((h, n) for h, n in zip(hosts, counts, strict=True) if h != c)
-    return Allocation(c, edge, f"{var}={env[var]} {how}")
+    edge = [(h, n) for h, n in zip(hosts, counts, strict=True) if h != c]
+    return Allocation(c, tuple(edge), f"{var}={env[var]} {how}")
 
 
 def slurm_info(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -405,10 +407,12 @@ def _best_chunks(
         return out
 
     @cache
-    def best(r: int, left: tuple[int, ...]):
+    def best(
+        r: int, left: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
         if r == n:
             return (0, 0, 0, 0), ()
-        top = None
+        top: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None = None
         for k, cap in enumerate(classes):
             if not left[k]:
                 continue
@@ -648,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check(args) -> int:
+def _check(args: argparse.Namespace) -> int:
     try:
         with open(args.check) as f:
             entries = parse_hostfile(f.read())

@@ -25,12 +25,17 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from mpirl.agent.envs import EnvSpec
+    from mpirl.agent.qnet import NumpyQ, TorchActorQ, TorchQNet
     from mpirl.run.config import Config
 
 VIDEO_EXTRA = 'pip install -e ".[video]"'
@@ -41,7 +46,7 @@ class PlayError(ValueError):
     """A run folder, checkpoint or option that cannot be played; the text says the fix."""
 
 
-def run_config(run_dir: str | Path):
+def run_config(run_dir: str | Path) -> Config:
     """The run's stored Config (learner.h5's config_json, else the newest checkpoint's)."""
     from mpirl.run import checkpoint
     from mpirl.run.config import ConfigError, parse
@@ -106,7 +111,9 @@ def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
     return tensors["online"], f"checkpoint {got}"
 
 
-def networks(cfg: Config, spec, state_dict: dict):
+def networks(
+    cfg: Config, spec: EnvSpec, state_dict: dict
+) -> tuple[TorchQNet, NumpyQ | TorchActorQ]:
     """(the torch Q-network with these weights, mpirl's acting network with the same)."""
     from mpirl.agent.qnet import make_learner_q, make_q
 
@@ -121,7 +128,7 @@ def networks(cfg: Config, spec, state_dict: dict):
     return net, q
 
 
-def _minatar_frames(env):
+def _minatar_frames(env: gym.Env) -> gym.Env:
     """MinAtar's own rendering needs matplotlib and seaborn; this draws the observation instead:
     each channel in its own colour (the last set channel wins), 16 x 16 pixels per cell."""
     import gymnasium as gym
@@ -129,10 +136,12 @@ def _minatar_frames(env):
     class MinAtarFrames(gym.Wrapper):
         render_mode = "rgb_array"
 
-        def __init__(self, env):
+        def __init__(self, env: gym.Env) -> None:
             super().__init__(env)
             self.metadata = {**env.metadata, "render_fps": 15}
-            c = env.observation_space.shape[0]
+            shape = env.observation_space.shape
+            assert shape is not None  # a Box: envs.make checked it
+            c = shape[0]
             hues = np.linspace(0, 1, c, endpoint=False)
             self.palette = (
                 np.stack(
@@ -141,17 +150,17 @@ def _minatar_frames(env):
                 ).clip(0, 1)
                 * 255
             )
-            self.obs = None
+            self.obs: Any = None
 
-        def reset(self, **kw):
+        def reset(self, **kw: Any) -> tuple[Any, dict[str, Any]]:
             self.obs, info = self.env.reset(**kw)
             return self.obs, info
 
-        def step(self, action):
+        def step(self, action: Any) -> tuple:
             self.obs, *rest = self.env.step(action)
             return (self.obs, *rest)
 
-        def render(self):
+        def render(self) -> np.ndarray:
             o = np.asarray(self.obs) > 0  # [C, H, W]
             img = np.zeros((*o.shape[1:], 3), np.uint8)
             for ch in range(o.shape[0]):
@@ -161,7 +170,7 @@ def _minatar_frames(env):
     return MinAtarFrames(env)
 
 
-def make_env(cfg: Config, spec, video: str | Path | None = None):
+def make_env(cfg: Config, spec: EnvSpec, video: str | Path | None = None) -> gym.Env:
     """The run's env as its actors build it; with ``video``, every episode recorded there."""
     from mpirl.agent import envs
 
@@ -189,12 +198,12 @@ def make_env(cfg: Config, spec, video: str | Path | None = None):
 
 
 def play(
-    env,
-    q,
+    env: gym.Env,
+    q: Callable[[np.ndarray], np.ndarray],
     episodes: int,
     seed: int,
     max_steps: int = 0,
-    say=print,
+    say: Callable[[str], object] = print,
     observations: list | None = None,
 ) -> np.ndarray:
     """Greedy episodes (argmax q); returns their undiscounted returns. Episode i is reset with
@@ -216,7 +225,13 @@ def play(
     return returns
 
 
-def export(net, spec, path: str | Path, fmt: str = "torchscript", info: dict | None = None):
+def export(
+    net: TorchQNet,
+    spec: EnvSpec,
+    path: str | Path,
+    fmt: str = "torchscript",
+    info: dict | None = None,
+) -> Path:
     """Write ``net`` as TorchScript or ONNX (see the module docstring for input and output)."""
     import contextlib
     import io

@@ -52,6 +52,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    import torch
+
+    from mpirl.agent.envs import EnvSpec
     from mpirl.run.config import Config
 
 __all__ = [
@@ -122,6 +125,8 @@ def collect(
     """``size`` n-step transitions from one env, made with ``kwargs`` and ``wrappers`` (see the
     module docstring). Without ``q`` the policy is uniform random; with it, epsilon-greedy on
     ``q(obs_batch) -> Q values``."""
+    from gymnasium.spaces import Discrete
+
     from mpirl.agent import envs
     from mpirl.agent.nstep import NStep
 
@@ -132,6 +137,7 @@ def collect(
     kwargs, wrappers = dict(kwargs or {}), list(wrappers or [])
     env = envs.make(env_id, seed=seed, kwargs=kwargs, wrappers=wrappers)
     clip = envs.family(env_id) in ("atari", "minatar")  # as EnvSpec.clip_rewards
+    assert isinstance(env.action_space, Discrete)  # envs.make checked it
     n_actions = int(env.action_space.n)
     rng = np.random.default_rng(seed)
     nstep = NStep(n_step, gamma)
@@ -139,15 +145,13 @@ def collect(
     out: list[tuple] = []
     try:
         while len(out) < size:
-            explore = q is None or rng.random() < epsilon
-            a = (
-                int(rng.integers(n_actions))
-                if explore
-                else int(np.argmax(q(np.asarray(obs)[None])[0]))
-            )
+            if q is None or rng.random() < epsilon:  # explore
+                a = int(rng.integers(n_actions))
+            else:
+                a = int(np.argmax(q(np.asarray(obs)[None])[0]))
             nxt, r, term, trunc, _ = env.step(a)
             if clip:
-                r = float(np.clip(r, -1.0, 1.0))
+                r = float(np.clip(float(r), -1.0, 1.0))
             out += nstep.push(obs, a, r, nxt, bool(term), bool(trunc))
             obs = nxt
             if term or trunc:
@@ -184,7 +188,7 @@ def save(refset: RefSet, path: str | Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = refset.arrays()
     with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]  # (stubs: allow_pickle)
     return content_sha256(arrays)
 
 
@@ -235,7 +239,7 @@ def auto_path(
     return Path(cache) / (name.replace("/", "_").replace(":", "_") + ".npz")
 
 
-def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec=None) -> None:
+def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec: EnvSpec | None = None) -> None:
     """ValueError naming the mismatch unless ``rs`` was collected on the run's env (id,
     kwargs, wrappers), n-step and gamma, and (with ``spec``, the run's `mpirl.agent.envs.EnvSpec`)
     holds observations of the env's shape and dtype."""
@@ -266,7 +270,9 @@ def check_fits(rs: RefSet, path: str | Path, cfg: Config, spec=None) -> None:
         )
 
 
-def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> tuple[Path, str]:
+def resolve(
+    value: str, cfg: Config, run_dir: str | Path | None, spec: EnvSpec | None = None
+) -> tuple[Path, str]:
     """The reference set of a run: ``(path, sha256)`` for ``--reference-set value``.
 
     ``auto``: the set of `auto_path` in ``<run_dir's parent>/.refsets`` (one cache for the runs
@@ -282,6 +288,7 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 
     kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
+        assert run_dir is not None, "--reference-set auto needs the run folder"
         seed = seeds.reference(cfg.seed)
         path = auto_path(
             Path(run_dir).resolve().parent / ".refsets",
@@ -319,7 +326,11 @@ def resolve(value: str, cfg: Config, run_dir: str | Path | None, spec=None) -> t
 
 
 def reference_loss(
-    online, target, refset: RefSet, huber_delta: float = 1.0, chunk: int = 4096
+    online: Callable[[torch.Tensor], torch.Tensor],
+    target: Callable[[torch.Tensor], torch.Tensor],
+    refset: RefSet,
+    huber_delta: float = 1.0,
+    chunk: int = 4096,
 ) -> dict[str, float]:
     """The unweighted `mpirl.agent.dqn.dqn_loss` of ``online`` (with ``target`` for the bootstrap)
     over every transition of ``refset``, in chunks; no gradients, the networks are left as they are.

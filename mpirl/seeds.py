@@ -56,6 +56,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from mpirl.run.config import Config
+    from mpirl.transport.topology import Topology
 
 # generator streams (the first word of the spawn key)
 TORCH, REPLAY, ARRIVAL, LINK, EXPLORATION, ENV_RESETS = 1, 2, 3, 4, 5, 6
@@ -126,7 +127,7 @@ def actor(
     }
 
 
-def of_rank(cfg: Config, topo, checkpoint: int | None = None) -> dict:
+def of_rank(cfg: Config, topo: Topology, checkpoint: int | None = None) -> dict:
     """The seeds of this rank (``topo``: a topology.Topology) in a launch that resumed from
     ``checkpoint`` (None: a new run)."""
     place = topo.place

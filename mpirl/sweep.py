@@ -75,6 +75,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,7 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: {e}") from None
 
 
-def _slurm_table(path: Path, slurm) -> dict:
+def _slurm_table(path: Path, slurm: Any) -> dict:
     """A spec's checked [slurm] table."""
     if not isinstance(slurm, dict):
         raise SpecError(f"{path}: [slurm] must be a table")
@@ -380,7 +381,7 @@ def _load_spec(path: Path) -> Spec:
 
 def expand(spec: Spec) -> list[Run]:
     """Every run of the spec, in order: seed-major, then the axes as written (last fastest)."""
-    runs = []
+    runs: list[Run] = []
     names = list(spec.axes)
     for seed in spec.seeds:
         for combo in itertools.product(*(spec.axes[n] for n in names)):
@@ -512,7 +513,7 @@ def _resolve(cmd: list[str]) -> list[str]:
     return cmd
 
 
-def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
+def execute(spec: Spec, run: Run, stop: Relay, say: Callable[[str], object] = print) -> int:
     """Run one run (see the module docstring for complete, incomplete and resumed folders)."""
     status = run_status(run.run_dir)
     if status == "done":
@@ -576,7 +577,7 @@ def execute(spec: Spec, run: Run, stop: Relay, say=print) -> int:
     return rc
 
 
-def export_run(spec: Spec, run: Run, say=print) -> None:
+def export_run(spec: Spec, run: Run, say: Callable[[str], object] = print) -> None:
     """Merge a finished run's row and curves into ``spec.export`` (analysis.export, in its own
     process: mpirl does not import analysis/), so the rows to commit grow run by run."""
     # cells are named from the folders below out's parent: out = "runs/x/cell=A" names cell=A

@@ -11,13 +11,23 @@ priorities' raw material, |td| per sample, beside the loss (as Acme's losses do)
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
 def dqn_loss(
-    online, target, obs, action, reward, next_obs, discount, weights, huber_delta: float = 1.0
+    online: Callable[[torch.Tensor], torch.Tensor],
+    target: Callable[[torch.Tensor], torch.Tensor],
+    obs: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    next_obs: torch.Tensor,
+    discount: torch.Tensor,
+    weights: torch.Tensor,
+    huber_delta: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n = obs.shape[0]
     q_both = online(torch.cat([obs, next_obs])).float()  # one forward for s and s' (float32
@@ -55,7 +65,7 @@ _KERNEL_KEYWORDS = (
 )
 
 
-def _adam_kernel():
+def _adam_kernel() -> Callable[..., Any] | None:
     """``torch.optim.adam.adam`` when this torch has it with the parameters mpirl passes (and no
     other required one), else None."""
     try:
@@ -100,17 +110,22 @@ class Adam:
     same result and state_dict, at the cost of the dynamo import at start-up."""
 
     def __init__(
-        self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
-    ):
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
         self._adam = _ADAM_KERNEL
         self.params = list(params)
-        self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
+        self.lr, self.eps = float(lr), float(eps)
+        self.betas: tuple[float, float] = (betas[0], betas[1])
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         # on the parameters' device: the fused CUDA kernel wants its step counts there
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.fused = True
-        self._opt = None
+        self._opt: torch.optim.Adam | None = None
         if self._adam is not None:
             try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
                 self._update(dry=True)
@@ -146,11 +161,12 @@ class Adam:
             steps = [s.clone() for s in self.steps]
         else:
             params = [p for p in self.params if p.grad is not None]
-            grads = [p.grad for p in params]
+            grads = [p.grad for p in params if p.grad is not None]  # all of them
             keep = [i for i, p in enumerate(self.params) if p.grad is not None]
             m = [self.exp_avg[i] for i in keep]
             v = [self.exp_avg_sq[i] for i in keep]
             steps = [self.steps[i] for i in keep]
+        assert self._adam is not None  # __init__ falls back to torch.optim.Adam otherwise
         self._adam(
             params,
             grads,
@@ -220,5 +236,6 @@ class Adam:
             self.steps[i].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
             self.exp_avg[i].copy_(s["exp_avg"])
             self.exp_avg_sq[i].copy_(s["exp_avg_sq"])
-        self.lr, self.betas = float(group["lr"]), tuple(group["betas"])
+        beta1, beta2 = group["betas"]
+        self.lr, self.betas = float(group["lr"]), (beta1, beta2)
         self.eps = float(group["eps"])

@@ -29,12 +29,18 @@ logged unclipped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpirl import seeds
 from mpirl.errors import ConfigError
+
+if TYPE_CHECKING:  # gymnasium is imported where an env is made (not at import)
+    import gymnasium as gym
 
 IMAGES_EXTRA = 'pip install -e ".[images]"'
 ATARI_STACK = 4
@@ -73,7 +79,7 @@ def family(env_id: str) -> str:
     return "vector"
 
 
-def _need_images_extra(env_id: str, missing: str):
+def _need_images_extra(env_id: str, missing: str) -> ConfigError:
     verb = "are" if "," in missing else "is"
     return ConfigError(
         f"env={env_id!r} is an image environment and needs the images extra "
@@ -106,7 +112,7 @@ def _register(env_id: str) -> None:
         # minatar imports matplotlib + seaborn for its own display (about 3 s per rank on 2
         # cores); mpirl never renders, so those imports are made to fail fast, then undone.
         blocked = [m for m in ("matplotlib.pyplot", "seaborn") if m not in sys.modules]
-        sys.modules.update({m: None for m in blocked})
+        sys.modules.update({m: None for m in blocked})  # type: ignore[misc]  # None blocks it
         level = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)  # minatar warns that it cannot render
         try:
@@ -122,9 +128,10 @@ class _MinAtarObs:
     """Transpose MinAtar's bool [10, 10, C] to uint8 [C, 10, 10] (channels first, as torch)."""
 
     @staticmethod
-    def wrap(env):
+    def wrap(env: gym.Env) -> gym.Env:
         import gymnasium as gym
 
+        assert isinstance(env.observation_space, gym.spaces.Box)  # make() checked it
         h, w, c = env.observation_space.shape
         space = gym.spaces.Box(0, 1, (c, h, w), np.uint8)
         return gym.wrappers.TransformObservation(
@@ -132,7 +139,7 @@ class _MinAtarObs:
         )
 
 
-def _import_module(module: str, what: str):
+def _import_module(module: str, what: str) -> ModuleType:
     """The user's module (ConfigError naming it when it cannot be imported)."""
     import importlib
 
@@ -146,10 +153,10 @@ def _import_module(module: str, what: str):
         ) from None
 
 
-def _import_attr(path: str, what: str):
+def _import_attr(path: str, what: str) -> Any:
     """``'pkg.mod:name'`` -> the object (ConfigError naming the path when it cannot be had)."""
     module, _, name = path.partition(":")
-    obj = _import_module(module, what)
+    obj: Any = _import_module(module, what)
     for part in name.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"{what}: module {module!r} has no {name!r} (from {path!r})")
@@ -157,7 +164,7 @@ def _import_attr(path: str, what: str):
     return obj
 
 
-def _gym_make(env_id: str, kwargs: dict):
+def _gym_make(env_id: str, kwargs: dict) -> gym.Env:
     """gymnasium.make with the user's kwargs; its failures as ConfigErrors that say the fix."""
     import re
 
@@ -185,7 +192,7 @@ def _gym_make(env_id: str, kwargs: dict):
         ) from None
 
 
-def wrap(env, wrappers: list[str]):
+def wrap(env: gym.Env, wrappers: list[str]) -> gym.Env:
     """Apply ``'pkg.mod:fn'`` wrappers in order: ``env = fn(env)``."""
     import gymnasium as gym
 
@@ -216,7 +223,7 @@ def make(
     kwargs: dict | None = None,
     wrappers: list[str] | None = None,
     render_mode: str | None = None,
-):
+) -> gym.Env:
     """A gymnasium env with mpirl's preprocessing for its family (see the module docstring):
     ``gymnasium.make(env_id, **kwargs)``, then ``wrappers`` in order, then the preprocessing."""
     import gymnasium as gym
@@ -270,7 +277,10 @@ def make(
 
 
 def inspect(env_id: str, kwargs: dict | None = None, wrappers: list[str] | None = None) -> EnvSpec:
+    from gymnasium.spaces import Box, Discrete
+
     env = make(env_id, kwargs=kwargs, wrappers=wrappers)
+    assert isinstance(env.observation_space, Box) and isinstance(env.action_space, Discrete)
     shape = tuple(env.observation_space.shape)
     dtype = np.dtype(env.observation_space.dtype)
     n_actions = int(env.action_space.n)
@@ -325,7 +335,7 @@ class Evaluator:
         max_steps: int = 0,
         kwargs: dict | None = None,
         wrappers: list[str] | None = None,
-    ):
+    ) -> None:
         """``seed``: the run's --seed; round ``k`` resets with ``seeds.evaluation(seed, episodes,
         k)``."""
         self.envs = [make(env_id, kwargs=kwargs, wrappers=wrappers) for _ in range(episodes)]
@@ -333,7 +343,7 @@ class Evaluator:
         self.round = 0
         self.max_steps = max_steps
 
-    def run(self, q) -> np.ndarray:
+    def run(self, q: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Mean-able array of the episodes' undiscounted returns under argmax q."""
         n = len(self.envs)
         obs = np.stack(
@@ -358,6 +368,6 @@ class Evaluator:
                     live[j] = False
         return returns
 
-    def close(self):
+    def close(self) -> None:
         for e in self.envs:
             e.close()

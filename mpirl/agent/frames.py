@@ -21,6 +21,8 @@ first transition and the ``n`` frames after its last one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 
 
@@ -44,7 +46,7 @@ def frames_per_transition(stack: int, n_step: int, envs_per_actor: int, actor_ch
 class FrameLog:
     """Actor side: every frame an env produces gets an id once; a stack is a tuple of ids."""
 
-    def __init__(self, stack: int, frame_shape: tuple[int, ...]):
+    def __init__(self, stack: int, frame_shape: tuple[int, ...]) -> None:
         self.stack = stack
         self.frame_shape = tuple(frame_shape)
         self.c = frame_shape[0]
@@ -66,7 +68,9 @@ class FrameLog:
         """The stack after a step: the oldest frame drops out, the newest comes in."""
         return ids[1:] + (self._add(obs[-self.c :]),)
 
-    def pack(self, obs_ids, next_ids) -> tuple[np.ndarray, np.ndarray]:
+    def pack(
+        self, obs_ids: Sequence[tuple[int, ...]], next_ids: Sequence[tuple[int, ...]]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(k, 2S) int64 local indices and the frame table holding each referenced frame once."""
         k = len(obs_ids)
         if k == 0:
@@ -105,7 +109,7 @@ def stacks(records: np.ndarray, frames: np.ndarray, stack: int) -> tuple[np.ndar
     return obs, nxt
 
 
-def concat(groups) -> tuple[np.ndarray, np.ndarray]:
+def concat(groups: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Join (records, frames) groups into one: indices shifted by the frames before them."""
     recs, tables, off = [], [], 0
     for r, f in groups:

@@ -69,7 +69,7 @@ class GlobalBatch:
     ``ready``.  ``samples``: the global batch (K x batch).  ``decay=False``: every contribution
     inside the bound at full weight."""
 
-    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True):
+    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True) -> None:
         if samples <= 0:
             raise ValueError(f"samples={samples} must be > 0")
         if max_staleness is not None and max_staleness < 0:
@@ -96,7 +96,7 @@ class GlobalBatch:
         self.waiting.append(c)
 
     def _prune(self, version: int) -> list[tuple[Contribution, int]]:
-        out = []
+        out: list[tuple[Contribution, int]] = []
         if self.max_staleness is None:
             return out
         keep: deque[Contribution] = deque()

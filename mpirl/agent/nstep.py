@@ -11,19 +11,27 @@ with k = n, or fewer when the episode ends first.  A terminated episode bootstra
 from __future__ import annotations
 
 from collections import deque
+from typing import Any, SupportsFloat
 
 
 class NStep:
     """n-step accumulator for one environment."""
 
-    def __init__(self, n: int, gamma: float):
+    def __init__(self, n: int, gamma: float) -> None:
         if n < 1:
             raise ValueError(f"n_step={n} must be >= 1")
         self.n, self.gamma = n, gamma
         self._steps: deque = deque()  # (obs, action, reward, q_sa)
 
     def push(
-        self, obs, action, reward, next_obs, terminated: bool, truncated: bool, q_sa: float = 0.0
+        self,
+        obs: Any,
+        action: Any,
+        reward: SupportsFloat,
+        next_obs: Any,
+        terminated: bool,
+        truncated: bool,
+        q_sa: float = 0.0,
     ) -> list[tuple]:
         """Add one step; return the transitions that are complete.
 
@@ -31,7 +39,7 @@ class NStep:
         at acting time, carried along so the initial priority needs no second forward pass.
         """
         self._steps.append((obs, action, float(reward), q_sa))
-        out = []
+        out: list[tuple] = []
         if terminated or truncated:
             while self._steps:
                 out.append(self._emit(next_obs, terminated))
@@ -39,7 +47,7 @@ class NStep:
             out.append(self._emit(next_obs, False))
         return out
 
-    def _emit(self, next_obs, terminated: bool) -> tuple:
+    def _emit(self, next_obs: Any, terminated: bool) -> tuple:
         ret, g = 0.0, 1.0
         for _, _, r, _ in self._steps:
             ret += g * r

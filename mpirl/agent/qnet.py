@@ -21,7 +21,23 @@ numpy convolution would be slower than torch's and a second implementation to ke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # torch is imported where a torch network is made (not at import)
+    import torch
+    from torch import nn
+
+    from mpirl.agent.envs import EnvSpec
+
+    class TorchQNet(nn.Module):
+        """What `make_torch_q` returns (MLP or CNN): a module with the flat parameter vector."""
+
+        dueling: bool
+
+        def q_from_features(self, h: torch.Tensor) -> torch.Tensor: ...
+        def flat_params(self) -> np.ndarray: ...
 
 
 def conv_layers(obs_shape: tuple[int, ...]) -> tuple[list[tuple[int, int, int, int]], int]:
@@ -32,7 +48,7 @@ def conv_layers(obs_shape: tuple[int, ...]) -> tuple[list[tuple[int, int, int, i
     return [(16, c, 3, 1)], 128  # MinAtar (Young & Tian 2019): 10x10 -> 8x8x16
 
 
-def _conv_out(obs_shape) -> int:
+def _conv_out(obs_shape: tuple[int, ...]) -> int:
     convs, _ = conv_layers(obs_shape)
     h, w = obs_shape[1:]
     for _, _, k, s in convs:
@@ -55,9 +71,12 @@ def param_count(
     return n + sum(h * fc + h for h in heads)
 
 
-def layer_shapes(obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool):
+def layer_shapes(
+    obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool
+) -> list[tuple[str, int, int]]:
     """[(name, out, in), ...] in parameter order."""
-    shapes, d = [], obs_dim
+    shapes: list[tuple[str, int, int]] = []
+    d = obs_dim
     for i, h in enumerate(hidden):
         shapes.append((f"hidden{i}", h, d))
         d = h
@@ -68,14 +87,16 @@ def layer_shapes(obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling:
     return shapes
 
 
-def n_params(obs_dim, n_actions, hidden, dueling) -> int:
+def n_params(obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool) -> int:
     return sum(o * i + o for _, o, i in layer_shapes(obs_dim, n_actions, hidden, dueling))
 
 
 class NumpyQ:
     """Q(s, .) in numpy from the flat parameter vector."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool):
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], dueling: bool
+    ) -> None:
         self.shapes = layer_shapes(obs_dim, n_actions, hidden, dueling)
         self.dueling = dueling
         self.size = sum(o * i + o for _, o, i in self.shapes)
@@ -113,8 +134,12 @@ class NumpyQ:
 
 
 def make_torch_q(
-    obs_dim, n_actions: int, hidden: tuple[int, ...], dueling: bool, obs_scale: float = 1.0
-):
+    obs_dim: int | tuple[int, ...],
+    n_actions: int,
+    hidden: tuple[int, ...],
+    dueling: bool,
+    obs_scale: float = 1.0,
+) -> TorchQNet:
     """The learner's network (imports torch lazily): an MLP for an int / 1-D shape, a CNN for a
     [C, H, W] shape."""
     import torch
@@ -122,20 +147,19 @@ def make_torch_q(
 
     if isinstance(obs_dim, (tuple, list)) and len(obs_dim) == 3:
         return _make_torch_cnn(tuple(obs_dim), n_actions, dueling, obs_scale)
-    if isinstance(obs_dim, (tuple, list)):
-        obs_dim = int(np.prod(obs_dim))
+    dim = int(np.prod(obs_dim)) if isinstance(obs_dim, (tuple, list)) else obs_dim
 
-    class TorchQ(_torch_q_base()):
-        def __init__(self):
+    class TorchQ(_torch_q_base()):  # type: ignore[misc]  # a base made at run time
+        def __init__(self) -> None:
             super().__init__()
-            shapes = layer_shapes(obs_dim, n_actions, hidden, dueling)
+            shapes = layer_shapes(dim, n_actions, hidden, dueling)
             n_hidden = len(hidden)
             self.hidden = nn.ModuleList(nn.Linear(i, o) for _, o, i in shapes[:n_hidden])
             heads = shapes[n_hidden:]
             self.heads = nn.ModuleList(nn.Linear(i, o) for _, o, i in heads)
             self.dueling = dueling
 
-        def forward(self, x):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = x.reshape(x.shape[0], -1)
             for layer in self.hidden:
                 h = torch.relu(layer(h))
@@ -144,7 +168,7 @@ def make_torch_q(
     return TorchQ()
 
 
-def _torch_q_base():
+def _torch_q_base() -> type[nn.Module]:
     """What the MLP and the CNN Q-networks share: the (dueling) head over the last features and
     the flat parameter vector that travels as WEIGHTS (defined lazily: only the learner and image
     actors import torch)."""
@@ -152,7 +176,10 @@ def _torch_q_base():
     from torch import nn
 
     class TorchQBase(nn.Module):
-        def q_from_features(self, h):
+        heads: nn.ModuleList
+        dueling: bool
+
+        def q_from_features(self, h: torch.Tensor) -> torch.Tensor:
             if self.dueling:
                 v, a = self.heads[0](h), self.heads[1](h)
                 return v + a - a.mean(dim=1, keepdim=True)
@@ -166,15 +193,17 @@ def _torch_q_base():
     return TorchQBase
 
 
-def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
+def _make_torch_cnn(
+    obs_shape: tuple[int, ...], n_actions: int, dueling: bool, obs_scale: float
+) -> TorchQNet:
     import torch
     from torch import nn
 
     convs, fc = conv_layers(obs_shape)
     flat_in = _conv_out(obs_shape)
 
-    class TorchCNNQ(_torch_q_base()):
-        def __init__(self):
+    class TorchCNNQ(_torch_q_base()):  # type: ignore[misc]  # a base made at run time
+        def __init__(self) -> None:
             super().__init__()
             self.convs = nn.ModuleList(nn.Conv2d(i, o, k, stride=s) for o, i, k, s in convs)
             self.fc = nn.Linear(flat_in, fc)
@@ -183,7 +212,7 @@ def _make_torch_cnn(obs_shape, n_actions: int, dueling: bool, obs_scale: float):
             self.dueling = dueling
             self.scale = float(obs_scale)
 
-        def forward(self, x):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = x.to(torch.float32)
             if self.scale != 1.0:
                 h = h * self.scale
@@ -201,8 +230,13 @@ class TorchActorQ:
     interface)."""
 
     def __init__(
-        self, obs_shape, n_actions: int, dueling: bool, obs_scale: float, threads: int | None = 1
-    ):
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        dueling: bool,
+        obs_scale: float,
+        threads: int | None = 1,
+    ) -> None:
         import torch
 
         if threads is not None:
@@ -230,7 +264,9 @@ class TorchActorQ:
             return self.net(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
 
-def make_q(spec, hidden: tuple[int, ...], dueling: bool, threads: int | None = 1):
+def make_q(
+    spec: EnvSpec, hidden: tuple[int, ...], dueling: bool, threads: int | None = 1
+) -> NumpyQ | TorchActorQ:
     """The acting/evaluation network for a run: NumpyQ for vectors (no torch import), the torch
     CNN for images (``threads``: torch threads to set, None = leave as is)."""
     if spec.image:
@@ -238,6 +274,6 @@ def make_q(spec, hidden: tuple[int, ...], dueling: bool, threads: int | None = 1
     return NumpyQ(spec.obs_shape[0], spec.n_actions, hidden, dueling)
 
 
-def make_learner_q(spec, hidden: tuple[int, ...], dueling: bool):
+def make_learner_q(spec: EnvSpec, hidden: tuple[int, ...], dueling: bool) -> TorchQNet:
     shape = spec.obs_shape if spec.image else spec.obs_shape[0]
     return make_torch_q(shape, spec.n_actions, hidden, dueling, spec.obs_scale)

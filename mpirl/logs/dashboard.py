@@ -54,11 +54,16 @@ A resumed run adds a file in each folder and its steps continue. View with
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpirl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpirl.logs.runlog import RunLog
 
 __all__ = [
     "EVERY",
@@ -110,11 +115,13 @@ class _Groups:
     group has begun (so the live mirror and the offline converter give the same points), the
     last one by `finish`."""
 
-    def __init__(self, fields: tuple[str, ...], last: tuple[str, ...] = ()):
+    def __init__(self, fields: tuple[str, ...], last: tuple[str, ...] = ()) -> None:
         self.fields, self.last = fields, last  # ``last``: take the group's last value
         self.pending: dict[str, np.ndarray] | None = None
 
-    def add(self, cols: dict[str, np.ndarray], key: str, done: bool = False):
+    def add(
+        self, cols: dict[str, np.ndarray], key: str, done: bool = False
+    ) -> Iterator[tuple[int, float, dict[str, float]]]:
         """Yield (group's last key, last t, {field: value}) for each complete group."""
         names = ("t", key, *self.fields, *self.last)
         cols = {k: np.asarray(cols[k]) for k in names if k in cols}
@@ -140,7 +147,7 @@ class Scalars:
     """learner.h5 rows -> TensorBoard scalars ``(tag, step, value, wall_time)``; feed each
     stream's new rows in order (`rows`), then `finish` once at the end."""
 
-    def __init__(self, t0_unix: float):
+    def __init__(self, t0_unix: float) -> None:
         self.t0 = float(t0_unix)
         self.updates = _Groups(("loss", "td_abs_mean", "beta"))
         self.transfers: dict[int, _Groups] = {}
@@ -205,7 +212,7 @@ class BufferScalars:
     so their step is milliseconds since the start (seconds would repeat); NaN values (no round
     trip measured in the interval) are left out."""
 
-    def __init__(self, t0_unix: float):
+    def __init__(self, t0_unix: float) -> None:
         self.t0 = float(t0_unix)
         self.batches = _Groups(("priority_mean", "max_weight", "beta"), last=("size",))
 
@@ -245,7 +252,7 @@ class BufferScalars:
 
 
 #: the scalars of each role's file, and its streams in the order the converter reads them
-SCALARS = {
+SCALARS: dict[str, tuple[type[Scalars] | type[BufferScalars], tuple[str, ...]]] = {
     "learner": (Scalars, ("progress", "evals", "updates", "link", "transfers")),
     "buffer": (BufferScalars, ("site", "link", "batches")),
 }
@@ -254,7 +261,7 @@ SCALARS = {
 class EventWriter:
     """Scalars into a TensorBoard event file (tensorboard's own writer; no torch, no TF)."""
 
-    def __init__(self, logdir: str | Path, flush_secs: float = 120):
+    def __init__(self, logdir: str | Path, flush_secs: float = 120) -> None:
         try:
             from tensorboard.compat.proto.event_pb2 import Event
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -292,7 +299,7 @@ class TensorBoardMirror:
     """A `RunLog` mirror: ``write(stream, columns)`` for each flushed block, ``close()``;
     ``role``: whose rows they are (learner or buffer)."""
 
-    def __init__(self, logdir: str | Path, log, role: str = "learner"):
+    def __init__(self, logdir: str | Path, log: RunLog, role: str = "learner") -> None:
         self.scalars = SCALARS[role][0](float(log.file.attrs["t0_unix"]))
         self.writer = EventWriter(logdir, flush_secs=FLUSH_SECONDS)
 

@@ -40,8 +40,9 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import h5py
 import numpy as np
@@ -276,10 +277,11 @@ class Stream:
             self._n_blocks += len(good)
         if not bad:
             return
-        i, r, e = bad[0]
-        raise type(e)(
-            f"{e} (dropped {len(bad)} of {len(rows)} buffered rows; first bad row #{i}: {r!r:.200})"
-        ) from e
+        i, r, err = bad[0]  # (not `e`: the except clause above unbinds that name)
+        raise type(err)(
+            f"{err} (dropped {len(bad)} of {len(rows)} buffered rows; "
+            f"first bad row #{i}: {r!r:.200})"
+        ) from err
 
     def _write(self) -> None:
         """Append the buffered rows to the datasets (no HDF5 flush)."""
@@ -302,6 +304,14 @@ class Stream:
             self._log._to_mirror(self.name, cols)
 
 
+class Mirror(Protocol):
+    """A second sink for a `RunLog`'s flushed rows (`mpirl.logs.dashboard.TensorBoardMirror`)."""
+
+    def write(self, stream: str, cols: dict[str, np.ndarray]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class RunLog:
     """One HDF5 file of streams plus run attributes; one writer per file.
 
@@ -315,7 +325,7 @@ class RunLog:
     HDF5; a failing mirror is dropped with one warning, the HDF5 log goes on.
     """
 
-    mirror = None
+    mirror: Mirror | None = None
     _flushing = False
 
     def __init__(
@@ -330,7 +340,7 @@ class RunLog:
         self.path = Path(path)
         self.flush_seconds = float(flush_seconds)
         self.streams: dict[str, Stream] = {}
-        self._before: list = []  # before_flush callbacks
+        self._before: list[Callable[[], None]] = []  # before_flush callbacks
         self._closed = True
         stored = {k: _attr_value(k, v) for k, v in attrs.items()}  # fail before creating a file
         key = os.path.realpath(self.path)
@@ -494,6 +504,7 @@ class RunLog:
         self.file.flush()
 
     def _to_mirror(self, stream: str, cols: dict[str, np.ndarray]) -> None:
+        assert self.mirror is not None  # the callers check
         try:
             self.mirror.write(stream, cols)
         except Exception as e:  # noqa: BLE001 - the HDF5 log is the source of truth: keep it
@@ -507,7 +518,7 @@ class RunLog:
                 flush=True,
             )
 
-    def before_flush(self, fn) -> None:
+    def before_flush(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` at the start of every flush (and so at `close`): a writer that holds
         rows back to append them in blocks (mpirl.roles.learner's per-update rows) hands them over
         there, so the file on disk never misses rows it would have had."""

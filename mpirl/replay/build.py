@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from mpirl.agent.envs import EnvSpec
+    from mpirl.replay.frames import FrameReplay
+    from mpirl.replay.memory import PrioritizedReplay
     from mpirl.run.config import Config
 
 
-def record_dtype(cfg: Config, spec):
+def record_dtype(cfg: Config, spec: EnvSpec) -> np.dtype:
     """The run's record dtype: whole transitions for vectors, frame indices for images."""
     if spec.image:
         from mpirl.agent.frames import record_dtype as frame_record
@@ -19,7 +24,7 @@ def record_dtype(cfg: Config, spec):
     return transition_dtype(spec.obs_shape, spec.obs_dtype)
 
 
-def frames_per_transition(cfg: Config, spec) -> float:
+def frames_per_transition(cfg: Config, spec: EnvSpec) -> float:
     from mpirl.agent.frames import frames_per_transition as fpt
 
     return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
@@ -45,12 +50,14 @@ def shard_config(cfg: Config, learners: int) -> Config:
     return dataclasses.replace(cfg, replay_capacity=math.ceil(cfg.replay_capacity / learners))
 
 
-def make_replay(cfg: Config, spec, record, seed: int):
+def make_replay(
+    cfg: Config, spec: EnvSpec, record: np.dtype, seed: int
+) -> PrioritizedReplay | FrameReplay:
     """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
     from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
 
-    if spec.image:
+    if spec.frame_shape is not None:  # spec.image
         return FrameReplay(
             cfg.replay_capacity,
             spec.stack,
@@ -66,11 +73,11 @@ def make_replay(cfg: Config, spec, record, seed: int):
     )
 
 
-def replay_footprint(cfg: Config, spec) -> int:
+def replay_footprint(cfg: Config, spec: EnvSpec) -> int:
     from mpirl.replay.frames import frame_footprint_bytes
     from mpirl.replay.memory import footprint_bytes
 
-    if spec.image:
+    if spec.frame_shape is not None:  # spec.image
         return frame_footprint_bytes(
             cfg.replay_capacity, spec.stack, spec.frame_shape, frames_per_transition(cfg, spec)
         )
@@ -84,7 +91,7 @@ def replay_footprint(cfg: Config, spec) -> int:
 FRAME_HEADROOM = 0.10
 
 
-def max_learning_starts(cfg: Config, spec) -> int:
+def max_learning_starts(cfg: Config, spec: EnvSpec) -> int:
     """The largest --learning-starts the replay memory is sure to reach.
 
     Vectors: the capacity.  Images: 90% of it (FRAME_HEADROOM) less one message (retirement

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 import numpy as np
 
 from mpirl.agent.frames import record_dtype
 from mpirl.replay.memory import (
     PrioritizedReplay,
+    Rows,
     Sample,
     _mb,
     available_memory,
@@ -36,7 +38,7 @@ from mpirl.replay.memory import (
 
 
 def frame_footprint_bytes(
-    capacity: int, stack: int, frame_shape, frames_per_transition: float
+    capacity: int, stack: int, frame_shape: tuple[int, ...], frames_per_transition: float
 ) -> int:
     """Bytes a ``FrameReplay`` allocates: the transition memory plus the frame ring."""
     n_frames = frame_capacity(capacity, frames_per_transition)
@@ -50,7 +52,7 @@ def frame_capacity(capacity: int, frames_per_transition: float) -> int:
 class _RetiringReplay(PrioritizedReplay):
     """PrioritizedReplay whose oldest transitions can be retired before their slots are reused."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._tail = 0  # serial number of the oldest transition not retired
 
@@ -82,7 +84,7 @@ class _RetiringReplay(PrioritizedReplay):
         self._tail = hi
         return hi - lo
 
-    def update(self, indices, generations, td_abs) -> int:
+    def update(self, indices: np.ndarray, generations: np.ndarray, td_abs: np.ndarray) -> int:
         gen = np.asarray(generations)
         live = gen >= self._tail
         if live.all():
@@ -108,7 +110,7 @@ class FrameReplay:
         self,
         capacity: int,
         stack: int,
-        frame_shape,
+        frame_shape: tuple[int, ...],
         frames_per_transition: float,
         alpha: float = 0.6,
         beta: float = 0.4,
@@ -202,7 +204,7 @@ class FrameReplay:
         self._groups.append((mem.inserted, base))
         return slots
 
-    def sample(self, batch_size: int, rng=None) -> Sample:
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None) -> Sample:
         """A batch as `PrioritizedReplay.sample` gives it, with ``frames`` the batch's own frame
         table (each distinct frame once) that ``records["frames"]`` index."""
         s = self.memory.sample(batch_size, rng)
@@ -214,7 +216,7 @@ class FrameReplay:
         recs["frames"] = inv.reshape(serial.shape)
         return s._replace(frames=table)
 
-    def update(self, indices, generations, td_abs) -> int:
+    def update(self, indices: np.ndarray, generations: np.ndarray, td_abs: np.ndarray) -> int:
         return self.memory.update(indices, generations, td_abs)
 
     def max_weight(self) -> float:
@@ -300,10 +302,10 @@ class _Held:
     """A checkpoint's priorities of the held slots, sliced as `copy_rows` and load_state_dict
     slice them, with the retired slots' 0 (or placeholder) raised to ``floor``."""
 
-    def __init__(self, p, floor: float):
+    def __init__(self, p: Rows, floor: float) -> None:
         self.p, self.floor, self.shape = p, floor, p.shape
 
-    def __getitem__(self, key) -> np.ndarray:
+    def __getitem__(self, key: slice) -> np.ndarray:
         x = np.array(self.p[key], np.float64)
         x[x <= 0] = self.floor
         return x

@@ -21,7 +21,8 @@ in flight over the long-haul link).
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -45,11 +46,21 @@ class Sample(NamedTuple):
     frames: np.ndarray | None = None
 
 
+class Rows(Protocol):
+    """An array, or anything whose contiguous slices are arrays
+    (`mpirl.run.checkpoint_arrays.StoredArray` reads each slice from its file)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, key: slice, /) -> np.ndarray: ...
+
+
 #: Bytes `copy_rows` copies at a time: a restore's only memory beside the ring it fills.
 COPY_BYTES = 1 << 22
 
 
-def copy_rows(dst: np.ndarray, src) -> None:
+def copy_rows(dst: np.ndarray, src: Rows) -> None:
     """``dst[:] = src[:len(dst)]``, ``COPY_BYTES`` at a time.  ``src`` is an array or anything
     whose contiguous slices are arrays (`mpirl.run.checkpoint_arrays.StoredArray` reads each slice
     from its file), so filling a ring from a checkpoint needs one chunk, not a second ring."""
@@ -80,7 +91,7 @@ def available_memory() -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def _check_dtype(dtype) -> np.dtype:
+def _check_dtype(dtype: np.typing.DTypeLike) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.names is None or dt.itemsize == 0:
         raise ValueError(
@@ -436,7 +447,7 @@ class PrioritizedReplay:
         return v
 
     # ------------------------------------------------------------------ state
-    def _load_priorities(self, p, size: int) -> None:
+    def _load_priorities(self, p: Rows, size: int) -> None:
         """Leaves ``[0, size)`` from ``p``, checked a chunk at a time, then one propagation."""
         rows = COPY_BYTES // 8
         for i in range(0, size, rows):
@@ -456,7 +467,7 @@ class PrioritizedReplay:
                 )
         self._tree.flush()
 
-    def state_dict(self) -> dict[str, np.ndarray | int | float]:
+    def state_dict(self) -> dict[str, Any]:
         """Plain numpy arrays and scalars (np.savez / h5py, no pickle).
 
         ``storage`` and ``priorities`` are read-only *views* (no copy of a large ring): save them
@@ -465,7 +476,7 @@ class PrioritizedReplay:
         """
         storage = self._storage.view()
         storage.flags.writeable = False
-        d: dict[str, np.ndarray | int | float] = {
+        d: dict[str, Any] = {
             "storage": storage,
             "priorities": self.priorities(),
             "inserted": int(self._n),
@@ -484,7 +495,7 @@ class PrioritizedReplay:
             )
         return d
 
-    def load_state_dict(self, d) -> None:
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore from ``state_dict()`` output, or from a checkpoint's held slots only
         (``storage`` and ``priorities`` of ``min(inserted, capacity)`` entries); the trees are
         rebuilt.  The arrays are copied ``COPY_BYTES`` at a time (`copy_rows`), so they may be

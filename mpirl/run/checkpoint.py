@@ -29,13 +29,22 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from mpirl.run.checkpoint_arrays import stored_members
 from mpirl.run.config import ConfigError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from mpirl.logs.runlog import RunLog
+    from mpirl.replay.frames import FrameReplay
+    from mpirl.replay.memory import PrioritizedReplay
+    from mpirl.run.failure import Fault
 
 FORMAT = 1
 KEEP = 2
@@ -83,7 +92,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def params_sha256(state_dict) -> str:
+def params_sha256(state_dict: Mapping[str, Any]) -> str:
     """SHA-256 of a torch state dict's tensors (names, dtypes, shapes and bytes, in order): the
     learner records it at save and after loading, so a resume that did not carry the networks
     over shows as two different hashes."""
@@ -108,7 +117,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_tmp(path: Path, write) -> Path:
+def _write_tmp(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """``write(fileobj)`` into ``path.tmp``, fsync it; returns the temp path (not yet renamed)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -124,10 +133,10 @@ class _HashingWriter:
     ``seek``: zipfile then streams each member (sizes in a data descriptor after the data)
     instead of seeking back to patch the member's header, so the hash is the file's."""
 
-    def __init__(self, f):
+    def __init__(self, f: IO[bytes]) -> None:
         self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
 
-    def write(self, data) -> int:
+    def write(self, data: Buffer) -> int:
         self.sha.update(data)
         self.nbytes += memoryview(data).nbytes
         return self.f.write(data)
@@ -139,11 +148,12 @@ class _HashingWriter:
         self.f.flush()
 
 
-def _write_tmp_hashed(path: Path, write) -> tuple[Path, dict]:
-    """`_write_tmp` through a `_HashingWriter`: (temp path, {"bytes", "sha256"})."""
-    out = {}
+def _write_tmp_hashed(path: Path, write: Callable[[Any], object]) -> tuple[Path, dict]:
+    """`_write_tmp` through a `_HashingWriter` (write-only, so not quite an ``IO[bytes]``):
+    (temp path, {"bytes", "sha256"})."""
+    out: dict[str, Any] = {}
 
-    def hashed(f):
+    def hashed(f: IO[bytes]) -> None:
         w = _HashingWriter(f)
         write(w)
         out.update(bytes=w.nbytes, sha256=w.sha.hexdigest())
@@ -156,7 +166,7 @@ def _write_tmp_hashed(path: Path, write) -> tuple[Path, dict]:
 CHUNK_BYTES = 1 << 22
 
 
-def _write_npy(out, a: np.ndarray) -> None:
+def _write_npy(out: IO[bytes], a: np.ndarray) -> None:
     """One array in .npy format (C order), from a view, ``CHUNK_BYTES`` at a time."""
     from numpy.lib import format as npf
 
@@ -172,10 +182,10 @@ def _write_npy(out, a: np.ndarray) -> None:
         return
     rows = max(1, CHUNK_BYTES // max(1, a[:1].nbytes))
     for i in range(0, a.shape[0], rows):
-        out.write(np.ascontiguousarray(a[i : i + rows]).reshape(-1).view(np.uint8))
+        out.write(np.ascontiguousarray(a[i : i + rows]).reshape(-1).view(np.uint8).data)
 
 
-def _write_npz(f, arrays: dict) -> None:
+def _write_npz(f: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
     """What ``np.savez(f, **arrays)`` writes (a zip of .npy members, read with ``np.load``),
     without copying the arrays first: ``arrays`` may be views of a ring of gigabytes."""
     import zipfile
@@ -227,7 +237,7 @@ def write_part(
     meta: dict,
     arrays: dict | None = None,
     torch_state: dict | None = None,
-    before_rename=None,
+    before_rename: Callable[[], object] | None = None,
 ) -> dict:
     """Write one rank's part of checkpoint ``ckpt_id`` atomically; returns its description.
 
@@ -236,7 +246,7 @@ def write_part(
     """
     d = root(run_dir) / f"{ckpt_id:06d}"
     d.mkdir(parents=True, exist_ok=True)
-    tmps: list[tuple[Path, Path, dict]] = []
+    tmps: list[tuple[Path, dict, Path]] = []
     if arrays:
         final = d / f"{name}.npz"
         tmps.append((*_write_tmp_hashed(final, lambda f: _write_npz(f, arrays)), final))
@@ -434,15 +444,15 @@ def load_part(run_dir: str | Path, manifest: dict, name: str) -> Part:
     return Part(ckpt_id, part["meta"], arrays, tensors)
 
 
-def log_rows(log) -> dict[str, int]:
+def log_rows(log: RunLog) -> dict[str, int]:
     """Rows appended so far to each stream of a RunLog (written or still buffered; rows a
     writer holds back until the log's next flush, as the learner's `HeldRows`, are not in it:
     `Checkpointer.write` flushes the log first)."""
     return {name: s.rows_written + s.rows_pending for name, s in log.streams.items()}
 
 
-def file_rows(h5file) -> dict[str, int]:
-    """Rows on disk per stream of an open run log (shortest field)."""
+def file_rows(h5file: Any) -> dict[str, int]:
+    """Rows on disk per stream of an open run log (an h5py.File; shortest field)."""
     out = {}
     for name, g in h5file.items():
         lengths = [d.shape[0] for d in g.values() if hasattr(d, "shape")]
@@ -453,7 +463,9 @@ def file_rows(h5file) -> dict[str, int]:
 # ---- the replay memory ------------------------------------------------------------------------
 
 
-def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
+def memory_state(
+    memory: PrioritizedReplay | FrameReplay, prefix: str = "replay_"
+) -> tuple[dict, dict]:
     """(arrays, meta) of a PrioritizedReplay: only the slots in use (the ring starts at 0).
 
     A FrameReplay (image observations) saves its own way: the slots and frames in use, the frame
@@ -470,15 +482,18 @@ def memory_state(memory, prefix: str = "replay_") -> tuple[dict, dict]:
     return arrays, meta
 
 
-def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") -> None:
+def restore_memory(
+    memory: PrioritizedReplay | FrameReplay, arrays: dict, meta: dict, prefix: str = "replay_"
+) -> None:
     """Load what `memory_state` saved into a memory built with the run's config.  The arrays
     (numpy arrays, or `StoredArray`s from `load_part`) are copied into the memory's own a chunk
     at a time: a restore takes the memory plus one chunk (tests/test_checkpoint_memory.py)."""
     if hasattr(memory, "restore_checkpoint"):
         try:
-            return memory.restore_checkpoint(arrays, meta, prefix)
+            memory.restore_checkpoint(arrays, meta, prefix)
         except (ValueError, KeyError) as e:
             raise CheckpointError(f"replay memory in the checkpoint: {e}") from None
+        return
     cap = int(meta["capacity"])
     if cap != memory.capacity:
         raise CheckpointError(
@@ -503,7 +518,7 @@ def restore_memory(memory, arrays: dict, meta: dict, prefix: str = "replay_") ->
         raise CheckpointError(f"replay memory in the checkpoint: {e}") from None
 
 
-def rng_meta(rng: np.random.Generator) -> dict:
+def rng_meta(rng: np.random.Generator) -> Mapping[str, Any]:
     """A numpy Generator's state as JSON-able data (Python ints keep all 128 bits)."""
     return rng.bit_generator.state
 
@@ -516,8 +531,13 @@ class Checkpointer:
     """One rank's handle: where its parts go, the fault hook, and (learner) the manifest info."""
 
     def __init__(
-        self, run_dir: str | Path, name: str, fault=None, info: dict | None = None, log=None
-    ):
+        self,
+        run_dir: str | Path,
+        name: str,
+        fault: Fault | None = None,
+        info: dict | None = None,
+        log: RunLog | None = None,
+    ) -> None:
         self.run_dir, self.name, self.fault, self.info = Path(run_dir), name, fault, info or {}
         self.log = log  # the rank's RunLog: flushed, its row counts go into every part
         self.seconds = 0.0  # time spent writing parts, for the logs

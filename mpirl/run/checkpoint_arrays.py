@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import struct
 import zipfile
+from collections.abc import Container
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npf
@@ -24,7 +26,7 @@ class StoredArray:
     ``np.asarray(a)`` reads all of it.  Members are stored uncompressed (ZIP_STORED), so a row's
     bytes sit at a fixed offset in the file; the file's SHA-256 was checked by `select`."""
 
-    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple):
+    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple) -> None:
         self.path, self.offset, self.dtype, self.shape = path, offset, dtype, shape
         self.ndim = len(shape)
         self.size = int(np.prod(shape, dtype=np.int64))
@@ -33,7 +35,7 @@ class StoredArray:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> np.ndarray:
         if not (isinstance(key, slice) and key.step in (None, 1) and self.ndim):
             return np.asarray(self)[key]
         start, stop, _ = key.indices(self.shape[0])
@@ -41,7 +43,9 @@ class StoredArray:
         self._read(start, out)
         return out
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(
+        self, dtype: np.typing.DTypeLike | None = None, copy: bool | None = None
+    ) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
         if self.ndim:
             self._read(0, out)
@@ -54,7 +58,7 @@ class StoredArray:
         self._read_bytes(self.offset + row * row_bytes, out)
 
     def _read_bytes(self, at: int, out: np.ndarray) -> None:
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         with open(self.path, "rb") as f:
             f.seek(at)
             got = f.readinto(view)
@@ -65,10 +69,10 @@ class StoredArray:
             )
 
 
-def stored_members(path: Path, names) -> dict:
+def stored_members(path: Path, names: Container[str]) -> dict[str, StoredArray | np.ndarray]:
     """`StoredArray` handles of the members ``names`` (``<name>.npy``) of an uncompressed npz;
     a compressed member, or one in Fortran order, is read whole instead."""
-    out = {}
+    out: dict[str, StoredArray | np.ndarray] = {}
     with open(path, "rb") as f, zipfile.ZipFile(f) as z:
         for info in z.infolist():
             name = info.filename.removesuffix(".npy")

@@ -12,8 +12,10 @@ import dataclasses
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +27,7 @@ from mpirl.errors import ConfigError
 __all__ = ["Config", "ConfigError", "build_parser", "parse", "resume_dir", "to_dict"]
 
 
-def _f(default, help: str, **kw):
+def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -552,7 +554,7 @@ def parse_straggle(text: str) -> tuple[int, float]:
 # Parsing: CLI flags (dashes), TOML keys (underscores or dashes), same names.
 
 
-def _arg_type(f: dataclasses.Field):
+def _arg_type(f: dataclasses.Field) -> tuple[Callable[[str], Any] | None, str | None]:
     t = str(f.type)
     if "dict" in t:
         return str, None  # JSON text, decoded by `parse` (an error there names the value)
@@ -668,7 +670,7 @@ def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
     resume = ns.pop("resume", None)
-    values = {}
+    values: dict[str, Any] = {}
     if resume is not None:
         if stored is None:
             raise ConfigError("--resume RUN_DIR needs the run's stored configuration")
@@ -681,8 +683,8 @@ def parse(argv: list[str] | None = None, stored: dict | None = None) -> Config:
                 + ", ".join("--" + k.replace("_", "-") for k in bad)
                 + " (start a new run to change them)"
             )
-        names = {f.name for f in dataclasses.fields(Config)}
-        unknown = sorted(set(stored) - names)
+        known = {f.name for f in dataclasses.fields(Config)}
+        unknown = sorted(set(stored) - known)
         if unknown:
             raise ConfigError(
                 f"--resume {resume!r}: the stored configuration has keys this "

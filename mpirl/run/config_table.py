@@ -87,7 +87,7 @@ def markdown() -> str:
         if a.dest not in names and a.dest != "help" and a.option_strings
     ]
     lines += ["### Continuing a run", "", "| flag | default | meaning |", "|---|---|---|"]
-    lines += [_row(f"{a.option_strings[0]} {a.metavar}", "-", a.help) for a in extra]
+    lines += [_row(f"{a.option_strings[0]} {a.metavar}", "-", a.help or "") for a in extra]
     lines.append("")
     from mpirl.transport.link import PROFILES
 

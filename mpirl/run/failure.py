@@ -18,6 +18,11 @@ import sys
 import threading
 import time
 import traceback
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 #: Pause between printing the error and aborting: MPI_Abort tears down Hydra's output forwarding,
 #: and on a loaded machine the flushed line naming the rank can be lost without it (seen in a full
@@ -25,8 +30,10 @@ import traceback
 FORWARD_GRACE_S = 0.25
 
 
-def install(world, who: str) -> None:
-    def hook(exc_type, exc, tb):
+def install(world: MPI.Comm, who: str) -> None:
+    def hook(
+        exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is KeyboardInterrupt:
             msg = f"mpirl: {who}: interrupted\n"
         else:
@@ -45,14 +52,14 @@ def install(world, who: str) -> None:
 class Watchdog:
     """Abort the job if ``disarm()`` is not called within ``seconds`` of ``arm()``."""
 
-    def __init__(self, world, who: str):
+    def __init__(self, world: MPI.Comm, who: str) -> None:
         self.world, self.who = world, who
         self._timer: threading.Timer | None = None
 
     def arm(self, seconds: float, what: str) -> None:
         self.disarm()
 
-        def fire():
+        def fire() -> None:
             sys.stderr.write(
                 f"mpirl: {self.who}: {what} took longer than {seconds:g} s; aborting the job\n"
             )
@@ -94,7 +101,9 @@ class StopSignal:
     ranks. At exit they are ignored, so that one still on its way cannot kill a finished rank.
     """
 
-    def __init__(self, world, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S):
+    def __init__(
+        self, world: MPI.Comm, who: str, grace_s: float = STOP_GRACE_S, repeat_s: float = REPEAT_S
+    ) -> None:
         self.requested: str | None = None
         self._watchdog = Watchdog(world, who)
         self._grace, self._repeat = grace_s, repeat_s
@@ -112,7 +121,7 @@ class StopSignal:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         now = time.monotonic()
         if self.requested is not None:
@@ -140,7 +149,7 @@ class Fault:
 
     ACTIONS = ("raise", "kill", "checkpoint", "wire")
 
-    def __init__(self, role: str = "", rank: int = -1, spec: str | None = None):
+    def __init__(self, role: str = "", rank: int = -1, spec: str | None = None) -> None:
         self.spec = spec if spec is not None else os.environ.get("MPIRL_FAULT", "")
         self.action: str | None = None
         self.delay = 0.0

@@ -26,6 +26,14 @@ This module holds the protocol's state; the roles call it where it matters and d
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+
+class Numbering(Protocol):
+    """Where checkpoint ids come from (`mpirl.run.checkpoint.Checkpointer`)."""
+
+    def next_id(self) -> int: ...
 
 
 class Cut:
@@ -34,17 +42,26 @@ class Cut:
     ``sites`` are the buffers' link ranks; ``every_s`` the periodic cadence (0: only the final
     checkpoint); ``checkpointer`` None turns checkpoints off (``final_id`` is then -1)."""
 
-    def __init__(self, checkpointer, sites, every_s: float, timeout_s: float, t_start: float):
+    def __init__(
+        self,
+        checkpointer: Numbering | None,
+        sites: Iterable[int],
+        every_s: float,
+        timeout_s: float,
+        t_start: float,
+    ) -> None:
         self.on = checkpointer is not None
         self.sites = list(sites)
         self.every_s = every_s if self.on else 0
         self.timeout_s = timeout_s
-        self.next_id = checkpointer.next_id() if self.on else 1
+        self.next_id = checkpointer.next_id() if checkpointer is not None else 1
         self.id = -1  # the checkpoint in progress, -1 when none
         self.t0 = 0.0  # its start
         self.t_last = t_start  # the end of the last one
         self.acked: dict[int, int] = {}  # site -> its env steps at its snapshot
-        self.parked = {s: deque() for s in self.sites}  # a site's messages after its ack
+        self.parked: dict[int, deque[Any]] = {
+            s: deque() for s in self.sites
+        }  # a site's messages after its ack
 
     @property
     def in_progress(self) -> bool:
@@ -75,10 +92,10 @@ class Cut:
         """The site has acknowledged: what it sends after waits for the learner's part."""
         return site in self.acked
 
-    def park(self, site: int, messages) -> None:
+    def park(self, site: int, messages: Iterable[Any]) -> None:
         self.parked[site].extend(messages)
 
-    def unpark(self, site: int) -> list:
+    def unpark(self, site: int) -> list[Any]:
         """The site's parked messages, oldest first (they go before anything newer)."""
         out = list(self.parked[site])
         self.parked[site].clear()
@@ -112,7 +129,7 @@ class Cut:
 class SiteCut:
     """A buffer's side: the checkpoint it relays and which of its actors have acknowledged."""
 
-    def __init__(self, actors):
+    def __init__(self, actors: Iterable[int]) -> None:
         self.actors = list(actors)
         self.id = -1  # the checkpoint in progress
         self.held: set[int] = set()  # actors that acknowledged: their later messages wait

@@ -12,11 +12,16 @@ are logged: learner.h5:/progress).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 
 class TokenBucket:
     def __init__(
-        self, rate: float, take: int = 1, burst_s: float = 0.1, clock=time.monotonic
+        self,
+        rate: float,
+        take: int = 1,
+        burst_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``rate`` tokens per second (> 0); ``take`` tokens per `try_take` (the bucket holds at
         least that many); ``burst_s``: seconds of tokens a rank that fell behind may catch up."""

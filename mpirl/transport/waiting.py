@@ -13,7 +13,7 @@ import time
 
 
 class Backoff:
-    def __init__(self, floor: float = 5e-5, ceiling: float = 2e-3):
+    def __init__(self, floor: float = 5e-5, ceiling: float = 2e-3) -> None:
         self.floor, self.ceiling = floor, ceiling
         self.nap = floor
         self.idle_s = 0.0  # total time spent napping (measured, not requested)

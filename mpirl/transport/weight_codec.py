@@ -66,7 +66,7 @@ def dequantize(scales: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def checksum(w: np.ndarray) -> int:
     """crc32 of the float32 bytes: sender and receiver rebuild bit-identical vectors."""
-    return zlib.crc32(np.ascontiguousarray(w, np.float32).view(np.uint8))
+    return zlib.crc32(np.ascontiguousarray(w, np.float32).view(np.uint8).data)
 
 
 def encode_delta(w: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,7 +83,7 @@ class KeyframeSchedule:
     """When the next broadcast to one receiver is a keyframe: every ``every`` broadcasts, and
     whenever the sender does not know what the receiver holds (``base is None``) or it asked."""
 
-    def __init__(self, every: int):
+    def __init__(self, every: int) -> None:
         self.every = int(every)
         self.since = 0  # deltas since the last keyframe that entered the wire
         self.requested = False
@@ -102,7 +102,7 @@ class WeightCache:
     """A receiver's latest weights (the buffer's cache for its site): version, learner updates
     when they were made, the float32 vector.  ``apply`` takes a decoded WEIGHTS message."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.version = -1
         self.updates = 0
         self.params: np.ndarray | None = None

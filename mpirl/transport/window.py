@@ -24,7 +24,9 @@ import math
 
 
 class InflightWindow:
-    def __init__(self, fixed: int | None = None, max_window: int = 64, smoothing: float = 0.2):
+    def __init__(
+        self, fixed: int | None = None, max_window: int = 64, smoothing: float = 0.2
+    ) -> None:
         if fixed is not None and fixed < 1:
             raise ValueError(f"inflight={fixed} must be >= 1 or 'auto'")
         self.fixed, self.max_window, self.smoothing = fixed, max_window, smoothing
