@@ -5,7 +5,8 @@
 (means, the linear median and p90 of a batch's priorities, the arrival means) computed over a
 (rows, batch) array: one row at a time they cost ~30 us per update, each small numpy call running
 just after a train step has evicted the caches (docs/design.md, "The learner's per-update rows,
-written in blocks").  `small_mean` and `spread` are the one-row forms (the learner's FORWARD rows use them).
+written in blocks").  `small_mean` and `spread` are the one-row forms (the learner's FORWARD rows
+use them).
 """
 
 from __future__ import annotations
