@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from mpirl.replay.memory import Sample
 
 
-def learner(cfg: Config, spec: EnvSpec) -> tuple[Callable, Callable]:
+def learner(
+    cfg: Config, spec: EnvSpec
+) -> tuple[Callable[[Sample], tuple[float, np.ndarray]], Callable[[], np.ndarray]]:
     """The learner's own train step (`TrainStep`): ``update(batch) -> (loss, |td|)`` and
     ``weights() -> the online network's flat parameters``.  The one place that touches it."""
     import torch
@@ -54,7 +56,11 @@ def learner(cfg: Config, spec: EnvSpec) -> tuple[Callable, Callable]:
 
 
 def act(
-    q: Callable, obs: np.ndarray, n_actions: int, eps: np.ndarray, rng: np.random.Generator
+    q: Callable[[np.ndarray], np.ndarray],
+    obs: np.ndarray,
+    n_actions: int,
+    eps: np.ndarray,
+    rng: np.random.Generator,
 ) -> np.ndarray:
     """Greedy actions; env j takes a uniform random one with probability eps[j] (the actor's
     draw: 2m uniforms per turn)."""
@@ -65,7 +71,7 @@ def act(
 
 
 def records(
-    q: Callable, transitions: list[tuple], dtype: np.dtype
+    q: Callable[[np.ndarray], np.ndarray], transitions: list[tuple], dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
     """n-step transitions -> (records, initial |td| under the acting network)."""
     obs, action, reward, next_obs, discount, _ = zip(*transitions, strict=True)
@@ -78,13 +84,15 @@ def records(
 
 def updates_due(cfg: Config, inserted: int, updates: int) -> int:
     """Updates the rate limiter allows now: ``replay_ratio`` samples per transition inserted
-    after the first ``learning_starts`` (replay_ratio 0: one per env turn)."""
+    after the first ``learning_starts`` (replay_ratio 0: one per env turn), within
+    ``max_updates``."""
     learned = inserted - cfg.learning_starts
     if learned < 0:
         return 0
-    if not cfg.replay_ratio:
-        return 1
-    return max(0, math.ceil(cfg.replay_ratio * learned / cfg.batch_size) - updates)
+    due = (
+        math.ceil(cfg.replay_ratio * learned / cfg.batch_size) - updates if cfg.replay_ratio else 1
+    )
+    return max(0, min(due, cfg.max_updates - updates) if cfg.max_updates else due)
 
 
 def stop_reason(
@@ -194,12 +202,12 @@ def run(cfg: Config, say: Callable[[str], None] = print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """mpirl.main's flags -> one run; a bad value is one line on stderr and exit status 2."""
     try:
-        cfg = parse(argv)
+        run(parse(argv), lambda line: print(line, flush=True))
     except ConfigError as e:
         print(f"mpirl.reference: {e}", file=sys.stderr)
         return 2
-    run(cfg, lambda line: print(line, flush=True))
     return 0
 
 
