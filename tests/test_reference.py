@@ -12,9 +12,11 @@ from __future__ import annotations
 from mpirl.reference import main, run
 from mpirl.run.config import parse
 
+CPU = ["--device", "cpu"]  # the figures below are CPU torch's; a GPU host would pick CUDA
+
 
 def test_reference_learns_cartpole() -> None:
-    cfg = parse(["--seed", "1", "--target-return", "200", "--max-updates", "10000"])
+    cfg = parse(["--seed", "1", "--target-return", "200", "--max-updates", "10000", *CPU])
     summary = run(cfg, say=lambda line: None)
     assert summary["stop_reason"] == "target_return", summary["evals"]
     assert summary["best_eval"] >= 200
@@ -24,6 +26,7 @@ def test_reference_learns_cartpole() -> None:
 
 def test_one_seed_makes_one_run() -> None:
     argv = ["--seed", "5", "--max-updates", "400", "--eval-every", "200", "--eval-episodes", "3"]
+    argv += CPU
     first, second = (run(parse(argv), say=lambda line: None) for _ in range(2))
     assert first["stop_reason"] == "max_updates"
     assert (first["env_steps"], first["evals"]) == (second["env_steps"], second["evals"])
