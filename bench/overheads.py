@@ -1,11 +1,11 @@
 """Component overheads: each part of mpirl against its raw reference, measured in one invocation.
 
     python bench/overheads.py [--seconds 15] [--out FILE.md]
-                              [--only actor learner transport startup] [--keep DIR]
+                              [--only actor learner reference transport startup] [--keep DIR]
                               [--mpirl-args "FLAGS"] [--rounds N] [--batch-size B]
 
 Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
-(targets from issue 9):
+(targets from issue 9), and the whole loop against ``python -m mpirl.reference``:
 
 1. **actor** -- env steps/s of the one actor rank of ``mpirun -n 3 python -m mpirl.main`` (learner,
    buffer, actor; ``--replay-ratio 0`` so the actor is never throttled by the rate limiter) against
@@ -41,7 +41,16 @@ Four components, each a ratio of mpirl's figure to a reference measured by the s
    the latency of the naps, and credits (64 tokens, the raw stream's window, as
    ``--actor-credits 64`` would give).
    Target >= 0.8.
-4. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
+4. **whole loop** (``reference``; no target) -- the learner run's updates/s and the actor run's
+   env steps/s (the median rounds of 1 and 2) against ``python -m mpirl.reference`` run for
+   ``--seconds`` with the same flags (``run_flags``: seed, ``--replay-ratio 0``, evaluation off,
+   ``--batch-size``): the same envs, n-step returns, prioritized memory and ``TrainStep`` in one
+   process, no MPI, which acts and learns on one core (at ``--replay-ratio 0`` one update per
+   turn of ``envs_per_actor`` env steps) while the pipeline's measured rank has a core of its
+   own.  Its rates come from its progress rows after the first third, as the pipeline runs'; it
+   runs once, after the learner rounds, pinned and ballasted as the references of 1 and 2.  The
+   ratios say what distributing the loop gives on this machine, not an overhead.
+5. **start-up** -- seconds from launching ``mpirun -n 9 python -m mpirl.main`` until every actor
    has made its first env step (the latest of the actors' HDF5 attribute ``first_step_unix``,
    minus the launch time), against the seconds from launching ``mpirun -n 9 python -c ...``
    until every rank has imported torch, gymnasium and mpi4py, passed ``MPI_Init`` and a
@@ -105,7 +114,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
-COMPONENTS = ("actor", "learner", "transport", "startup")
+COMPONENTS = ("actor", "learner", "reference", "transport", "startup")
 RAW_WINDOW = 64
 BENCH_MEMORY = 4096  # transitions the learner benches sample their batches from
 EXTRA: list[str] = []  # more mpirl.main flags for the pipeline runs (--mpirl-args)
@@ -188,6 +197,20 @@ def cpu_at(prefix: Path, rank: int, unix):
     return np.interp(unix, data[:, 0], data[:, 1])
 
 
+def run_flags(seconds: float, evaluate: bool = False) -> list[str]:
+    """The mpirl.main flags of the pipeline runs that ``python -m mpirl.reference`` shares: the
+    budget, no target, no rate limit, progress rows every second, seed 3, evaluation off unless
+    ``evaluate``, ``--batch-size`` (not ``--mpirl-args``: the references do not change)."""
+    args = ["--max-seconds", str(seconds)]
+    args += "--target-return none --replay-ratio 0 --progress-seconds 1".split()
+    args += "--checkpoint-seconds 0 --seed 3".split()
+    if not evaluate:  # the references never evaluate: like with like
+        args += ["--eval-every", str(10**9)]
+    if os.environ.get("MPIRL_OVERHEADS_BATCH"):  # --batch-size: the references use it too
+        args += ["--batch-size", os.environ["MPIRL_OVERHEADS_BATCH"]]
+    return args
+
+
 def pipeline(
     tmp: Path, name: str, seconds: float, measured: str, keep: Path | None, evaluate: bool = False
 ) -> dict:
@@ -199,15 +222,9 @@ def pipeline(
     a, b = cores()
     a, b = ("-" if a is None else a), ("-" if b is None else b)
     run_dir, prefix = tmp / name, tmp / f"{name}-cpu"
-    args = ["--run-dir", str(run_dir), "--max-seconds", str(seconds)]
-    args += "--target-return none --replay-ratio 0 --progress-seconds 1".split()
-    args += "--checkpoint-seconds 0 --seed 3".split()
+    args = ["--run-dir", str(run_dir), *run_flags(seconds, evaluate)]
     if measured == "actor":  # an /actor row per flush: 4 a second, not one per 2 s
         args += ["--flush-seconds", "0.25"]
-    if not evaluate:  # the references never evaluate: like with like
-        args += ["--eval-every", str(10**9)]
-    if os.environ.get("MPIRL_OVERHEADS_BATCH"):  # --batch-size: the reference uses it too
-        args += ["--batch-size", os.environ["MPIRL_OVERHEADS_BATCH"]]
     args += EXTRA  # --mpirl-args
 
     def block(n: int, cpu) -> list[str]:
@@ -389,6 +406,25 @@ def ref_learner_mode(argv: list[str]) -> int:
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     n = updates - counted
     print(json.dumps({"rate": n / wall, "per_cpu": n / cpu, "cpu_share": cpu / wall}))
+    return 0
+
+
+def ref_whole_mode(argv: list[str]) -> int:
+    """``_ref_whole CPU SECONDS``: ``python -m mpirl.reference`` (the whole DQN in one process)
+    with the pipeline runs' flags; its rates over its progress rows after the first third."""
+    pin(argv[0])
+    import numpy as np
+
+    from mpirl import reference
+    from mpirl.run.config import parse
+
+    summary = reference.run(parse(run_flags(float(argv[1]))), say=lambda line: None)
+    t, steps, updates, cpu = np.array(summary["progress"]).T
+    i = int(np.argmax(t >= t[0] + (t[-1] - t[0]) / 3))
+    wall, used = t[-1] - t[i], cpu[-1] - cpu[i]
+    n, k = updates[-1] - updates[i], steps[-1] - steps[i]
+    out = {"rate": n / wall, "per_cpu": n / used, "env_rate": k / wall, "env_per_cpu": k / used}
+    print(json.dumps({**out, "cpu_share": used / wall, "window_s": wall}))
     return 0
 
 
@@ -728,7 +764,14 @@ def parse_args() -> argparse.Namespace:
         default=15,
         help="length of each measurement (pipeline runs, references, transport)",
     )
-    ap.add_argument("--only", nargs="+", choices=COMPONENTS, default=list(COMPONENTS))
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=COMPONENTS,
+        default=list(COMPONENTS),
+        help="the components to measure (reference: python -m mpirl.reference, compared with "
+        "the actor and learner runs measured in the same invocation)",
+    )
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
     ap.add_argument(
         "--keep",
@@ -789,6 +832,9 @@ def measure(a: argparse.Namespace, keep: Path | None) -> dict:
                     )
                     res[kind].append((got, ref))
                     print(json.dumps({kind: got, "reference": ref, "round": i}), flush=True)
+        if "reference" in a.only:  # after the pipeline runs it is compared with
+            res["reference"] = reference("whole", a.seconds)
+            print(json.dumps({"mpirl.reference": res["reference"]}), flush=True)
         if "learner" in a.only:  # the same job with the default greedy evaluation on
             res["learner_eval"] = pipeline(
                 tmp, "learner-eval-run", a.seconds, "learner", keep, evaluate=True
@@ -877,6 +923,34 @@ def learner_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> Non
     )
 
 
+def whole_rows(res: dict, cfg, rows: list, cpu_rows: list, notes: list) -> None:
+    """The pipeline runs' updates/s and env steps/s against ``python -m mpirl.reference``."""
+    ref = res["reference"]
+    for what, kind, key, ref_key in (
+        ("updates", "learner", "rate", "rate"),
+        ("env steps", "actor", "rate", "env_rate"),
+    ):
+        got = median_round(res[kind])[0] if kind in res else None
+        mine = "-" if got is None else f"{got[key]:,.0f} ({kind} run)"
+        ratio = "-" if got is None else f"{got[key] / ref[ref_key]:.2f}"
+        rows.append(
+            f"| whole loop: {what}/s, `python -m mpirl.reference` with the runs' flags "
+            f"(one process, one core) | {mine} | {ref[ref_key]:,.0f} | {ratio} | - | - |"
+        )
+        per_cpu = "per_cpu" if ref_key == "rate" else "env_per_cpu"
+        got_cpu = "-" if got is None else f"{got['per_cpu']:,.0f}"
+        ratio_cpu = "-" if got is None else f"{got['per_cpu'] / ref[per_cpu]:.2f}"
+        cpu_rows.append(f"| whole loop: {what} | {got_cpu} | {ref[per_cpu]:,.0f} | {ratio_cpu} |")
+    notes.append(
+        f"whole loop: `python -m mpirl.reference` acts and learns on one core ({cfg.envs_per_actor}"
+        " envs, one update per env turn at --replay-ratio 0, evaluation off), so its updates/s"
+        " and env steps/s share that core; the pipeline's learner and actor each had a core of"
+        " their own: the ratios say what the distribution gives on this machine, not an"
+        f" overhead. Steady window {ref['window_s']:.1f} s; it used {ref['cpu_share']:.0%} of a"
+        " core"
+    )
+
+
 def transport_rows(res: dict, rows: list, notes: list) -> None:
     got, ref, size = res["transport"]
     r = got["rate"] / ref["rate"]
@@ -931,14 +1005,17 @@ def report(res: dict, a: argparse.Namespace, loads: tuple) -> str:
         actor_rows(res, cfg, rows, cpu_rows, notes)
     if "learner" in res:
         learner_rows(res, cfg, rows, cpu_rows, notes)
+    if "reference" in res:
+        whole_rows(res, cfg, rows, cpu_rows, notes)
     if "transport" in res:
         transport_rows(res, rows, notes)
     if "startup" in res:
         startup_rows(res["startup"], rows, notes)
     pinned = (
         (
-            f"actor, learner: the measured rank and the reference on core {ca}, the other "
-            f"ranks and the reference's ballast on core {cb}; transport: ranks on cores {ca} "
+            f"actor, learner: the measured rank and the reference (also the whole loop's) on "
+            f"core {ca}, the other ranks and the reference's ballast on core {cb}; transport: "
+            f"ranks on cores {ca} "
             f"and {cb}"
         )
         if ca is not None
@@ -972,6 +1049,7 @@ if __name__ == "__main__":
         "_rank": rank_mode,
         "_ref_actor": ref_actor_mode,
         "_ref_learner": ref_learner_mode,
+        "_ref_whole": ref_whole_mode,
         "_transport": transport_mode,
     }
     if len(sys.argv) > 1 and sys.argv[1] in modes:
