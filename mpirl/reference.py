@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mpirl import seeds
 from mpirl.agent import envs
 from mpirl.agent.nstep import NStep
 from mpirl.agent.qnet import make_q
 from mpirl.replay.build import beta_at, make_replay, record_dtype
 from mpirl.roles.actor import epsilon
-from mpirl.run import seeds
 from mpirl.run.config import Config, ConfigError, parse
 
 if TYPE_CHECKING:
@@ -64,10 +64,10 @@ def act(
 ) -> np.ndarray:
     """Greedy actions; env j takes a uniform random one with probability eps[j] (the actor's
     draw: 2m uniforms per turn)."""
-    m = len(obs)
-    u = rng.random(2 * m)
-    explore = np.minimum((u[m:] * n_actions).astype(np.int64), n_actions - 1)
-    return np.where(u[:m] < eps, explore, q(obs).argmax(axis=1))
+    n_envs = len(obs)
+    u = rng.random(2 * n_envs)
+    explore = np.minimum((u[n_envs:] * n_actions).astype(np.int64), n_actions - 1)
+    return np.where(u[:n_envs] < eps, explore, q(obs).argmax(axis=1))
 
 
 def records(
@@ -128,8 +128,8 @@ def run(cfg: Config, say: Callable[[str], None] = print) -> dict:
         cfg.env, cfg.eval_episodes, cfg.seed, cfg.eval_max_steps, kw, wrappers
     )
     game = [envs.make(cfg.env, s, kw, wrappers) for s in mine["envs"]]
-    m = len(game)
-    eps = np.array([epsilon(j, m, cfg.eps_base, cfg.eps_alpha) for j in range(m)])
+    n_envs = len(game)
+    eps = np.array([epsilon(j, n_envs, cfg.eps_base, cfg.eps_alpha) for j in range(n_envs)])
     nstep = [NStep(cfg.n_step, cfg.gamma) for _ in game]
     rng = np.random.default_rng(mine["exploration"])
     q = make_q(spec, cfg.hidden, cfg.dueling)  # the actor's numpy copy of the online network
@@ -138,7 +138,7 @@ def run(cfg: Config, say: Callable[[str], None] = print) -> dict:
     target = target if target is not None and np.isfinite(target) else None
 
     obs = np.stack([e.reset(seed=s)[0] for e, s in zip(game, mine["envs"], strict=True)])
-    ep_ret, returns, pending, evals, progress = [0.0] * m, deque(maxlen=100), [], [], []
+    ep_ret, returns, pending, evals, progress = [0.0] * n_envs, deque(maxlen=100), [], [], []
     env_steps = updates = 0
     loss, best, stop = float("nan"), float("-inf"), None
     t0 = time.monotonic()
@@ -155,7 +155,7 @@ def run(cfg: Config, say: Callable[[str], None] = print) -> dict:
                 ep_ret[j] = 0.0
                 nxt, _ = env.reset()
             obs[j] = nxt
-        env_steps += m
+        env_steps += n_envs
         if len(pending) >= cfg.actor_chunk:  # into the replay memory, as a chunk ships
             memory.add(*records(q, pending, memory.dtype))
             pending.clear()
