@@ -16,7 +16,7 @@ MinAtar and Pong pipeline runs with ``--device cuda``, in one invocation, as mar
    * ``cuda bf16``: prefetch with ``--amp bf16``.
 
    Networks: the default MLP (64, 64) on CartPole-shaped input, and the Nature DQN CNN on Atari
-   input (4 x 84 x 84 uint8, 6 actions).  The target in issue 16: CUDA >= 10x CPU updates/s for
+   input (4 x 84 x 84 uint8, 6 actions).  The target: CUDA >= 10x CPU updates/s for
    the Nature CNN at batch 32.
 2. **Pipeline** -- ``mpirun -n RANKS python -m mpirl.main --env E --device cuda --max-seconds
    --run-seconds --target-return none`` for MinAtar/Breakout-v1 and ALE/Pong-v5 (the images

@@ -6,7 +6,7 @@ Every configuration is a real `mpirun` run of mpirl (replay at the buffer, actor
 the learner is the bottleneck), one after the other in this one invocation; the reference is the
 same run with no emulated link (`--link none`, `--inflight auto`).  Reported: the learner's busy
 fraction (time training / wall time) and updates/s over the steady part of the run (after the
-first third), and each as a ratio to the reference.  Targets (issue 4): auto >= 0.9x the
+first third), and each as a ratio to the reference.  Targets: auto >= 0.9x the
 reference's busy fraction on every profile; --inflight 1 visibly below it on the WAN profile.
 """
 

@@ -5,7 +5,7 @@
                               [--mpirl-args "FLAGS"] [--rounds N] [--batch-size B]
 
 Four components, each a ratio of mpirl's figure to a reference measured by the same invocation
-(targets from issue 9), and the whole loop against ``python -m mpirl.reference``:
+(with their targets), and the whole loop against ``python -m mpirl.reference``:
 
 1. **actor** -- env steps/s of the one actor rank of ``mpirun -n 3 python -m mpirl.main`` (learner,
    buffer, actor; ``--replay-ratio 0`` so the actor is never throttled by the rate limiter) against

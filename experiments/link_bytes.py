@@ -1,5 +1,5 @@
 """Bytes per transition on the long-haul link, per placement, for any env: what a sweep spec's
-bandwidth axis is calibrated with (issue 14: "a pilot to calibrate bytes per transition").
+bandwidth axis is calibrated with (a pilot to calibrate bytes per transition).
 
     python experiments/link_bytes.py --env MinAtar/Breakout-v1 [--steps 3000]
                                      [--compress on|off|auto]

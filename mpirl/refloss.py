@@ -2,7 +2,7 @@
 
 The training loss of the two placements is not comparable: each is the importance-weighted loss
 of batches sampled differently (from the learner's memory or from a buffer's) at different
-stages of training. The reference loss is defined the same way for both (issue 14, item 3): the
+stages of training. The reference loss is defined the same way for both: the
 *unweighted* loss of `mpirl.agent.dqn.dqn_loss` (double-DQN n-step target, Huber) of the current
 online and target networks on a set of transitions that no replay memory ever held, collected
 once per environment and seed and stored as ``.npz``.

@@ -1,5 +1,4 @@
-"""Break the code on purpose and see the suite notice: each mutation (issue 18's evidence, and
-a few of issue 13's) is applied to a scratch copy of the working tree, the tests that guard it
+"""Break the code on purpose and see the suite notice: each mutation is applied to a scratch copy of the working tree, the tests that guard it
 run there, and the table says caught (they failed) or MISSED (they passed).
 
     python tests/mutations.py              # every mutation

@@ -389,7 +389,7 @@ def test_reads_a_run_while_the_writer_holds_its_file_open(experiment, tmp_path):
         assert w.wait(timeout=30) == 0
 
 
-# --- metrics defined the same way in both placements (issue 14, item 3) -----------------------
+# --- metrics defined the same way in both placements -----------------------
 
 
 def test_reference_loss_and_arrival_subsample_are_logged_alike(experiment):

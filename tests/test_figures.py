@@ -1,4 +1,4 @@
-"""Figures that two ranks log about the same thing agree (issue 13): the importance-sampling beta
+"""Figures that two ranks log about the same thing agree: the importance-sampling beta
 of every buffer and of the learner, the weights versions the actors see and the broadcasts the
 learner made, the progress line's link rate and the /link rows.  One real 2-site run serves
 these checks."""

@@ -159,7 +159,7 @@ def test_one_sites_queued_batches_keep_their_own_normaliser(tmp_path):
 
 
 def test_priority_spread_is_numpys_linear_percentile():
-    """/transfers/priority_median and priority_p90 (issue 14): np.percentile's values, by hand
+    """/transfers/priority_median and priority_p90: np.percentile's values, by hand
     on a small case, and on random messages of several sizes."""
     got = learner_rows.spread(np.array([4.0, 1.0, 3.0, 2.0], np.float32))
     # sorted 1 2 3 4: median at h = 1.5 -> 2.5; p90 at h = 2.7 -> 3 + 0.7 * (4 - 3) = 3.7
@@ -178,7 +178,7 @@ def test_priority_spread_is_numpys_linear_percentile():
 
 def test_held_rows_match_one_row_at_a_time(tmp_path):
     """The learner's /updates and /transfers rows are held back and written in blocks
-    (issue 16: ~30 us of statistics per update one at a time).  Every row on disk must hold what
+    (~30 us of statistics per update one at a time).  Every row on disk must hold what
     the one-at-a-time code wrote: the means, the linear median / p90, the arrival means over the
     subsample (NaN and n 0 without one), in order, across blocks, a change of batch width and
     the log's flushes; nothing may be left behind at close."""

@@ -1,6 +1,6 @@
 """Pacing (--actor-steps-per-s, --learner-updates-per-s), the update budget (--max-updates), the
 existing placement under a link slower than production (--forward-overflow drop-oldest), and the
-fixed after-convergence window (issue 14, items 1, 2 and 4)."""
+fixed after-convergence window."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""analysis: the paper experiment's metrics (issue 14, item 3) and the per-cell report, on small
+"""analysis: the paper experiment's metrics and the per-cell report, on small
 synthetic HDF5 runs whose every value is computed by hand."""
 
 from __future__ import annotations

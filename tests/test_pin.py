@@ -1,5 +1,5 @@
 """jobs/pin.sh: the learner (world rank 0) alone on the first usable core, the other ranks on the
-rest (issue 14, item 7)."""
+rest."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Using what was trained (issue 17): one short real run under mpirun on the user's own env
+"""Using what was trained: one short real run under mpirun on the user's own env
 (tests/toy_env.py: module:id, --env-kwargs, --env-wrappers, --tensorboard), then best.pt, play,
 export, the dashboard files, --resume and the seeds on that run; play and export of MinAtar and
 Atari networks on run folders made here; the optional extras' clear errors.

@@ -311,7 +311,7 @@ def test_runs_whose_rows_are_exported_are_skipped(tmp_path, monkeypatch, capsys)
 
 def test_repository_specs_pass_the_flag_check():
     """The repository's specs are valid (the paper's pacing flags and budgets included) and pin
-    the learner with jobs/pin.sh; the equal-wall-time ones (issue 27) give both placements the
+    the learner with jobs/pin.sh; the equal-wall-time ones give both placements the
     same T and no other stop, and export their rows."""
     fixed = ROOT / "experiments" / "fixed-updates"
     for path in (

@@ -1,4 +1,4 @@
-"""experiments/weights-delta/*.toml (the learning comparison of issue 26) are valid sweeps of
+"""experiments/weights-delta/*.toml (the weights-encoding learning comparison) are valid sweeps of
 paired seeds, and their analysis reads the sweep's folders."""
 
 import importlib.util

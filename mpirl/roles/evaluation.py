@@ -23,7 +23,7 @@ plays it.
 docs/design.md ("Evaluation off the update loop") has the measurement behind the default.
 
 With ``--reference-set`` every runner also computes the reference loss of the weights it played
-(issue 14: `mpirl.refloss.reference_loss` over the whole set, unweighted), with those weights as
+(`mpirl.refloss.reference_loss` over the whole set, unweighted), with those weights as
 their own target network.  The learner's target at that time is not used: it would need a
 second weight vector per request, and the value would then depend on where in the target-sync
 cycle (``--target-update``) the evaluation fell, a phase unrelated to the placement being
@@ -83,7 +83,7 @@ def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
 
 
 class _Reference:
-    """The reference loss of evaluated weights (issue 14): `mpirl.refloss.reference_loss_self`
+    """The reference loss of evaluated weights: `mpirl.refloss.reference_loss_self`
     on the evaluator's own network, just loaded with the weights it played (online = target =
     those weights), so the value depends on them only, not on where the learner's target-sync
     cycle was; numpy, so a vector run's evaluation process still never imports torch."""

@@ -16,7 +16,7 @@ held for the kind never exceed two messages.  On the wire a latest-wins message 
 rate, else at the rate measured for the last one): one piece at a time, each after the messages
 posted while the one before it was on the wire.  So a control message (priorities, credits,
 STOP) waits behind one piece, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s,
-which starved the buffer of credits for as long).  Every piece but the last carries
+during which a buffer would get no credits).  Every piece but the last carries
 ``PIECE + tag``; the receiving end joins them, and the message is delivered when its last piece
 is.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
 

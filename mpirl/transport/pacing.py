@@ -38,10 +38,6 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
         self.t = now
 
-    def restart(self) -> None:
-        """Forget the time before now (e.g. the wait for the first weights)."""
-        self.tokens, self.t = float(self.take), self.clock()
-
     def try_take(self, now: float | None = None) -> bool:
         """Take ``take`` tokens if they are there."""
         self._refill(self.clock() if now is None else now)

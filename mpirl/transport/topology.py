@@ -108,13 +108,6 @@ class Topology:
     def n_actors(self) -> int:
         return sum(p.role == ACTOR for p in self.places)
 
-    @property
-    def n_buffers(self) -> int:
-        return sum(p.role == BUFFER for p in self.places)
-
-    def actors_of(self, site: int) -> list[Place]:
-        return [p for p in self.places if p.role == ACTOR and p.site == site]
-
 
 def build(world, buffers: int, learners: int = 1) -> Topology:
     """Split COMM_WORLD into site, link and learners communicators (collective over
