@@ -174,7 +174,8 @@ def build_learner(
     arrivals = Arrivals(cfg.arrival_sample, cfg.alpha, cfg.priority_eps, arrival_rng, trainer.td)
     group = _group(cfg, topo, ends, trainer, wire, streams)
     state = LearnerState(beta=cfg.beta)
-    log.set_attrs(loop_start_t=log.elapsed())  # the summary's clock on the log's clock
+    if resume is None:  # the first launch's loop start stays time zero across resumes
+        log.set_attrs(loop_start_t=log.elapsed())
     source = pick(cfg.replay_at).batch_source(
         LearnerContext(
             cfg, spec, wire, sites, rows, arrivals, streams, lambda: state.updates, group,

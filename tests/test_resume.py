@@ -319,6 +319,17 @@ def _rows_past_checkpoint(run: Path, name: str) -> dict:
     return {k: before[k] - at[k] for k in at if before[k] != at[k]}
 
 
+def test_a_resumed_run_keeps_its_first_launchs_loop_start(resumed):
+    """Time zero of every time-window metric is the loop start of the run's first launch: a
+    resume must not move it, or the earlier launches' rows get negative times and drop out of
+    every window (analysis.runs)."""
+    run, before, *_ = resumed
+    first = before["learner.h5"][1]["loop_start_t"]
+    data, attrs = _read(run / "learner.h5")
+    assert attrs["loop_start_t"] == first
+    assert (data["progress/t"] - first > 0).all()
+
+
 def test_row_counts_after_a_clean_stop(resumed):
     """After a clean stop every row is counted in the final checkpoint: the learner's held
     /updates and /transfers rows and the evaluation drained at the stop too.  The rows past
