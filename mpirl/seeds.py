@@ -27,6 +27,8 @@ learner                    generator REPLAY (rank 0)                   the repla
                                                                        sampling (replay_at=
                                                                        learner)
 learner                    generator ARRIVAL                           arrival |td| subsample
+learner j > 0 of a group   generator TORCH (j); REPLAY (j)             its network's init, its
+                                                                       replay shard's sampling
 learner                    env resets, slots 3 (k E + i)               greedy evaluation episodes
 learner, link to site s    generator LINK (rank 0, site s) (+ 1        emulated link jitter
                            inbound)
@@ -111,6 +113,11 @@ def learner(seed: int, sites: int, eval_episodes: int = 0) -> dict:
     }
 
 
+def group_learner(seed: int, index: int) -> dict:
+    """Learner ``index`` > 0 of a learner group (world rank ``index``, below every buffer)."""
+    return {"torch": generator(seed, TORCH, index), "replay": generator(seed, REPLAY, index)}
+
+
 def buffer(seed: int, rank: int) -> dict:
     return {"replay": generator(seed, REPLAY, rank), "link": generator(seed, LINK, rank)}
 
@@ -132,6 +139,8 @@ def of_rank(cfg: Config, topo: Topology, checkpoint: int | None = None) -> dict:
     ``checkpoint`` (None: a new run)."""
     place = topo.place
     if place.role == "learner":
+        if place.index > 0:
+            return group_learner(cfg.seed, place.index)
         return learner(cfg.seed, cfg.buffers, cfg.eval_episodes)
     if place.role == "buffer":
         return buffer(cfg.seed, place.rank)

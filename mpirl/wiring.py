@@ -268,8 +268,8 @@ def build_worker(
     torch.set_num_threads(cfg.torch_threads)
     comm = topo.learners
     index, k = comm.Get_rank(), comm.Get_size()
-    seed = seeds.learner(cfg.seed, 1)
-    torch.manual_seed(seed["torch"] + 7919 * index)
+    seed = seeds.group_learner(cfg.seed, index)
+    torch.manual_seed(seed["torch"])
     dev = device_mod.resolve(cfg.device, torch)
     if dev.type == "cuda" and torch.cuda.device_count() > 1:  # one GPU per learner
         dev = torch.device(f"cuda:{index % torch.cuda.device_count()}")
@@ -278,9 +278,7 @@ def build_worker(
     n_params = sum(p.numel() for p in trainer.params)
     sync = make_sync(cfg.learner_sync, comm, n_params, trainer.device, straggle_s(cfg, index))
     trainer.sync = sync
-    shard = pick(cfg.replay_at).worker_shard(
-        cfg, spec, wire.record, k, index, seed["replay"] + 7919 * index
-    )
+    shard = pick(cfg.replay_at).worker_shard(cfg, spec, wire.record, k, index, seed["replay"])
     streams = schema.open_streams(log, "learner_worker")
     assert ends.group_inbox is not None
     worker = GroupWorker(

@@ -100,3 +100,17 @@ def test_evaluator_resets_with_the_rounds_seeds():
         want.append(env.reset(seed=s)[0])
         env.close()
     np.testing.assert_array_equal(seen[0], np.stack(want))
+
+
+def test_every_learner_of_a_group_has_its_own_generator_seeds():
+    """--learners 3: the other learners' torch and replay seeds come from mpirl.seeds like
+    every other rank's, distinct from the lead's, the buffers' and each other's."""
+    cfg = Config(seed=5, buffers=2, learners=3, envs_per_actor=2, eval_episodes=5)
+    places = layout(12, cfg.buffers, learners=cfg.learners)
+    n_actors = sum(p.role == ACTOR for p in places)
+    gens = []
+    for p in places:
+        s = seeds.of_rank(cfg, SimpleNamespace(place=p, places=places, n_actors=n_actors))
+        gens += [v for k, v in s.items() if k not in ("envs", "evaluation", "link")]
+    assert len(gens) == 3 + 2 * 2 + 2 * 1 + n_actors  # lead, other learners, buffers, actors
+    assert len(set(gens)) == len(gens)
