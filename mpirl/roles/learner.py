@@ -194,7 +194,7 @@ class Learner:
 
     def on_keyframe(self, m: Keyframe) -> None:
         """A delta did not apply at the site: its next broadcast is a full keyframe."""
-        self.weights.request_keyframe(m.rank)
+        self.weights.request_keyframe(m.rank, m.version)
 
     def on_done(self, m: Done) -> None:
         site = self.sites[m.rank]

@@ -40,6 +40,7 @@ class _SiteSync:
     def __init__(self, key_every: int):
         self.base: tuple[int, np.ndarray] | None = None
         self.keys = wc.KeyframeSchedule(key_every)
+        self.key_version = -1  # the version of the last keyframe that entered the wire
 
 
 class WeightSync:
@@ -107,7 +108,7 @@ class WeightSync:
             def make(st=st):
                 buf, key, base = self._encode(st, params, version, updates, full, shared)
                 self.last_bytes = max(self.last_bytes, buf.nbytes)
-                return buf, lambda: self._committed(st, buf, key, base)
+                return buf, lambda: self._committed(st, buf, key, base, version)
 
             link.post_latest(Tag.WEIGHTS, make, now)
 
@@ -136,17 +137,23 @@ class WeightSync:
         buf, rebuilt = shared[key]
         return buf, False, (version, rebuilt)
 
-    def _committed(self, st: _SiteSync, buf: np.ndarray, key: bool, base) -> None:
+    def _committed(self, st: _SiteSync, buf: np.ndarray, key: bool, base, version: int) -> None:
         """A site's message entered the wire: the site will hold ``base`` next."""
         st.base = base
         st.keys.sent(key)
+        if key:
+            st.key_version = version
         self.sent_msgs += 1
         self.sent_bytes += buf.nbytes
         self.keyframes += key
 
-    def request_keyframe(self, rank: int) -> None:
-        """The site's delta did not apply (KEYFRAME): its next message is a full one."""
-        self.state[rank].keys.requested = True
+    def request_keyframe(self, rank: int, held: int) -> None:
+        """The site's delta did not apply (KEYFRAME; it holds version ``held``): its next message
+        is a full one, unless a keyframe newer than ``held`` is already on its way (the request
+        came from a delta sent before it)."""
+        st = self.state[rank]
+        if st.key_version <= held:
+            st.keys.requested = True
 
     # ---- report -------------------------------------------------------------------------------
     def observe_lag(self, lag: int) -> None:
