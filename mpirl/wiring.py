@@ -207,7 +207,12 @@ def build_learner(
             say,
         ),
         checkpoints=LearnerCheckpoint(
-            ckpt, trainer, [part_name(p.role, p.site, p.rank) for p in topo.places], log, torch
+            ckpt,
+            trainer,
+            [part_name(p.role, p.site, p.rank) for p in topo.places],
+            log,
+            torch,
+            weights,
         ),
         cut=Cut(
             ckpt, sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec), state.t_start

@@ -279,3 +279,29 @@ def test_evaluation_in_flight_at_the_stop_is_kept(tmp_path):
         assert f["evals/update"][()].tolist() == [1]
     assert np.isfinite(summary["best_eval"])
     assert (tmp_path / "best.pt").exists()
+
+
+def test_weights_replaced_continues_across_a_resume(tmp_path):
+    """/progress/weights_replaced counts every broadcast a newer one replaced before it left,
+    over the whole run: a resumed learner starts from the checkpoint's count, not from 0."""
+    import json
+
+    from mpirl.run.checkpoint import Checkpointer, load_part
+
+    cfg = Config(replay_at="buffer", buffers=1, hidden=(16,), progress_seconds=0)
+    spec, wire = wire_of(cfg)
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        ck = Checkpointer(tmp_path, "learner", log=log)
+        lrn = make_learner(cfg, spec, wire, log, {1: ScriptedLink(1)}, ckpt=ck)
+        lrn.checkpoints.part_names = ["learner"]  # no buffer or actor parts in this test
+        lrn.weights.replaced_before = 7  # as if 7 broadcasts were replaced so far
+        lrn.save(1, "periodic")
+        lrn.evaluation.start()
+        lrn.evaluation.close()
+    (manifest,) = (tmp_path / "checkpoint").glob("manifest-*.json")
+    part = load_part(tmp_path, json.loads(manifest.read_text()), "learner")
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1, resume=True) as log:
+        again = make_learner(cfg, spec, wire, log, {1: ScriptedLink(1)}, resume=part)
+        again.start()
+        assert again.weights.replaced() == 7
+        again.evaluation.close()

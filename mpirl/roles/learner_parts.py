@@ -142,14 +142,10 @@ class LearnerCheckpoint:
         part_names: list[str],
         log: RunLog,
         torch: Any,
+        weights: WeightSync,
     ):
-        self.ckpt, self.trainer, self.part_names, self.log, self.torch = (
-            ckpt,
-            trainer,
-            part_names,
-            log,
-            torch,
-        )
+        self.ckpt, self.trainer, self.part_names, self.log = ckpt, trainer, part_names, log
+        self.torch, self.weights = torch, weights
 
     def save(
         self,
@@ -176,6 +172,7 @@ class LearnerCheckpoint:
             "beta": state.beta,
             "wall_s_total": state.wall_total(),
             "to_target": state.to_target,
+            "weights_replaced": self.weights.replaced(),
             "online_sha256": params_sha256(t.online.state_dict()),
             "target_sha256": params_sha256(t.target.state_dict()),
         }
@@ -232,6 +229,7 @@ class LearnerCheckpoint:
             s.served = r["served"][str(s.index)]
             s.steps = r["site_steps"][str(s.index)]
         state.elapsed_before, state.to_target = r["wall_s_total"], r["to_target"]
+        self.weights.replaced_before = r.get("weights_replaced", 0)  # a cumulative count
         source.restore(r, part.arrays)
         state.beta = beta_at(cfg, state.updates)
 
