@@ -1,5 +1,6 @@
-"""Break the code on purpose and see the suite notice: each mutation is applied to a scratch copy of the working tree, the tests that guard it
-run there, and the table says caught (they failed) or MISSED (they passed).
+"""Break the code on purpose and see the suite notice: each mutation is applied to a scratch
+copy of the working tree, the tests that guard it run there, and the table says caught (they
+failed) or MISSED (they passed).
 
     python tests/mutations.py              # every mutation
     python tests/mutations.py jitter clip  # those whose name contains a word given
