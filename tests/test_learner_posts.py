@@ -305,3 +305,28 @@ def test_weights_replaced_continues_across_a_resume(tmp_path):
         again.start()
         assert again.weights.replaced() == 7
         again.evaluation.close()
+
+
+def test_policy_lag_is_logged_per_actor_and_site(tmp_path):
+    """/lag: one row per actor a site's STATS reports on, lag = the learner's updates minus
+    those of the weights the actor acts with; /progress pools them."""
+    import h5py
+
+    cfg = Config(replay_at="buffer", buffers=2, hidden=(16,), max_env_steps=100)
+    spec, wire = wire_of(cfg)
+
+    def on_post(link, tag):
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    links = {
+        1: ScriptedLink(1, on_post, [(Tag.STATS, wire.stats([], 100, 0, 0, {1: 0, 2: 0}))]),
+        2: ScriptedLink(2, on_post, [(Tag.STATS, wire.stats([], 100, 0, 0, {1: 0}))]),
+    }
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        lrn = make_learner(cfg, spec, wire, log, links)
+        lrn.state.updates = 30  # the weights the actors act with are 30 updates old
+        lrn.run()
+    with h5py.File(tmp_path / "learner.h5", "r") as f:
+        lag = {k: f["lag"][k][()].tolist() for k in ("buffer", "actor", "lag_updates")}
+    assert lag == {"buffer": [0, 0, 1], "actor": [1, 2, 1], "lag_updates": [30, 30, 30]}

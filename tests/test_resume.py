@@ -330,6 +330,19 @@ def test_a_resumed_run_keeps_its_first_launchs_loop_start(resumed):
     assert (data["progress/t"] - first > 0).all()
 
 
+def test_policy_lag_after_a_resume_is_not_the_restored_update_count(resumed):
+    """After a resume the actors act with the weights the learner broadcasts at its start: no
+    /lag row of the resumed launch may report the whole restored update count as lag (the
+    buffer's cache, which the lag used to be read from, says 0 updates until a keyframe)."""
+    run, _, _, _, saved = resumed
+    restored = saved.meta["updates"]
+    data, attrs = _read(run / "learner.h5")
+    t_resume = float(np.atleast_1d(attrs["resumed_unix"])[-1] - attrs["t0_unix"])
+    after = data["lag/t"] >= t_resume
+    assert after.sum() > 0
+    assert data["lag/lag_updates"][after].max() < restored, restored
+
+
 def test_row_counts_after_a_clean_stop(resumed):
     """After a clean stop every row is counted in the final checkpoint: the learner's held
     /updates and /transfers rows and the evaluation drained at the stop too.  The rows past

@@ -117,3 +117,15 @@ def test_buffer_drops_priorities_older_than_max_staleness(site_buffer):
     side.on_priorities(wire.unpack(raw, Tag.PRIORITIES, t=1.0))
     assert side.too_stale == 8 and side.prio_applied == 0
     assert side.memory.total_priority() == before
+
+
+def test_stats_say_which_weights_each_actor_acts_with(site_buffer):
+    """The policy lag is measured from the weights each actor acts with (EXPERIENCE.acting),
+    not from the buffer's cache, which after a resume says 0 until a keyframe arrives."""
+    buf, wire = site_buffer
+    m = wire.experience(np.zeros(4, wire.record), np.ones(4, np.float32), [], 4, 0, acting=40)
+    buf.on_experience(wire.unpack(m, Tag.EXPERIENCE, rank=1))
+    stats = wire.unpack(buf.stats(), Tag.STATS)
+    actors, acting = stats.acting
+    assert actors.tolist() == [1] and acting.tolist() == [40]
+    assert stats.weights_updates == 0  # the buffer's cache holds no weights yet

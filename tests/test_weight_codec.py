@@ -210,3 +210,13 @@ def test_sync_two_sites_one_version_two_vectors():
             m = wire.unpack(buf, tag)
             assert caches[r].apply(m.count, m.seq, int(m.a), m.arrays), (r, v)
             assert np.abs(caches[r].params - w).max() < 1e-3
+
+
+def test_policy_lags_are_bounded_without_progress_rows():
+    """--progress-seconds 0 never takes the lags: what the learner keeps of them is bounded."""
+    from mpirl.transport.weight_sync import LAGS_KEPT
+
+    sync = _sync(_Cfg(every="1"), Wire(np.dtype([("x", "<f4")]), 4), {1: _Site(_Comm(), 1e6)})
+    for _ in range(30):
+        sync.observe_lags(np.arange(10_000))
+    assert len(sync.lags) == LAGS_KEPT

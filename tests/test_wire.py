@@ -34,7 +34,8 @@ def test_experience_round_trip(wire):
 def test_empty_experience(wire):
     buf = wire.experience(np.zeros(0, wire.record), [], [], env_steps=3, seq=0)
     m = wire.unpack(buf, Tag.EXPERIENCE)
-    assert m.count == 0 and len(m.arrays["records"]) == 0 and buf.nbytes == HEADER.itemsize
+    # the header and the acting weights version (acting i8[1]) only
+    assert m.count == 0 and len(m.records) == 0 and buf.nbytes == HEADER.itemsize + 8
 
 
 def test_batch_and_priorities_round_trip(wire):

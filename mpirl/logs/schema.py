@@ -220,7 +220,8 @@ LEARNER = (
                 "f8",
                 "",
                 "policy lag: least learner updates between the learner's "
-                "count when a site's STATS arrived and the weights that site acts with, over the "
+                "count when a site's STATS arrived and the weights an actor of it acts with, over "
+                "every actor of every site and the "
                 "interval (NaN without STATS)",
             ),
             Field(
@@ -230,6 +231,21 @@ LEARNER = (
                 "median of that lag over the interval (the progress line's 'lag')",
             ),
             Field("lag_max", "f8", "", "largest of that lag over the interval"),
+        ),
+    ),
+    Stream(
+        "lag",
+        "policy lag per actor: one row per actor a site's STATS reports on (4 a second per site)",
+        (
+            Field("buffer", "i4", "", "site"),
+            Field("actor", "i4", "", "the actor's rank in its site (1..)"),
+            Field(
+                "lag_updates",
+                "i8",
+                "updates",
+                "learner updates when the STATS arrived minus those of the weights the actor "
+                "acted with in its latest experiences",
+            ),
         ),
     ),
     Stream(

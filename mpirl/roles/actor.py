@@ -372,6 +372,7 @@ class Actor:
             self.env_steps - self.steps_reported,
             self.seq,
             frames=table,
+            acting=self.weights_updates,
         )
         if self.fault.action == "wire" and self.fault.due("wire"):  # test hook: wrong version
             buf[6:8] = np.frombuffer(np.uint16(99).tobytes(), np.uint8)

@@ -135,6 +135,7 @@ class Buffer:
         self.change = p.cfg.link_change_at()
         self.env_steps = self.episodes = self.throttled = 0  # (checkpointed)
         self.owed = {a: 0 for a in self.actors}  # tokens to give back to each actor
+        self.acting: dict[int, int] = {}  # actor -> learner updates of the weights it acts with
         self.returns: list[float] = []
         self.weights = WeightCache()  # the site's latest weights: one copy crosses the link
         self.stopping = self.sent_done = self.acked = False
@@ -222,6 +223,7 @@ class Buffer:
         return [a for a in self.actors if not self.cut.holds(a)]
 
     def on_experience(self, m: Experience) -> None:
+        self.acting[m.rank] = m.acting
         self.env_steps += m.env_steps
         self.returns.extend(m.returns.tolist())
         self.episodes += len(m.returns)
@@ -283,12 +285,15 @@ class Buffer:
             self.site.post(self.wire.credit(self.owed[a]), dest=a)
             self.owed[a] = 0
 
+    def stats(self) -> np.ndarray:
+        """STATS: returns, env steps, episodes, and which weights the site and each actor act
+        with (the learner's policy lag)."""
+        w = self.weights.updates
+        return self.wire.stats(self.returns, self.env_steps, self.episodes, w, self.acting)
+
     def send_stats(self, now: float) -> None:
         if not self.sent_done and now - self.t_stats > STATS_EVERY_S:
-            self.link.post(
-                self.wire.stats(self.returns, self.env_steps, self.episodes, self.weights.updates),
-                now=now,
-            )
+            self.link.post(self.stats(), now=now)
             self.returns.clear()
             self.t_stats = now
 
@@ -304,10 +309,7 @@ class Buffer:
             return
         if self.final_ckpt >= 0:
             self.save(self.final_ckpt)
-        self.link.post(
-            self.wire.stats(self.returns, self.env_steps, self.episodes, self.weights.updates),
-            now=now,
-        )
+        self.link.post(self.stats(), now=now)
         self.link.post(self.wire.done(self.env_steps, self.episodes), now=now)
         self.returns.clear()
         self.sent_done = True

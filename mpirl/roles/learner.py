@@ -188,9 +188,14 @@ class Learner:
         return did
 
     def on_stats(self, m: Stats) -> None:
-        self.sites[m.rank].steps = m.env_steps
+        """A site's env steps and returns; the policy lag of each of its actors."""
+        site = self.sites[m.rank]
+        site.steps = m.env_steps
         self.report.recent.extend(m.returns.tolist())
-        self.weights.observe_lag(self.state.updates - m.weights_updates)
+        actors, acting = m.acting
+        lags = self.state.updates - acting
+        self.weights.observe_lags(lags)
+        self.report.lags(site.index, actors, lags)
 
     def on_keyframe(self, m: Keyframe) -> None:
         """A delta did not apply at the site: its next broadcast is a full keyframe."""

@@ -275,6 +275,13 @@ class Report:
             "idle": self.backoff.idle_s,
         }
 
+    def lags(self, site: int, actors: np.ndarray, lags: np.ndarray) -> None:
+        """/lag: one row per actor a site's STATS reported on."""
+        if len(actors):
+            self.streams["lag"].extend(
+                buffer=np.full(len(actors), site), actor=actors, lag_updates=lags
+            )
+
     def link_rows(self, now: float) -> None:
         for s in self.sites.values():
             lk = s.link

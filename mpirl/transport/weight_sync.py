@@ -9,14 +9,16 @@ until ``now - t_last >= n * 8 / (rate * share)``, and never less than `AUTO_MIN_
 bytes / time on the wire; the modelled rate under emulation), else the profile's.  Whatever the
 cadence, each link end holds at most one waiting broadcast (`LinkEnd.post_latest`: latest wins).
 
-Policy lag: every STATS message carries the learner update count of the weights its site acts
-with; lag = the learner's updates when it arrives minus that count (like Sample Factory's
-``version_diff``).  The progress row logs min, median and max over the interval.
+Policy lag: every EXPERIENCE carries the learner update count of the weights its actor acts
+with, and every STATS the latest count of each actor of the site; lag = the learner's updates
+when the STATS arrives minus that count (like Sample Factory's ``version_diff``).  The progress
+row logs min, median and max over the interval and every actor (/lag has each actor's).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from mpirl.transport.link import LinkEnd
 
 AUTO_MIN_UPDATES = 100  # --weights-every auto: never more often than this many updates
+LAGS_KEPT = 100_000  # the policy lags an interval keeps (the latest)
 
 
 class _SiteSync:
@@ -63,7 +66,8 @@ class WeightSync:
         # over the progress interval
         self.made = self.made_updates = 0
         self.sent_msgs = self.sent_bytes = self.keyframes = 0
-        self.lags: list[int] = []
+        #: the interval's policy lags, bounded: nothing takes them without progress rows
+        self.lags: deque[int] = deque(maxlen=LAGS_KEPT)
 
     # ---- when ---------------------------------------------------------------------------------
     def rate_bps(self) -> float:
@@ -156,8 +160,9 @@ class WeightSync:
             st.keys.requested = True
 
     # ---- report -------------------------------------------------------------------------------
-    def observe_lag(self, lag: int) -> None:
-        self.lags.append(max(0, int(lag)))
+    def observe_lags(self, lags: np.ndarray) -> None:
+        """Policy lags (learner updates) of actors, for the interval's min / median / max."""
+        self.lags.extend(np.maximum(0, np.asarray(lags, np.int64)).tolist())
 
     def replaced(self) -> int:
         return self.replaced_before + sum(link.latest_replaced for link in self.links.values())

@@ -9,7 +9,8 @@ first, so they stay aligned)::
 tag/kind    direction             header fields, then arrays
 ==========  ====================  ============================================================
 EXPERIENCE  actor -> buffer       count=n, seq=msg no, a=env steps since last, b=k returns;
-                                  [nframes i8[1]], returns f8[k], td_abs f4[n], records[n],
+                                  [nframes i8[1]], acting i8[1] (learner updates of the weights
+                                  the actor acts with), returns f8[k], td_abs f4[n], records[n],
                                   [frames u8[nframes, *frame]]  ([...]: image runs only)
 CREDIT      buffer -> actor,      count=tokens granted, a=samples drawn by the learner so far
             learner -> buffer
@@ -34,8 +35,9 @@ PRIORITIES  learner -> buffer     count=B, seq=batch id, a=echo of BATCH.a, b=le
                                   (hold: arrival -> update sent, step: mean update time, s),
                                   indices i8[B], generations i8[B], td_abs f4[B]
 STATS       buffer -> learner     count=k returns, a=site env steps (total), b=site episodes,
-                                  seq=learner updates of the weights the site acts with;
-                                  returns f8[k]
+                                  seq=learner updates of the weights the site holds;
+                                  returns f8[k], acting i8[2 x actors heard from]: (site rank,
+                                  learner updates of the weights it acts with) pairs
 STOP        learner -> buffer     seq=id of the final checkpoint each rank writes before its
             -> actors             DONE (-1: none)
 DONE        actor -> buffer,      a=env steps (total), b=episodes (total)
@@ -196,6 +198,10 @@ def _array(name: str, doc: str = "") -> property:
 
 class Experience(Message):
     __slots__ = ()
+    acting = property(
+        lambda m: int(m.arrays["acting"][0]),
+        doc="learner updates of the weights the actor acts with",
+    )
     returns = _array("returns", "episode returns, f8")
     td_abs = _array("td_abs", "the actor's initial |td|, f4")
     records = _array("records")
@@ -265,9 +271,15 @@ class Stats(Message):
     __slots__ = ()
     returns = _array("returns", "episode returns, f8")
     n_returns = _slot("count")
-    weights_updates = _slot("seq", doc="learner updates of the weights the site acts with")
+    weights_updates = _slot("seq", doc="learner updates of the weights the site holds")
     env_steps = _slot("a", int, "the site's env steps (total)")
     episodes = _slot("b", int, "the site's episodes (total)")
+
+    @property
+    def acting(self) -> tuple[np.ndarray, np.ndarray]:
+        """(site ranks, learner updates of the weights each of those actors acts with)."""
+        pairs = np.asarray(self.arrays["acting"]).reshape(-1, 2)
+        return pairs[:, 0], pairs[:, 1]
 
 
 class Stop(Message):
@@ -407,7 +419,12 @@ class Wire:
     def _spec_records(self, kind: Tag, count: int, b: float) -> list[tuple[str, np.dtype, int]]:
         f8, f4, i8, rec = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<i8"), self.record
         if kind == Tag.EXPERIENCE:
-            return [("returns", f8, int(b)), ("td_abs", f4, count), ("records", rec, count)]
+            return [
+                ("acting", i8, 1),
+                ("returns", f8, int(b)),
+                ("td_abs", f4, count),
+                ("records", rec, count),
+            ]
         if kind == Tag.FORWARD:
             return [("td_abs", f4, count), ("records", rec, count)]
         if kind == Tag.BATCH:
@@ -429,7 +446,7 @@ class Wire:
         if kind == Tag.WEIGHTS:
             return self._spec_weights(count)
         if kind == Tag.STATS:
-            return [("returns", f8, count)]
+            return [("returns", f8, count), ("acting", i8, -1)]
         if kind in (Tag.ORDER, Tag.GRAD):
             meta = [("meta", i8, 2)] + ([("td_abs", f4, count)] if kind == Tag.GRAD else [])
             return meta + [("body", np.dtype("u1"), -1)]
@@ -586,13 +603,14 @@ class Wire:
 
     # ---- packers, one per kind (documented in the module docstring) --------------------------
     def experience(
-        self, records, td_abs, returns, env_steps: int, seq: int, frames=None
+        self, records, td_abs, returns, env_steps: int, seq: int, frames=None, acting: int = 0
     ) -> np.ndarray:
+        """``acting``: the learner updates of the weights the actor acted with."""
         returns = np.asarray(returns, "<f8")
         pre, post = self._frames_arrays(frames, len(records))
         return pack(
             Tag.EXPERIENCE,
-            pre + [returns, np.asarray(td_abs, "<f4"), records] + post,
+            pre + [np.array([acting], "<i8"), returns, np.asarray(td_abs, "<f4"), records] + post,
             count=len(records),
             seq=seq,
             a=env_steps,
@@ -732,10 +750,23 @@ class Wire:
         return pack(Tag.CREDIT, count=tokens, a=samples)
 
     @staticmethod
-    def stats(returns, env_steps: int, episodes: int, weights_updates: int = 0) -> np.ndarray:
+    def stats(
+        returns,
+        env_steps: int,
+        episodes: int,
+        weights_updates: int = 0,
+        acting: dict[int, int] | None = None,
+    ) -> np.ndarray:
+        """``acting``: site rank -> learner updates of the weights that actor acts with."""
         returns = np.asarray(returns, "<f8")
+        pairs = np.array(sorted((acting or {}).items()), "<i8").reshape(-1)
         return pack(
-            Tag.STATS, [returns], count=len(returns), seq=weights_updates, a=env_steps, b=episodes
+            Tag.STATS,
+            [returns, pairs],
+            count=len(returns),
+            seq=weights_updates,
+            a=env_steps,
+            b=episodes,
         )
 
     @staticmethod
