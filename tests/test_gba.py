@@ -98,3 +98,14 @@ def test_bad_values_are_refused():
         agg.add(_c(0, n=5))
     with pytest.raises(ValueError, match="staleness=-1"):
         decay(-1, None)
+
+
+def test_the_aggregator_keeps_no_record_that_grows_with_the_run():
+    """Knowing that no gradient is applied twice costs O(1): a set of every id seen grew by
+    ~74 B per gradient (240 MB an hour at the bench's rate)."""
+    agg = GlobalBatch(samples=4, max_staleness=2)
+    for i in range(20_000):
+        agg.add(_c(i, version=i, n=4))
+        assert agg.take(i) is not None
+    sizes = {k: len(v) for k, v in vars(agg).items() if hasattr(v, "__len__")}
+    assert all(n < 10 for n in sizes.values()), sizes

@@ -16,8 +16,9 @@ assembled (token control: a contribution is a token, a batch of ``n`` samples):
   it equals the gradient of one batch of ``samples`` samples (synchronous all-reduce's update).
 
 Contributions are taken in arrival order; one that would overfill the global batch waits for the
-next one.  A contribution's id is remembered once added: adding it again raises, and ``take``
-hands each out exactly once, so no gradient is ever applied twice.
+next one.  The lead numbers contributions as it adds them, so ids only grow: one whose id is not
+above the last one added was added before and raises (O(1) to remember, however long the run),
+and ``take`` hands each out exactly once, so no gradient is ever applied twice.
 
 ``GlobalBatch(samples=batch, max_staleness=None, decay=False)`` is plain asynchronous
 parameter-server training (every gradient applied as it arrives, at full weight).
@@ -76,23 +77,23 @@ class GlobalBatch:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0 or None")
         self.samples, self.max_staleness, self.decay = samples, max_staleness, decay
         self.waiting: deque[Contribution] = deque()
-        self.seen: set[int] = set()
+        self.last_id = -1  # ids only grow (the lead numbers contributions as it adds them)
         self.applied = 0  # contributions handed out by take()
         self.dropped = 0  # contributions dropped as too stale
         self._drops: list[tuple[Contribution, int]] = []  # dropped since the last take
 
     def add(self, c: Contribution) -> None:
-        if c.id in self.seen:
+        if c.id <= self.last_id:
             raise ValueError(
-                f"contribution {c.id} (learner {c.learner}) was added before: a "
-                "gradient is applied at most once"
+                f"contribution {c.id} (learner {c.learner}) is not above the last id added "
+                f"({self.last_id}): it was added before, and a gradient is applied at most once"
             )
         if c.n <= 0 or c.n > self.samples:
             raise ValueError(
                 f"contribution {c.id} has n={c.n} samples; it must be in "
                 f"1..{self.samples} (the global batch)"
             )
-        self.seen.add(c.id)
+        self.last_id = c.id
         self.waiting.append(c)
 
     def _prune(self, version: int) -> list[tuple[Contribution, int]]:
