@@ -330,3 +330,29 @@ def test_policy_lag_is_logged_per_actor_and_site(tmp_path):
     with h5py.File(tmp_path / "learner.h5", "r") as f:
         lag = {k: f["lag"][k][()].tolist() for k in ("buffer", "actor", "lag_updates")}
     assert lag == {"buffer": [0, 0, 1], "actor": [1, 2, 1], "lag_updates": [30, 30, 30]}
+
+
+def test_progress_rho_counts_every_learners_samples():
+    """rho is transitions trained per env step: with K learners each global update trains K
+    batches (allreduce, gba), so updates x batch read K times too small."""
+    from types import SimpleNamespace
+
+    from mpirl.roles.learner_parts import Report
+    from mpirl.roles.learner_state import LearnerState
+    from mpirl.roles.placements.common import Site
+
+    rows = []
+    stream = SimpleNamespace(append=lambda **row: rows.append(row))
+    cfg = Config(batch_size=64, progress_seconds=1)
+    site = Site(1, ScriptedLink(1), 1.0)
+    source = SimpleNamespace(sampled=0, delivered=lambda: None)
+    weights = SimpleNamespace(take=lambda: {"lag_median": 0.0})
+    report = Report(
+        cfg, {"progress": stream}, {1: site}, source, weights, SimpleNamespace(idle_s=0.0),
+        lambda s: None, 0.0,
+    )  # fmt: skip
+    state = LearnerState(beta=0.4, t_start=0.0)
+    report.mark(state)
+    state.updates, source.sampled, site.steps = 10, 10 * 2 * 64, 1280  # K = 2 learners
+    report.progress(1.0, state, 0.0)
+    assert rows[-1]["rho"] == 1.0

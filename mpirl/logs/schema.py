@@ -155,9 +155,9 @@ LEARNER = (
                 "rho",
                 "f8",
                 "",
-                "samples per produced transition over the interval: updates x "
-                "batch_size / env steps (what --learner-updates-per-s and --actor-steps-per-s "
-                "set; NaN when no env steps were reported)",
+                "samples per produced transition over the interval: transitions the learners "
+                "trained on (every learner's batches) / env steps (what --learner-updates-per-s "
+                "and --actor-steps-per-s set; NaN when no env steps were reported)",
             ),
             Field(
                 "delivered_fraction",

@@ -268,6 +268,7 @@ class Report:
         self.prog = {
             "steps": self.env_steps(),
             "updates": state.updates,
+            "sampled": self.source.sampled,
             "inserted": self.source.delivered() or 0,
             "capped": state.capped_s,
             "busy": state.busy,
@@ -302,7 +303,7 @@ class Report:
         self.t_link = now
 
     def progress(self, now: float, state: LearnerState, best_eval: float) -> None:
-        cfg, p = self.cfg, self.prog
+        p = self.prog
         dt = now - self.t_prog
         env_steps = self.env_steps()
         d_steps = env_steps - p["steps"]
@@ -321,7 +322,8 @@ class Report:
             busy_fraction=(state.busy - p["busy"]) / dt,
             link_bytes_per_s=(link_total - p["link"]) / dt,
             interval_s=dt,
-            rho=d_updates * cfg.batch_size / d_steps if d_steps > 0 else np.nan,
+            # transitions trained per env step: every learner's batches (K per global update)
+            rho=(self.source.sampled - p["sampled"]) / d_steps if d_steps > 0 else np.nan,
             delivered_fraction=(
                 (delivered - p["inserted"]) / d_steps
                 if delivered is not None and d_steps > 0
