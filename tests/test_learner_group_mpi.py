@@ -145,3 +145,34 @@ def test_group_checkpoint_resumes_with_every_learners_part(tmp_path):
         assert version.max() == 179 and (np.diff(version) > 0).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 180 and summary["resumed_from"] is not None
+
+
+def test_group_with_the_memory_at_the_learner_starts_at_learning_starts_0(tmp_path):
+    """gba with the memory at the learner and --learning-starts 0: no order goes to a learner
+    before its shard has data (it died on the empty memory)."""
+    p = run_mpirl(
+        5, "--learners", "2", "--replay-at", "learner", "--learning-starts", "0",
+        "--hidden", "32", "32", "--target-return", "none", "--progress-seconds", "0",
+        "--max-updates", "60", "--run-dir", str(tmp_path / "run"), timeout=180,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with h5py.File(tmp_path / "run" / "learner-1.h5", "r") as f:
+        assert len(f["work/order"]) > 0  # the other learner trained
+
+
+def test_group_resumes_with_the_leads_version(tmp_path):
+    """After a resume the other learner labels its first gradients with the version of the
+    weights the lead broadcast at the start (the restored update count), not with its own
+    restored version: they were labelled staler than they were."""
+    run_dir = tmp_path / "run"
+    args = ["--learners", "2", "--learner-sync", "gba", "--hidden", "32", "32"]
+    args += ["--target-return", "none", "--progress-seconds", "0"]
+    p = run_mpirl(5, *args, "--max-updates", "150", "--run-dir", str(run_dir), timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with h5py.File(run_dir / "learner-1.h5", "r") as f:
+        before = len(f["work/order"])
+    p = run_mpirl(5, "--resume", str(run_dir), "--max-updates", "220", timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with h5py.File(run_dir / "learner-1.h5", "r") as f:
+        versions = f["work/version"][before:]
+    assert len(versions) and versions[0] == 150, versions[:5]

@@ -147,7 +147,7 @@ class LeadGroup:
         self.source = source
 
     def start(self, updates: int) -> None:
-        bcast_weights(self.comm, self.trainer)
+        bcast_weights(self.comm, self.trainer, updates)
         for o in self.others:
             o.version = updates
 

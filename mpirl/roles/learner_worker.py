@@ -71,7 +71,8 @@ class GroupWorker:
         self.stopped = False
 
     def run(self) -> dict[str, int]:
-        bcast_weights(self.comm, self.trainer)
+        # the lead's networks and their version (after a resume too: not this learner's own)
+        self.version = bcast_weights(self.comm, self.trainer)
         while not self.stopped or self.end.backlog:
             failure.FAULT.check()
             now = time.monotonic()

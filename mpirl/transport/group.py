@@ -180,14 +180,18 @@ def make_sync(
     return SubmitSync(straggle_s)
 
 
-def bcast_weights(comm: Any, trainer: Any) -> None:
-    """Every learner starts from the lead's online and target networks (collective)."""
+def bcast_weights(comm: Any, trainer: Any, updates: int = 0) -> int:
+    """Every learner starts from the lead's online and target networks and learns the lead's
+    update count, the version of those weights (collective; ``updates``: the lead's)."""
     from mpi4py import MPI
 
     for net in (trainer.online, trainer.target):
         flat = np.ascontiguousarray(net.flat_params(), np.float32)
         comm.Bcast([flat, MPI.FLOAT], root=0)
         set_params(list(net.parameters()), flat)
+    version = np.array([updates], np.int64)
+    comm.Bcast([version, MPI.INT64_T], root=0)
+    return int(version[0])
 
 
 __all__ = [
