@@ -117,7 +117,8 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={r}/munge.socket",
+            # cred_expire (default 120 s) also delays a requeued job's start that long
+            f"AuthInfo=socket={r}/munge.socket,cred_expire=10",
             f"StateSaveLocation={r}/ctld",
             f"SlurmdSpoolDir={r}/slurmd-%n",
             f"SlurmctldPidFile={r}/slurmctld.pid",
@@ -157,7 +158,7 @@ class SlurmCluster:
         if node is not None and node.netns:
             script = f"hostname {node.name} && exec " + " ".join(cmd)
             cmd = ["ip", "netns", "exec", node.netns, "unshare", "--uts", "sh", "-c", script]
-        log = open(self.root / f"{name}.out", "w")  # noqa: SIM115 (kept open for the daemon)
+        log = open(self.root / f"{name}.out", "w")
         self.procs[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
         )
@@ -187,9 +188,7 @@ class SlurmCluster:
     def nodes_idle(self) -> bool:
         p = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
         states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
-        return len(states) == len(self.nodes) and all(
-            s.startswith("idle") for s in states.values()
-        )
+        return len(states) == len(self.nodes) and all(s.startswith("idle") for s in states.values())
 
     def _wait(self, ok, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -213,11 +212,16 @@ class SlurmCluster:
         not counting the daemons we started ourselves."""
         mine = f"{TAG}={self.root}".encode()
         ours = {p.pid for p in self.procs.values()} | {os.getpid()}
+        ctld = self.procs.get("slurmctld")
         out = []
         for d in Path("/proc").glob("[0-9]*"):
             try:
                 if int(d.name) in ours:
                     continue
+                stat = (d / "stat").read_text()
+                ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+                if ctld is not None and ppid == ctld.pid and ctld.poll() is None:
+                    continue  # slurmscriptd, the controller's helper: ends with it
                 if mine in (d / "environ").read_bytes().split(b"\0"):
                     out.append(int(d.name))
             except (OSError, ValueError):

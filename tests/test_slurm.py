@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import textwrap
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from slurm_cluster import Node, SlurmCluster, unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
@@ -31,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 VENV = sys.prefix
 #: CartPole-v1's reward threshold, the default --target-return
 TARGET = 475.0
+#: a stop by Slurm's TERM: the ranks get it from Slurm or as USR1 from mpirl.launch, whichever
+#: comes first (both, when Slurm signals every process of the job)
+STOPS = {"SIGTERM", "SIGUSR1"}
 
 
 def _env(**kw) -> dict[str, str]:
@@ -102,3 +103,198 @@ def test_single_node_reaches_the_target(cluster, tmp_path):
     assert list(run.glob("checkpoint/manifest-*.json")), out
     with h5py.File(run / "learner.h5", "r") as f:
         assert json.loads(f.attrs["layout_json"])  # the rank -> host table is there
+
+
+def _wait(ok, timeout: float, what: str, cluster=None, job=None, tmp=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(0.5)
+    raise AssertionError(
+        f"no {what} after {timeout:.0f} s\n{_out(cluster, job, tmp) if job else ''}"
+    )
+
+
+def _updates(run: Path) -> int:
+    try:
+        with h5py.File(run / "learner.h5", "r", locking=False) as f:
+            return len(f["updates/update"]) if "updates" in f else 0
+    except (OSError, KeyError):
+        return 0
+
+
+def test_requeue_mid_run_resumes_the_run_folder(cluster, tmp_path):
+    """`scontrol requeuehold` mid-run (requeue, held so the files can be read between the two
+    tries; `release` starts the second): Slurm's TERM stops every rank with a final checkpoint,
+    and the requeued job resumes the same folder, counters continuing and no row lost."""
+    job = _submit(
+        cluster,
+        tmp_path,
+        "jobs/single-node.sbatch",
+        MAX_SECONDS=25,
+        MPIRL_ARGS="--target-return 100000",  # no early stop: the requeue is mid-run
+    )
+    run = tmp_path / "runs" / f"mpirl-1node-{job}-r0"
+    _wait(
+        lambda: _updates(run) >= 200,
+        90,
+        "learner updates before the requeue",
+        cluster,
+        job,
+        tmp_path,
+    )
+    cluster.run(["scontrol", "requeuehold", str(job)])
+    _wait(
+        lambda: cluster.job(job).get("JobState") == "PENDING" and not cluster.tagged_pids(),
+        60,
+        "the first try's end",
+        cluster,
+        job,
+        tmp_path,
+    )
+    first = json.loads((run / "summary.json").read_text())
+    assert first["stop_reason"] in STOPS, first
+    manifests = sorted(run.glob("checkpoint/manifest-*.json"))
+    assert manifests, _out(cluster, job, tmp_path)
+    rows_before = _rows(run)
+    with h5py.File(run / "learner.h5", "r") as f:
+        old_updates = f["updates/update"][()]
+    cluster.run(["scontrol", "release", str(job)])
+    rec = cluster.wait_done(job, 150)[0]
+    out = _out(cluster, job, tmp_path)
+    assert rec["JobState"] == "COMPLETED" and rec["Restarts"] == "1", (rec, out)
+    assert not (tmp_path / "runs" / f"mpirl-1node-{job}-r1").exists(), out  # the same folder
+    second = json.loads((run / "summary.json").read_text())
+    assert second["resumed_from"] == first["checkpoint"], (second, out)
+    assert second["stop_reason"] == "max_seconds", second
+    # every file: the resume saw exactly the rows the first try left, and appended to them
+    rows_after = _rows(run)
+    for name, streams in rows_before.items():
+        with h5py.File(run / f"{name}.h5", "r") as f:
+            resume = json.loads(f.attrs["resumes_json"])[-1]
+        assert resume["checkpoint"] == first["checkpoint"] and resume["reason"] == first["stop_reason"]
+        assert resume["rows_before_resume"] == streams, name
+        for stream, n in streams.items():
+            assert rows_after[name][stream] >= n, (name, stream)
+    with h5py.File(run / "learner.h5", "r") as f:
+        upd = f["updates/update"][()]
+    assert len(upd) > len(old_updates)
+    np.testing.assert_array_equal(upd[: len(old_updates)], old_updates)
+    assert np.all(np.diff(upd) == 1)  # the update counter continues: no gap, no repeat
+    assert second["updates"] > first["updates"] and second["env_steps"] > first["env_steps"]
+
+
+def test_time_limit_signal_ends_in_a_final_checkpoint(cluster, tmp_path):
+    """`--signal=B:TERM@N` with a short `--time`: the batch shell (mpirl.launch, exec'd by the
+    script) gets TERM before the limit and every rank writes its part of a final checkpoint."""
+    job = _submit(
+        cluster,
+        tmp_path,
+        "jobs/single-node.sbatch",
+        "--time=2",
+        "--signal=B:TERM@80",
+        MAX_SECONDS=300,
+        MPIRL_ARGS="--target-return 100000",
+    )
+    t0 = time.monotonic()
+    rec = cluster.wait_done(job, 200)[0]
+    took = time.monotonic() - t0
+    out = _out(cluster, job, tmp_path)
+    assert rec["JobState"] == "COMPLETED", (rec, out)  # ended by itself, not by the limit
+    run = tmp_path / "runs" / f"mpirl-1node-{job}-r0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] in STOPS, (summary, out)
+    manifest = json.loads(
+        (run / "checkpoint" / f"manifest-{summary['checkpoint']}.json").read_text()
+    )
+    assert manifest["reason"] == summary["stop_reason"] and manifest["counters"]["updates"] == summary["updates"]
+    assert sorted(manifest["parts"]) == [
+        "actor-2",
+        "actor-3",
+        "actor-4",
+        "actor-5",
+        "actor-6",
+        "actor-7",
+        "actor-8",
+        "buffer-0",
+        "learner",
+    ]
+    assert took < 120, took
+
+
+def test_srun_launcher_starts_and_learns(cluster, tmp_path):
+    """`LAUNCHER=srun`: `srun --mpi=pmi2` starts the 9 ranks (the mpich wheel on PMI-1) and
+    the run learns."""
+    job = _submit(cluster, tmp_path, "jobs/single-node.sbatch", LAUNCHER="srun", MAX_SECONDS=60)
+    rec = cluster.wait_done(job, 150)[0]
+    out = _out(cluster, job, tmp_path)
+    assert rec["JobState"] == "COMPLETED", (rec, out)
+    assert "srun --mpi=pmi2 -n 9" in out
+    run = tmp_path / "runs" / f"mpirl-1node-{job}-r0"
+    summary = json.loads((run / "summary.json").read_text())
+    with h5py.File(run / "learner.h5", "r") as f:
+        layout = json.loads(f.attrs["layout_json"])
+    assert len(layout) == 9, layout
+    evals = _evals(run)
+    # random greedy nets score 9-20 on CartPole
+    assert summary["stop_reason"] == "target_return" or evals.max() >= 150, (evals, out)
+
+
+def test_sweep_array_runs_every_task_and_exports_once(cluster, tmp_path):
+    """`python -m mpirl.sweep SPEC --slurm --write x.sbatch`, `sbatch x.sbatch`: every array
+    task runs its run and merges its row into the export; submitting it again merges nothing
+    twice (the runs are skipped)."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        out = "{tmp_path}/sweep"
+        export = "{tmp_path}/export"
+        ranks = 4
+        [flags]
+        link = "none"
+        [budget]
+        max_seconds = 15
+        [axes]
+        replay_at = ["learner", "buffer"]
+        [slurm]
+        time = "00:05:00"
+        setup = ["source {VENV}/bin/activate", "export PYTHONPATH={REPO}"]
+        """)
+    )
+    script = tmp_path / "x.sbatch"
+    p = cluster.run(
+        [sys.executable, "-m", "mpirl.sweep", str(spec), "--slurm", "--write", str(script)],
+        cwd=REPO,
+        env=_env(),
+    )
+    assert "#SBATCH --array=0-1" in script.read_text(), p.stdout
+    for attempt in (1, 2):
+        job = cluster.sbatch(
+            f"--output={tmp_path}/slurm-%x-%A_%a.out", str(script), cwd=REPO, env=_env()
+        )
+        recs = cluster.wait_done(job, 150)
+        out = _out(cluster, job, tmp_path)
+        assert len(recs) == 2 and all(r["JobState"] == "COMPLETED" for r in recs), (recs, out)
+        with open(tmp_path / "export" / "runs.csv") as f:
+            rows = f.read().splitlines()[1:]
+        assert len(rows) == 2, (attempt, rows, out)
+        assert len(list((tmp_path / "sweep").glob("*/seed0/summary.json"))) == 2, out
+    assert out.count("skipped") == 2, out
+
+
+def test_placement_reads_the_real_allocation(cluster, tmp_path):
+    """`python -m mpirl.placement` inside a real allocation reads the variables Slurm sets; one
+    node has no edge host, which it says naming the allocation (two nodes: test_two_hosts)."""
+    job = cluster.sbatch(
+        f"--output={tmp_path}/slurm-%j.out",
+        "-n9",
+        "--wrap",
+        f"{sys.executable} -m mpirl.placement --buffers 1 --ntasks 9; echo rc=$?",
+        cwd=REPO,
+        env=_env(),
+    )
+    cluster.wait_done(job, 60)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert "rc=2" in out and "SLURM_JOB_NODELIST=n1 SLURM_TASKS_PER_NODE=9" in out, out
+    assert "no edge host besides the cloud host 'n1'" in out, out
