@@ -3,7 +3,8 @@ brought up for this module (tests/slurm_cluster.py), real sbatch jobs, the run f
 
 Marked ``slurm``: left out of the default run (pyproject addopts) and run by `.ci/run` as a step
 of its own, ``python -m pytest -m slurm -p no:xdist tests/test_slurm.py``. Skips with the reason
-where no cluster can come up (not root, no package access).
+where no cluster can come up (not root, no package access); with ``MPIRL_REQUIRE_SLURM=1`` (set by
+`.ci/run`) that is a failure instead.
 
 Each job runs the worktree's code with this Python's venv (``VENV``), from the repository root,
 its run folders and Slurm output under the test's temporary folder.
@@ -43,6 +44,8 @@ def _env(**kw) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     why = unavailable()
+    if why and os.environ.get("MPIRL_REQUIRE_SLURM"):  # .ci/run: these tests must run
+        pytest.fail(f"MPIRL_REQUIRE_SLURM is set but no real Slurm can come up: {why}")
     if why:
         pytest.skip(f"no real Slurm here: {why}")
     c = SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", [Node("n1", "127.0.0.1")])
@@ -173,7 +176,9 @@ def test_requeue_mid_run_resumes_the_run_folder(cluster, tmp_path):
     for name, streams in rows_before.items():
         with h5py.File(run / f"{name}.h5", "r") as f:
             resume = json.loads(f.attrs["resumes_json"])[-1]
-        assert resume["checkpoint"] == first["checkpoint"] and resume["reason"] == first["stop_reason"]
+        assert (
+            resume["checkpoint"] == first["checkpoint"] and resume["reason"] == first["stop_reason"]
+        )
         assert resume["rows_before_resume"] == streams, name
         for stream, n in streams.items():
             assert rows_after[name][stream] >= n, (name, stream)
@@ -193,7 +198,7 @@ def test_time_limit_signal_ends_in_a_final_checkpoint(cluster, tmp_path):
         tmp_path,
         "jobs/single-node.sbatch",
         "--time=2",
-        "--signal=B:TERM@80",
+        "--signal=B:TERM@70",
         MAX_SECONDS=300,
         MPIRL_ARGS="--target-return 100000",
     )
@@ -206,9 +211,12 @@ def test_time_limit_signal_ends_in_a_final_checkpoint(cluster, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] in STOPS, (summary, out)
     manifest = json.loads(
-        (run / "checkpoint" / f"manifest-{summary['checkpoint']}.json").read_text()
+        (run / "checkpoint" / f"manifest-{summary['checkpoint']:06d}.json").read_text()
     )
-    assert manifest["reason"] == summary["stop_reason"] and manifest["counters"]["updates"] == summary["updates"]
+    assert (
+        manifest["reason"] == summary["stop_reason"]
+        and manifest["counters"]["updates"] == summary["updates"]
+    )
     assert sorted(manifest["parts"]) == [
         "actor-2",
         "actor-3",
