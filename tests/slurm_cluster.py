@@ -102,6 +102,8 @@ class SlurmCluster:
         r.mkdir(parents=True, exist_ok=True)
         os.chmod(r, 0o755)
         (r / "ctld").mkdir(exist_ok=True)
+        for n in self.nodes:
+            (r / f"slurmd-{n.name}").mkdir(exist_ok=True)
         key = r / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
@@ -156,8 +158,27 @@ class SlurmCluster:
 
     def _spawn(self, name: str, cmd: list[str], node: Node | None = None) -> None:
         if node is not None and node.netns:
-            script = f"hostname {node.name} && exec " + " ".join(cmd)
-            cmd = ["ip", "netns", "exec", node.netns, "unshare", "--uts", "sh", "-c", script]
+            # nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, without
+            # which slurmd 22.05 does not start. A mount namespace of its own instead puts the
+            # namespace's hosts file over /etc/hosts; a UTS namespace gives it its host name.
+            hosts = Path(f"/etc/netns/{node.netns}/hosts")
+            script = (
+                (f"mount --bind {hosts} /etc/hosts && " if hosts.exists() else "")
+                + f"hostname {node.name} && exec "
+                + " ".join(cmd)
+            )
+            cmd = [
+                "nsenter",
+                f"--net=/run/netns/{node.netns}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ]
         log = open(self.root / f"{name}.out", "w")
         self.procs[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
@@ -305,3 +326,90 @@ class SlurmCluster:
                 return recs
             time.sleep(1)
         raise TimeoutError(f"job {job_id} not done after {timeout:.0f} s: {self.jobs(job_id)}")
+
+
+# ---- two "hosts": network namespaces joined by a shaped veth ---------------------------------
+
+
+@dataclass
+class ShapedLink:
+    """Two network namespaces, ``cloud`` and ``edge``, joined by a veth pair whose both ends
+    are shaped with tbf (``rate``); /etc/netns/<ns>/hosts names both ends, so the host names
+    resolve inside them (``ip netns exec`` bind-mounts that file over /etc/hosts).
+
+    Only the namespaces' own addresses are used (10.213.0.1, .2 inside them); `remove` deletes
+    the namespaces (and with them the veth) and the hosts files."""
+
+    tag: str  # unique per test run: other users' namespaces are never touched
+    rate: str = "100mbit"
+    addrs: tuple[str, str] = ("10.213.0.1", "10.213.0.2")
+    names: tuple[str, str] = ("cloud", "edge")
+
+    @property
+    def netns(self) -> tuple[str, str]:
+        return (f"mpirl-{self.tag}-cloud", f"mpirl-{self.tag}-edge")
+
+    @property
+    def devs(self) -> tuple[str, str]:
+        return (f"mc{self.tag}"[:15], f"me{self.tag}"[:15])
+
+    def create(self) -> None:
+        (nc, ne), (dc, de) = self.netns, self.devs
+        hosts = "127.0.0.1 localhost\n" + "".join(
+            f"{a} {n}\n" for a, n in zip(self.addrs, self.names, strict=True)
+        )
+        for ns in (nc, ne):
+            _ip("netns", "add", ns)
+            Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
+            Path(f"/etc/netns/{ns}/hosts").write_text(hosts)
+        _ip("link", "add", dc, "type", "veth", "peer", "name", de)
+        for ns, dev, addr in ((nc, dc, self.addrs[0]), (ne, de, self.addrs[1])):
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", dev, "up")
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
+                  "burst", "64kb", "latency", "100ms"])  # fmt: skip
+
+    def counters(self) -> dict[str, int]:
+        """The cloud end's byte counters (``ip -s link``): rx edge -> cloud, tx cloud -> edge."""
+        import json as _json
+
+        p = _run(["ip", "-n", self.netns[0], "-s", "-j", "link", "show", "dev", self.devs[0]])
+        st = _json.loads(p.stdout)[0]["stats64"]
+        return {"rx_bytes": st["rx"]["bytes"], "tx_bytes": st["tx"]["bytes"]}
+
+    def qdisc(self) -> str:
+        return _run(["tc", "-n", self.netns[0], "qdisc", "show", "dev", self.devs[0]]).stdout
+
+    def remove(self) -> None:
+        for ns in self.netns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return _run(["ip", *args])
+
+
+def two_hosts_unavailable() -> str | None:
+    """Why two namespaced hosts cannot come up here, or None."""
+    why = unavailable()
+    if why:
+        return why
+    for tool in ("ip", "tc", "unshare"):
+        if not shutil.which(tool):
+            return f"{tool} is missing (iproute2, util-linux)"
+    probe = f"mpirl-probe-{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"cannot create a network namespace: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
