@@ -388,7 +388,7 @@ def test_edge_cloud_across_two_hosts(two_hosts, tmp_path):
         "--nodes=2",
         "--ntasks-per-node=8",
         BUFFERS=1,
-        MAX_SECONDS=30,
+        MAX_SECONDS=20,
         **ACROSS,
     )
     rec = cluster.wait_done(job, 150)[0]
@@ -417,7 +417,7 @@ def test_hetjob_across_two_hosts(two_hosts, tmp_path):
         f"--output={tmp_path}/slurm-%x-%j.out",
         str(script),
         cwd=REPO,
-        env=_env(RUN_ROOT=tmp_path / "runs", BUFFERS=1, MAX_SECONDS=30, **ACROSS),
+        env=_env(RUN_ROOT=tmp_path / "runs", BUFFERS=1, MAX_SECONDS=20, **ACROSS),
     )
     recs = cluster.wait_done(job, 150)
     after = link.counters()
