@@ -404,7 +404,14 @@ def two_hosts_unavailable() -> str | None:
     why = unavailable()
     if why:
         return why
-    for tool in ("ip", "tc", "unshare"):
+    if not (shutil.which("ip") and shutil.which("tc")) and shutil.which("apt-get"):
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "iproute2"],
+            capture_output=True,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+            timeout=300,
+        )
+    for tool in ("ip", "tc", "nsenter", "unshare"):
         if not shutil.which(tool):
             return f"{tool} is missing (iproute2, util-linux)"
     probe = f"mpirl-probe-{os.getpid()}"
