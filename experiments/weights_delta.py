@@ -10,9 +10,15 @@ paired by seed across
 t-interval on the paired log ratios (`analysis.stats.log_ratio_t`: it keeps its coverage at
 n = 10, where a bootstrap interval does not).  Verdict "not worse" in a cell when the interval's
 lower end is above 0.9 (it excludes a 10% loss); delta is called not worse only when both cells
-say so, so the two tests need no multiplicity correction (an intersection-union test).  Also
-per encoding: the mean bytes of a weight message and the median policy lag in updates
-(``/progress weights_bytes``, ``lag_median``).
+say so, so the two tests need no multiplicity correction (an intersection-union test).  Which
+cells decide: a confirmatory cell replaces its first stage (`CONFIRMS`), a fixed-cadence cell the
+``--weights-every auto`` cell of its env (`FIXED`: with auto, delta's smaller messages also buy
+more broadcasts, so that cell compares cadences too and stays reported as such); a deciding cell
+with fewer pairs than planned leaves the decision pending.  Also per encoding: the mean bytes of
+a weight message, the median policy lag in updates (``/progress weights_bytes``, ``lag_median``)
+and the link MB of a whole run (``link_mb``: `analysis.export.run_row`'s, the learner's
+``/link`` bytes in + out over [0, T], T the run's wall time for an update-budgeted run), since
+with auto delta spends its savings on more broadcasts.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ LOSS = 0.9  # the interval must exclude a return ratio below this
 #: a confirmatory cell -> the first-stage cell it replaces in the decision (once planned, the
 #: first stage is reported as its pilot, never pooled: see experiments/weights-delta/*-confirm.toml)
 CONFIRMS = {"cartpole-confirm": "cartpole"}
+#: a fixed-cadence cell -> the --weights-every auto cell it replaces in the decision: at auto,
+#: delta also broadcast ~3x as often (experiments/weights-delta/minatar-fixed.toml), so the auto
+#: cell measured cadence and encoding together; it stays reported as the cadence comparison
+FIXED = {"minatar-fixed": "minatar"}
 
 
 def cells(root: Path) -> dict:
@@ -147,6 +157,12 @@ def read_rows(path: Path) -> list[dict]:
         ]
 
 
+def _median(x: list[float]) -> float:
+    """The median of the finite values, NaN when none is (rows from before a column existed)."""
+    x = np.asarray(x, "f8")
+    return float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else math.nan
+
+
 def summarize(table: list[dict]) -> dict:
     """Per env: the paired ratio delta / full of the returns, its verdict, and each encoding's
     median return, weight-message bytes and policy lag."""
@@ -179,9 +195,17 @@ def summarize(table: list[dict]) -> dict:
             "unpaired": r.unpaired,
             "not_worse": bool(r.low > LOSS),
             **{
-                f"{enc}_{k}": float(np.nanmedian([f[k] for f in fs.values()]))
+                f"{enc}_{k}": _median([f[k] for f in fs.values()])
                 for enc, fs in by.items()
-                for k in ("return", "final_return", "weights_bytes", "lag_median", "U", "load_max")
+                for k in (
+                    "return",
+                    "final_return",
+                    "weights_bytes",
+                    "lag_median",
+                    "link_mb",
+                    "U",
+                    "load_max",
+                )
             },
         }
     return res
@@ -209,38 +233,63 @@ def _r(x: float, lo: float, hi: float, n: int) -> str:
     return LogRatio(x, lo, hi, math.nan, n, math.nan).text() if math.isfinite(x) else "-"
 
 
+def _mb(x: float) -> str:
+    return f"{x:.1f}" if math.isfinite(x) else "-"
+
+
 def markdown(res: dict, plan: dict[str, int]) -> str:
     """The results table and the verdict sentence, from `summarize`'s output."""
     lines = [
         "| cell | pairs | return AUC delta / full [95% t] | final-window return delta / full "
-        "| bytes a weight message, full / delta | median policy lag, full / delta (updates) "
-        "| U full / delta (updates/s) | load max |",
-        "|---|---|---|---|---|---|---|---|",
+        "| bytes a weight message, full / delta | link MB a run, full / delta "
+        "| median policy lag, full / delta (updates) | U full / delta (updates/s) | load max |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for env, r in res.items():
         want = plan.get(env, 0)
         g = {k: r.get(k, math.nan) for k in r} | {
             f"{e}_{k}": r.get(f"{e}_{k}", math.nan)
             for e in ("full", "delta")
-            for k in ("weights_bytes", "lag_median", "U", "load_max")
+            for k in ("weights_bytes", "lag_median", "link_mb", "U", "load_max")
         }
         fb, db = g["full_weights_bytes"], g["delta_weights_bytes"]
+        fm, dm = g["full_link_mb"], g["delta_link_mb"]
         lines.append(
             f"| {env} | {r['n']} of {want} | {_r(r['ratio'], r['low'], r['high'], r['n'])} "
             f"| {_r(r['final_ratio'], r['final_low'], r['final_high'], r['n'])} "
             f"| {fb:,.0f} / {db:,.0f} B ({fb / db:.1f}x) "
+            f"| {_mb(fm)} / {_mb(dm)} "
             f"| {g['full_lag_median']:.0f} / {g['delta_lag_median']:.0f} "
             f"| {g['full_U']:.1f} / {g['delta_U']:.1f} "
             f"| {max(g['full_load_max'], g['delta_load_max']):.1f} |"
         )
+    lines += [
+        f"| {env} | 0 of {want} | not yet run | - | - | - | - | - | - |"
+        for env, want in plan.items()
+        if env not in res
+    ]
     pilots = {CONFIRMS[c]: c for c in plan if c in CONFIRMS}
-    decide = [env for env in plan if env not in pilots]
+    cadence = {FIXED[c]: c for c in plan if c in FIXED}
+    decide = [env for env in plan if env not in pilots and env not in cadence]
     verdicts = []
     for env, r in res.items():
         if env in pilots:
             verdicts.append(
                 f"{env}: first stage, n = {r['n']}, lower end {r['low']:.3g} (a pilot now: "
                 f"{pilots[env]} decides)"
+            )
+        elif env in cadence:
+            verdicts.append(
+                f"{env}: at --weights-every auto, a cadence comparison, not the decision "
+                f"({_r(r['ratio'], r['low'], r['high'], r['n'])}, but delta's weights also went "
+                f"out more often: median lag {r.get('delta_lag_median', math.nan):.0f} against "
+                f"{r.get('full_lag_median', math.nan):.0f} updates; {cadence[env]} decides at "
+                "a fixed cadence)"
+            )
+        elif env in FIXED and r["n"] < plan.get(env, 0):
+            verdicts.append(
+                f"{env}: {r['n']} of {plan[env]} pairs so far, so the {FIXED[env]} decision "
+                "is pending"
             )
         elif r["n"] < plan.get(env, 0):  # a cell decides only at its planned pairs
             verdicts.append(f"{env}: {r['n']} of {plan[env]} pairs so far")
@@ -253,9 +302,18 @@ def markdown(res: dict, plan: dict[str, int]) -> str:
                 f"{env}: inconclusive at n = {r['n']} (lower end {r['low']:.3g}, not above {LOSS})"
             )
     missing = [env for env in decide if env not in res]
-    if missing or any(res[env]["n"] < plan[env] for env in decide if env in res):
-        head = "Interim, not decided (a cell has fewer pairs than planned)"
-        verdicts += [f"{env}: no pairs yet" for env in missing]
+    short = [env for env in decide if env in missing or res[env]["n"] < plan[env]]
+    if short:
+        head = (
+            "Interim, not decided (a deciding cell has fewer pairs than planned: "
+            f"{', '.join(short)})"
+        )
+        verdicts += [
+            f"{env}: not yet run, so the {FIXED[env]} decision is pending"
+            if env in FIXED
+            else f"{env}: no pairs yet"
+            for env in missing
+        ]
     elif all(res[env]["not_worse"] for env in decide):
         head = "**delta is not worse than full weights in every cell**"
     else:

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_spec_pairs_full_and_delta_per_seed():
     stage1 = set()
-    for name, seeds in (("cartpole", 20), ("minatar", 10), ("cartpole-confirm", 30)):  # power
+    cells = (("cartpole", 20), ("minatar", 10), ("cartpole-confirm", 30), ("minatar-fixed", 10))
+    for name, seeds in cells:  # power
         spec = S.load_spec(ROOT / "experiments" / "weights-delta" / f"{name}.toml")
         runs = S.expand(spec)
         assert S.check(spec, runs) == []
@@ -19,11 +20,83 @@ def test_spec_pairs_full_and_delta_per_seed():
         assert [lab for lab, _ in spec.axes["weights_encoding"]] == ["full", "delta"]
         assert [lab for lab, _ in spec.axes["env"]] == [name]
         assert len(runs) == len(spec.seeds) * 2
-        assert Path(spec.out).parts[-2:] == ("runs", "weights-delta")  # one root, both cells
+        want = "weights-delta-fixed" if name == "minatar-fixed" else "weights-delta"
+        assert Path(spec.out).parts[-2:] == ("runs", want)  # the fixed cell: its own root
         if name == "cartpole":
             stage1 = set(spec.seeds)
         if name == "cartpole-confirm":  # a fresh confirmatory run: no seed of the first stage
             assert not stage1 & set(spec.seeds)
+
+
+def test_fixed_cell_broadcasts_equally_often_in_both_encodings():
+    """minatar-fixed.toml is the auto MinAtar cell with one difference: a fixed --weights-every,
+    the same for both encodings (the auto cell gave delta ~3x the broadcasts), that full weights
+    can sustain within the auto cells' 0.25 link share."""
+    load = S.load_spec
+    fixed = load(ROOT / "experiments" / "weights-delta" / "minatar-fixed.toml")
+    auto = load(ROOT / "experiments" / "weights-delta" / "minatar.toml")
+    runs = S.expand(fixed)
+    every = {r.cell["weights_encoding"]: str(r.flags["weights_every"]) for r in runs}
+    assert set(every) == {"full", "delta"} and len(set(every.values())) == 1
+    n = int(every["full"])  # a number of updates, not "auto"
+    assert all(f"--weights-every {n}" in " ".join(r.command(fixed)) for r in runs)
+    assert str(auto.flags["weights_every"]) == "auto"
+    (_, env), (_, env_auto) = fixed.axes["env"][0], auto.axes["env"][0]
+    assert env == env_auto and fixed.seeds == auto.seeds  # the same cell, seeds, budget, link
+    assert {k: v for k, v in fixed.flags.items() if k != "weights_every"} == {
+        k: v for k, v in auto.flags.items() if k not in ("weights_every", "weights_link_share")
+    }
+    assert fixed.budget == auto.budget and fixed.ranks == auto.ranks
+    full_s = 528_756 * 8 / (env["bandwidth_mbps"] * 1e6)  # a full broadcast on the wire
+    assert full_s / (n / env["learner_updates_per_s"]) <= auto.flags["weights_link_share"]
+
+
+def test_minatar_decision_is_pending_until_the_fixed_cell_has_its_pairs():
+    """With minatar-fixed planned, the auto MinAtar cell is reported as a cadence comparison and
+    no longer decides: the verdict says the MinAtar decision is pending while the fixed cell has
+    no rows (or too few), and follows the fixed cell once it has its pairs."""
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
+    wd = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(wd)
+    assert wd.FIXED == {"minatar-fixed": "minatar"} and wd.planned()["minatar-fixed"] == 10
+
+    def rows(env, n, factor, link=(17.7, 15.1)):
+        return [
+            {
+                "env": env,
+                "encoding": enc,
+                "seed": s,
+                **dict.fromkeys(wd.FIELDS[3:], 1.0),
+                "link_mb": link[enc == "delta"],
+                "return": (100.0 + s) * (factor * (1.02, 0.98)[s % 2] if enc == "delta" else 1),
+            }
+            for s in range(n)
+            for enc in ("full", "delta")
+        ]
+
+    plan = {"cartpole-confirm": 4, "minatar": 4, "minatar-fixed": 4}
+    done = rows("cartpole-confirm", 4, 1.0) + rows("minatar", 4, 1.3)  # auto: clearly better
+    text = wd.markdown(wd.summarize(done), plan)
+    last = text.splitlines()[-1]
+    assert last.startswith("Interim, not decided") and "minatar-fixed" in last.split(".")[0]
+    assert "minatar-fixed: not yet run, so the minatar decision is pending" in last
+    assert "minatar: at --weights-every auto, a cadence comparison, not the decision" in last
+    assert "| minatar-fixed | 0 of 4 | not yet run |" in text
+    assert "| 17.7 / 15.1 |" in text  # the link MB a run, full / delta
+    some = done + rows("minatar-fixed", 2, 1.0)
+    last = wd.markdown(wd.summarize(some), plan).splitlines()[-1]
+    assert last.startswith("Interim") and "minatar-fixed: 2 of 4 pairs so far" in last
+    ok = done + rows("minatar-fixed", 4, 1.0)
+    last = wd.markdown(wd.summarize(ok), plan).splitlines()[-1]
+    assert last.startswith("**delta is not worse than full weights in every cell**"), last
+    worse = done + rows("minatar-fixed", 4, 0.8)  # the auto cell's 1.3 no longer rescues it
+    last = wd.markdown(wd.summarize(worse), plan).splitlines()[-1]
+    assert last.startswith("**delta is not shown"), last
+    # rows without link bytes (an older CSV) show "-"
+    old = [{**r, "link_mb": float("nan")} for r in done]
+    assert "| - / - |" in wd.markdown(wd.summarize(old), plan)
 
 
 def test_analysis_finds_cells(tmp_path):
@@ -86,7 +159,12 @@ def test_verdict_is_a_t_interval_on_paired_log_ratios(tmp_path, monkeypatch):
         assert abs(r["ratio"] - factor) < 0.01
         # t(0.975, 9) = 2.262; sd of log(noise) = 0.0211 -> half-width exp(+-0.0151)
         assert abs(r["low"] / r["ratio"] - 0.985) < 0.002
-    assert wd.planned() == {"cartpole": 20, "cartpole-confirm": 30, "minatar": 10}
+    assert wd.planned() == {
+        "cartpole": 20,
+        "cartpole-confirm": 30,
+        "minatar": 10,
+        "minatar-fixed": 10,
+    }
 
 
 def test_committed_table_is_what_the_committed_rows_give():
