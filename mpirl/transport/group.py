@@ -58,7 +58,7 @@ def wait_polled(req: Any) -> float:
 class LocalSync:
     """K = 1: clip and step, as a lone learner does; ``straggle_s`` sleeps before each step."""
 
-    def __init__(self, straggle_s: float = 0.0):
+    def __init__(self, straggle_s: float = 0.0) -> None:
         self.straggle_s = straggle_s
         self.wait_s = 0.0  # seconds the last step waited for the group
 
@@ -75,7 +75,7 @@ class AllreduceSync(LocalSync):
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `nccl_group`."""
 
-    def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None):
+    def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None) -> None:
         super().__init__(straggle_s)
         self.comm, self.nccl = comm, nccl
         self.send = np.zeros(n_params + 1, np.float32)
@@ -124,7 +124,7 @@ class SubmitSync(LocalSync):
     """async / gba: no step here; the gradient is kept (``taken()``) for the lead's aggregator
     or a worker's GRAD."""
 
-    def __init__(self, straggle_s: float = 0.0):
+    def __init__(self, straggle_s: float = 0.0) -> None:
         super().__init__(straggle_s)
         self.grad: np.ndarray | None = None
 
