@@ -40,7 +40,7 @@ class ScriptedLink:
         inbox=(),
         log: list | None = None,
         feed: Callable[[], list] | None = None,
-    ):
+    ) -> None:
         self.peer, self.script, self.inbox = peer, script, list(inbox)
         self.log, self.feed = log, feed
         self.sent, self.received = LinkStats(), LinkStats()
@@ -88,7 +88,7 @@ class RecordingPort(SitePort):
     """A `mpirl.transport.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts``
     as ``(Tag, buffer, dest)`` instead of sent."""
 
-    def __init__(self, wire, me: str = "test rank"):
+    def __init__(self, wire, me: str = "test rank") -> None:
         super().__init__(MPI.COMM_SELF, Inbox(wire, me, lambda r: f"site rank {r}", MPI.COMM_SELF))
         self.posts: list = []
 

@@ -55,7 +55,7 @@ class Pending:
 
     __slots__ = ("_event", "_out")
 
-    def __init__(self, out, event=None):
+    def __init__(self, out, event=None) -> None:
         self._out, self._event = out, event
 
     def result(self) -> tuple[float, np.ndarray]:
@@ -78,7 +78,7 @@ class TrainStep:
     non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
     calls them apart to put the next batch on its way while the current one trains."""
 
-    def __init__(self, cfg: Config, spec, device="cpu", amp: str = "off"):
+    def __init__(self, cfg: Config, spec, device="cpu", amp: str = "off") -> None:
         import torch
 
         from mpirl.agent.dqn import Adam, dqn_loss

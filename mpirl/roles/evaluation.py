@@ -88,7 +88,7 @@ class _Reference:
     those weights), so the value depends on them only, not on where the learner's target-sync
     cycle was; numpy, so a vector run's evaluation process still never imports torch."""
 
-    def __init__(self, r: dict):
+    def __init__(self, r: dict) -> None:
         from mpirl import refloss
 
         self.refset = refloss.load(r["path"], sha256=r["sha256"])
@@ -132,7 +132,7 @@ def _build(s: dict, threads: int | None):
 class _Runner:
     """Common part: one evaluation in flight, its request kept for the result."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pending: tuple | None = None  # (round, update, env_steps, params)
 
     @property
@@ -162,12 +162,12 @@ class _Runner:
 
 
 class InlineRunner(_Runner):
-    def __init__(self, s: dict):
+    def __init__(self, s: dict) -> None:
         super().__init__()
         self.evaluator, self.q, self.ref = _build(s, threads=None)
         self._done = None
 
-    def _start(self, params, rnd):
+    def _start(self, params, rnd) -> None:
         self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
     def poll(self) -> EvalResult | None:
@@ -181,14 +181,14 @@ class InlineRunner(_Runner):
 
 
 class ThreadRunner(_Runner):
-    def __init__(self, s: dict):
+    def __init__(self, s: dict) -> None:
         super().__init__()
         self.evaluator, self.q, self.ref = _build(s, threads=None)
         self._thread: threading.Thread | None = None
         self._done = None
 
-    def _start(self, params, rnd):
-        def work():
+    def _start(self, params, rnd) -> None:
+        def work() -> None:
             self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
         self._thread = threading.Thread(target=work, name="mpirl-eval", daemon=True)
@@ -240,7 +240,7 @@ class ProcessRunner(_Runner):
     `_start` puts the request in a one-request slot (at most one evaluation is in flight) and
     returns; the writer thread writes it to the child's stdin, waiting for the child to read."""
 
-    def __init__(self, s: dict):
+    def __init__(self, s: dict) -> None:
         from mpirl.run.failure import STOP_SIGNALS
 
         super().__init__()
@@ -267,7 +267,7 @@ class ProcessRunner(_Runner):
         )
         self._writer.start()
 
-    def _start(self, params, rnd):
+    def _start(self, params, rnd) -> None:
         with self._wake:
             self._slot = (rnd, params)
             self._wake.notify()

@@ -94,7 +94,7 @@ class NoGroup:
 class OtherLearner:
     """What the lead keeps per other learner of the group (``index``: its rank in it)."""
 
-    def __init__(self, index: int, end: LinkEnd):
+    def __init__(self, index: int, end: LinkEnd) -> None:
         self.index, self.end = index, end
         self.orders: deque[tuple[int, Drawn, float]] = deque()  # (id, batch, sent) unanswered
         self.shard = 0  # transitions sent to its shard (replay at the learner)
@@ -116,7 +116,7 @@ class LeadGroup:
         sync: LocalSync,
         wire: Wire,
         rows: Stream,
-    ):
+    ) -> None:
         """``comm``: the learners communicator (its collectives); ``ends``: learner j -> the
         lead's end toward it, ``inbox`` for what they send (`mpirl.wiring.connect`);
         ``rows``: the /group stream.  `attach` hands it the placement's batch source."""

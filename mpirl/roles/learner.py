@@ -91,7 +91,7 @@ class LearnerParts:
 class Learner:
     """The learner rank's loop; ``run()`` returns the run's summary (summary.json)."""
 
-    def __init__(self, parts: LearnerParts):
+    def __init__(self, parts: LearnerParts) -> None:
         p = self.parts = parts
         self.cfg, self.wire, self.log, self.sites, self.inbox = (
             p.cfg,

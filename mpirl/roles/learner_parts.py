@@ -56,7 +56,7 @@ class Evaluation:
         trainer: TrainStep,
         target_return: float | None,
         say: Callable[[str], None],
-    ):
+    ) -> None:
         self.cfg, self.make_runner, self.evals, self.run_dir = cfg, make_runner, evals, run_dir
         self.trainer, self.target_return, self.say = trainer, target_return, say
         self.runner: Any = None
@@ -142,7 +142,7 @@ class LearnerCheckpoint:
         part_names: list[str],
         log: RunLog,
         torch: Any,
-    ):
+    ) -> None:
         self.ckpt, self.trainer, self.part_names, self.log, self.torch = (
             ckpt,
             trainer,
@@ -250,7 +250,7 @@ class Report:
         backoff: Backoff,
         say: Callable[[str], None],
         t_start: float,
-    ):
+    ) -> None:
         self.cfg, self.streams, self.sites, self.source = cfg, streams, sites, source
         self.weights, self.backoff, self.say = weights, backoff, say
         self.recent: deque[float] = deque(maxlen=100)  # the actors' last episode returns

@@ -65,7 +65,9 @@ class HeldRows:
 
     BLOCK = 256
 
-    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float, huber_delta: float = 1.0):
+    def __init__(
+        self, logs: dict, log: RunLog, alpha: float, eps: float, huber_delta: float = 1.0
+    ) -> None:
         self.updates_stream, self.transfers_stream = logs["updates"], logs["transfers"]
         self.t0, self.alpha, self.eps, self.delta = log.t0, alpha, eps, huber_delta
         self.u: list[tuple] = []  # (t, update, loss, beta)
@@ -147,7 +149,7 @@ class HeldRows:
 class _Rows:
     """Equal-length 1-D arrays copied into the rows of one growing 2-D block."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.a, self.k = None, 0
 
     def fits(self, x: np.ndarray) -> bool:
@@ -192,7 +194,7 @@ class Arrivals:
         eps: float,
         rng: np.random.Generator,
         td_of: Callable[..., np.ndarray],
-    ):
+    ) -> None:
         self.sample, self.alpha, self.eps, self.rng, self.td_of = sample, alpha, eps, rng, td_of
 
     def pick(self, n: int) -> np.ndarray | None:

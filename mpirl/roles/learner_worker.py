@@ -51,7 +51,7 @@ class GroupWorker:
         shard: PrioritizedReplay | None,
         ckpt: Checkpointer | None,
         torch: Any,
-    ):
+    ) -> None:
         """``end``: toward the lead, ``inbox`` for its messages (`mpirl.wiring.connect`);
         ``shard``: its part of the group's replay memory (None: the memory is not at the
         learner); ``work``: the /work stream."""

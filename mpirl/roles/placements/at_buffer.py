@@ -48,7 +48,7 @@ class SiteMemory:
         window: InflightWindow,
         batches: Stream,
         on_raw: Any,
-    ):
+    ) -> None:
         """``batches``: the /batches stream; ``on_raw(out)`` counts what compression saved."""
         self.cfg, self.memory, self.link, self.wire, self.window = cfg, memory, link, wire, window
         self.batches, self.on_raw = batches, on_raw
@@ -186,7 +186,7 @@ class LinkBatches:
         rows: HeldRows,
         arrivals: Arrivals,
         group_size: int = 1,
-    ):
+    ) -> None:
         self.sites, self.wire, self.rows, self.arrivals = sites, wire, rows, arrivals
         self.k = group_size  # K learners serve K batches at a time
         self.ready: dict[int, deque[Batch]] = {b: deque() for b in sites}

@@ -43,7 +43,7 @@ class ForwardQueue:
     """Experiences received, not yet forwarded: groups of (records, |td|,
     frame table or None), at most ``limit`` transitions when ``drop_oldest``."""
 
-    def __init__(self, wire: Wire, spec: EnvSpec, limit: int, drop_oldest: bool):
+    def __init__(self, wire: Wire, spec: EnvSpec, limit: int, drop_oldest: bool) -> None:
         self.wire, self.spec, self.limit, self.drop_oldest = wire, spec, limit, drop_oldest
         self.groups: deque[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = deque()
         self.len = 0
@@ -120,7 +120,7 @@ class SiteForwarding:
 
     def __init__(
         self, cfg: Config, spec: EnvSpec, wire: Wire, link: LinkEnd, on_raw: Callable[..., None]
-    ):
+    ) -> None:
         self.cfg, self.wire, self.link, self.on_raw = cfg, wire, link, on_raw
         self.queue = ForwardQueue(
             wire,
@@ -195,7 +195,7 @@ class LocalMemory:
         updates: Callable[[], int],
         route: Callable[[Forward], bool],
         shard_starts: int,
-    ):
+    ) -> None:
         """``updates()``: the learner's update count (for the rows); ``route(m)``: True when
         the learner group took the message for another learner's shard; ``shard_starts``:
         the transitions a shard needs before it is sampled."""
