@@ -181,6 +181,7 @@ class Buffer:
             self.link.post(self.wire.keyframe(cache.version), now=m.t)
             return
         self.side.weights_arrived(m.updates)
+        assert cache.params is not None  # apply() succeeded
         if not self.stopping:
             out = (
                 m.buf

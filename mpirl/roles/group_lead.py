@@ -23,6 +23,8 @@ from mpirl.transport.group import bcast_weights
 from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpirl.agent.train_step import TrainStep
     from mpirl.logs.runlog import Stream
     from mpirl.roles.learner_state import LearnerState
@@ -130,7 +132,10 @@ class LeadGroup:
         self.wire, self.rows, self.inbox = wire, rows, inbox
         self.k = comm.Get_size()
         self.others = [OtherLearner(j, ends[j]) for j in range(1, self.k)]
-        self.handlers = {Tag.GRAD: self._on_grad, Tag.DONE: self._on_done}
+        self.handlers: dict[Tag, Callable[[Any], None]] = {
+            Tag.GRAD: self._on_grad,
+            Tag.DONE: self._on_done,
+        }
         self.n_params = sum(p.numel() for p in trainer.params)
         self.logs_updates = self.mode != "allreduce"
         self.agg: GlobalBatch | None = None

@@ -28,6 +28,7 @@ networks, optimizer, counters, RNG states and the placement's memory here, if an
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,7 @@ class Learner:
             msgs = self.cut.unpark(b) + site.link.receive(now)
             did |= bool(msgs)
             rest = self.inbox.deliver(
-                self.handlers, msgs, b, now, until=lambda b=b: self.cut.holds(b)
+                self.handlers, msgs, b, now, until=functools.partial(self.cut.holds, b)
             )
             if rest:  # its acknowledgement came: what it sent after waits for our snapshot
                 self.cut.park(b, rest)

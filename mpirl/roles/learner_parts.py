@@ -216,6 +216,7 @@ class LearnerCheckpoint:
     ) -> None:
         """Continue where checkpoint ``part`` left off."""
         ts, r, t = part.torch, part.meta, self.trainer
+        assert ts is not None  # a learner's part holds its tensors
         t.online.load_state_dict(ts["online"])
         t.target.load_state_dict(ts["target"])
         t.opt.load_state_dict(ts["optimizer"])

@@ -94,7 +94,7 @@ class HeldRows:
         raw_nbytes: int,
         window: int,
         priorities: np.ndarray,
-        td,
+        td: np.ndarray | None,
     ) -> None:
         td = np.zeros(0, np.float32) if td is None else td
         if not (self.b_pr.fits(priorities) and self.b_td.fits(td)):
@@ -150,7 +150,8 @@ class _Rows:
     """Equal-length 1-D arrays copied into the rows of one growing 2-D block."""
 
     def __init__(self) -> None:
-        self.a, self.k = None, 0
+        self.a: np.ndarray | None = None
+        self.k = 0
 
     def fits(self, x: np.ndarray) -> bool:
         return self.a is None or self.k == 0 or x.shape[0] == self.a.shape[1]
@@ -159,6 +160,7 @@ class _Rows:
         """Append ``x`` (the caller empties the block with `take` first unless it `fits`)."""
         if self.a is None or x.shape[0] != self.a.shape[1]:
             if self.k:
+                assert self.a is not None  # rows are held in it
                 raise ValueError(
                     f"a row of {x.shape[0]} values in a block of "
                     f"{self.a.shape[1]}-value rows; take() the block first"

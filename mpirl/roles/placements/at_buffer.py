@@ -29,6 +29,7 @@ from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
     from mpirl.logs.runlog import Stream
+    from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
     from mpirl.roles.learner_rows import Arrivals, HeldRows
     from mpirl.run.config import Config
@@ -42,7 +43,7 @@ class SiteMemory:
     def __init__(
         self,
         cfg: Config,
-        memory: PrioritizedReplay,
+        memory: PrioritizedReplay | FrameReplay,
         link: LinkEnd,
         wire: Wire,
         window: InflightWindow,
