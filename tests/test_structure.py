@@ -29,10 +29,22 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the mpirl modules it imports, at the top or inside a function."""
+    """Module -> the mpirl modules it imports, at the top or inside a function (not under ``if
+    TYPE_CHECKING:``: types only, no cycle at run time; e.g. ``cfg: Config`` in transport/link.py,
+    whose profiles run/config.py imports)."""
     graph = {m: set() for m in mods}
     for m, p in mods.items():
-        for node in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for b in node.body
+            for n in ast.walk(b)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     full = f"{node.module}.{a.name}"

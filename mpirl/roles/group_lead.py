@@ -49,7 +49,9 @@ class Group(Protocol):
 
     k: int
     logs_updates: bool  # the group logs each applied update (async, gba)
-    sync: LocalSync | None
+
+    @property
+    def sync(self) -> LocalSync | None: ...  # read only: NoGroup's None, LeadGroup's step
 
     def start(self, updates: int) -> None: ...
     def route(self, m: Forward) -> bool: ...

@@ -308,6 +308,7 @@ class Learner:
         drawn = self.source.draw(self.state.beta)
         if drawn is None or drawn.records is None:
             return None
+        assert drawn.weights is not None  # drawn with its records
         t0 = time.monotonic()
         batch = self.trainer.put(drawn.records, drawn.weights, drawn.frames)
         self.state.busy += time.monotonic() - t0
@@ -433,6 +434,7 @@ class Learner:
         if st.final_ckpt >= 0:
             t0 = time.monotonic()
             self.save(st.final_ckpt, st.stop_reason or "stop")
+            assert self.checkpoints.ckpt is not None  # a final checkpoint: a run that saves
             self.say(
                 f"mpirl: checkpoint {st.final_ckpt} written in "
                 f"{time.monotonic() - t0:.2f} s; continue with --resume "

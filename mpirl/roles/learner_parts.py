@@ -137,7 +137,7 @@ class LearnerCheckpoint:
 
     def __init__(
         self,
-        ckpt: Checkpointer,
+        ckpt: Checkpointer | None,
         trainer: TrainStep,
         part_names: list[str],
         log: RunLog,
@@ -180,6 +180,7 @@ class LearnerCheckpoint:
             "target_sha256": params_sha256(t.target.state_dict()),
         }
         group.checkpoint(cid, timeout)  # the other learners' parts
+        assert self.ckpt is not None  # a cut starts only in a run that saves
         self.ckpt.write(
             cid,
             meta,
