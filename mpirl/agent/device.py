@@ -11,6 +11,7 @@ start-up path of a CPU run; ``resolve`` turns the name into a ``torch.device`` i
 
 from __future__ import annotations
 
+import platform
 import re
 
 _NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -99,7 +100,6 @@ def _cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine()
 

@@ -24,10 +24,12 @@ the lead's update count when its ORDER left.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Protocol
 
 import numpy as np
+from mpi4py import MPI
 
 from mpirl.agent.grads import flat_grads, set_grads, set_params
 
@@ -88,7 +90,6 @@ class AllreduceSync(LocalSync):
         if self.nccl is not None:
             self._step_nccl(trainer, n)
             return
-        from mpi4py import MPI
 
         flat_grads(trainer.params, self.send)
         self.send[:-1] *= n
@@ -144,10 +145,7 @@ def nccl_group(comm: Any, device: Any) -> Any:  # pragma: no cover - needs one G
     """torch.distributed NCCL over the learner ranks, its rendezvous over ``comm``: rank 0
     picks a free TCP port and broadcasts ``host:port`` (bytes, no pickle).  Untested here (no
     multi-GPU machine); used only for CUDA learners."""
-    import socket
-
     import torch.distributed as dist
-    from mpi4py import MPI
 
     addr = np.zeros(256, np.uint8)
     if comm.Get_rank() == 0:
@@ -182,8 +180,6 @@ def make_sync(
 
 def bcast_weights(comm: Any, trainer: Any) -> None:
     """Every learner starts from the lead's online and target networks (collective)."""
-    from mpi4py import MPI
-
     for net in (trainer.online, trainer.target):
         flat = np.ascontiguousarray(net.flat_params(), np.float32)
         comm.Bcast([flat, MPI.FLOAT], root=0)

@@ -88,6 +88,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from mpirl.transport.weight_codec import BF16, DELTA, FULL, n_blocks
+
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, DTypeLike
 
@@ -463,8 +465,6 @@ class Wire:
         return []
 
     def _spec_weights(self, encoding: int) -> list[tuple[str, np.dtype, int]]:
-        from mpirl.transport.weight_codec import BF16, DELTA, FULL, n_blocks
-
         p = self.n_params
         if encoding == FULL:
             return [("params", np.dtype("<f4"), p)]
