@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -20,6 +21,16 @@ from mpirl.transport.link import PROFILES, LinkStats
 from mpirl.transport.topology import Ends, layout
 from mpirl.transport.wire import Tag, kind_of
 from mpirl.wiring import build_buffer, build_learner, make_wire
+
+if TYPE_CHECKING:
+    from mpirl.agent.envs import EnvSpec
+    from mpirl.logs.runlog import RunLog
+    from mpirl.roles.buffer import Buffer
+    from mpirl.roles.learner import Learner
+    from mpirl.run.config import Config
+    from mpirl.transport.link import LinkProfile
+    from mpirl.transport.topology import Topology
+    from mpirl.transport.wire import Wire
 
 
 class ScriptedLink:
@@ -37,10 +48,10 @@ class ScriptedLink:
         self,
         peer: int,
         script: Callable | None = None,
-        inbox=(),
+        inbox: Any = (),  # (tag, buf) pairs
         log: list | None = None,
         feed: Callable[[], list] | None = None,
-    ):
+    ) -> None:
         self.peer, self.script, self.inbox = peer, script, list(inbox)
         self.log, self.feed = log, feed
         self.sent, self.received = LinkStats(), LinkStats()
@@ -55,7 +66,9 @@ class ScriptedLink:
             self.script(self, Tag(tag))
         return 0.0
 
-    def post_latest(self, tag: int, make, now: float | None = None) -> bool:
+    def post_latest(
+        self, tag: int, make: Callable[[], tuple[np.ndarray, Any]], now: float | None = None
+    ) -> bool:
         buf, on_commit = make()
         if on_commit is not None:
             on_commit()
@@ -80,7 +93,7 @@ class ScriptedLink:
     def next_departure(self) -> None:
         return None
 
-    def set_profile(self, profile) -> None:
+    def set_profile(self, profile: LinkProfile) -> None:
         self.profile = profile
 
 
@@ -88,7 +101,7 @@ class RecordingPort(SitePort):
     """A `mpirl.transport.inbox.SitePort` on a one-rank site whose posts are recorded in ``posts``
     as ``(Tag, buffer, dest)`` instead of sent."""
 
-    def __init__(self, wire, me: str = "test rank"):
+    def __init__(self, wire: Wire, me: str = "test rank") -> None:
         super().__init__(MPI.COMM_SELF, Inbox(wire, me, lambda r: f"site rank {r}", MPI.COMM_SELF))
         self.posts: list = []
 
@@ -96,7 +109,7 @@ class RecordingPort(SitePort):
         self.posts.append((kind_of(buf) if tag is None else Tag(tag), buf, dest))
 
 
-def learner_ends(wire, links: dict) -> Ends:
+def learner_ends(wire: Wire, links: dict) -> Ends:
     """The lead learner's ends with ``links`` (link rank -> fake) in place of the buffers."""
     return Ends(links=links, inbox=Inbox(wire, "learner", lambda b: f"buffer {b - 1}"))
 
@@ -106,7 +119,7 @@ def learner_topo(buffers: int) -> SimpleNamespace:
     return SimpleNamespace(link=None, learners=None, places=layout(1 + 2 * buffers, buffers))
 
 
-def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
+def buffer_ends(wire: Wire, link: Any, site: SitePort | None = None) -> Ends:
     """A buffer's ends: ``link`` toward the learner, ``site`` (default: a one-rank site with no
     actors, on COMM_SELF)."""
     site = site or SitePort(
@@ -115,7 +128,9 @@ def buffer_ends(wire, link, site: SitePort | None = None) -> Ends:
     return Ends(site=site, links={0: link}, inbox=Inbox(wire, "buffer 0", lambda r: "the learner"))
 
 
-def wire_of(cfg, spec=None, role: str | None = None):
+def wire_of(
+    cfg: Config, spec: EnvSpec | None = None, role: str | None = None
+) -> tuple[EnvSpec, Wire]:
     """``(spec, wire)``: the env spec of ``cfg`` (inspected when not given) and the
     `mpirl.transport.wire.Wire` a rank of a run of ``cfg`` packs and unpacks with (``role``: that
     rank's role), as `mpirl.main` builds them."""
@@ -124,7 +139,9 @@ def wire_of(cfg, spec=None, role: str | None = None):
     return spec, make_wire(cfg, spec, record_dtype(cfg, spec), role)
 
 
-def make_learner(cfg, spec, wire, log, links: dict, **kw):
+def make_learner(
+    cfg: Config, spec: EnvSpec, wire: Wire, log: RunLog, links: dict, **kw: Any
+) -> Learner:
     """A `mpirl.roles.learner.Learner` whose buffers are ``links`` (link rank -> `ScriptedLink`)."""
     return build_learner(
         cfg,
@@ -138,7 +155,9 @@ def make_learner(cfg, spec, wire, log, links: dict, **kw):
     )
 
 
-def make_buffer(cfg, spec, wire, log, link=None, **kw):
+def make_buffer(
+    cfg: Config, spec: EnvSpec, wire: Wire, log: RunLog, link: Any = None, **kw: Any
+) -> Buffer:
     """A `mpirl.roles.buffer.Buffer` (site 0) facing ``link`` (default: a silent `ScriptedLink`) on
     a one-rank site with no actors."""
     topo = SimpleNamespace(place=layout(3, 1)[1])
@@ -147,9 +166,12 @@ def make_buffer(cfg, spec, wire, log, link=None, **kw):
     )
 
 
-def make_actor(cfg, spec, wire, log, **kw):
+def make_actor(
+    cfg: Config, spec: EnvSpec, wire: Wire, log: RunLog, **kw: Any
+) -> tuple[Actor, RecordingPort]:
     """``(actor, port)``: a `mpirl.roles.actor.Actor` (the only one of site 0) whose messages to the
     buffer are recorded in ``port.posts``."""
     port = RecordingPort(wire, "actor rank 2")
-    topo = SimpleNamespace(place=layout(3, 1)[2], n_actors=1)
+    # a bare topology: what an actor reads of one
+    topo = cast("Topology", SimpleNamespace(place=layout(3, 1)[2], n_actors=1))
     return Actor(cfg, topo, spec, wire, log, port, **kw), port

@@ -53,21 +53,51 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import contextlib  # noqa: E402
+import cProfile  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING, Any, cast  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from mpirl import play, refloss, seeds  # noqa: E402
+from mpirl.agent import device  # noqa: E402
+from mpirl.logs.dashboard import TensorBoardMirror  # noqa: E402
+from mpirl.logs.runlog import RunLog  # noqa: E402
+from mpirl.placement import slurm_info  # noqa: E402
+from mpirl.replay.build import (  # noqa: E402
+    FRAME_HEADROOM,
+    max_learning_starts,
+    record_dtype,
+    replay_footprint,
+)
+from mpirl.run import checkpoint, failure, resources  # noqa: E402
+from mpirl.run.checkpoint import (  # noqa: E402
+    Checkpointer,
+    file_rows,
+    part_name,
+    write_allowance_s,
+)
+from mpirl.run.config import ConfigError, parse, resume_dir, to_dict  # noqa: E402
+from mpirl.transport import topology  # noqa: E402
+from mpirl.transport.link import resolve_profile  # noqa: E402
 
 if TYPE_CHECKING:
-    pass
+    from mpi4py import MPI
+
+    from mpirl.agent.envs import EnvSpec
+    from mpirl.run.checkpoint import Part
+    from mpirl.run.config import Config
+    from mpirl.transport.link import LinkProfile
+    from mpirl.transport.topology import Place, Topology
 
 
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
+def _versions() -> dict[str, str]:
     from mpi4py import MPI
 
     out = {
@@ -83,9 +113,8 @@ def _versions() -> dict:
     return out
 
 
-def _hostnames(world) -> list[str]:
+def _hostnames(world: MPI.Comm) -> list[str]:
     """Every rank's host name, gathered as fixed-size bytes (no pickle)."""
-    import numpy as np
     from mpi4py import MPI
 
     mine = np.zeros(256, np.uint8)
@@ -96,18 +125,16 @@ def _hostnames(world) -> list[str]:
     return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in allnames]
 
 
-def _default_run_dir(cfg) -> Path:
+def _default_run_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{stamp}-{cfg.env}-{cfg.replay_at}"
 
 
-def _prepare_run_dir(world, cfg) -> Path:
+def _prepare_run_dir(world: MPI.Comm, cfg: Config) -> Path:
     """Rank 0 decides and creates the run folder; every rank gets its path or its error (no
     silent overwrite).  The default folder's time stamp is rank 0's clock: ranks start seconds
     apart (more so under Open MPI, on several hosts), and each rank's own stamp would split the
     run over several folders."""
-    from mpirl.run.config import ConfigError
-
     err, path = "", None
     if world.Get_rank() == 0:
         path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
@@ -133,9 +160,8 @@ def _prepare_run_dir(world, cfg) -> Path:
     return Path(got[1:])
 
 
-def _bcast_text(world, text: str | None) -> str:
+def _bcast_text(world: MPI.Comm, text: str | None) -> str:
     """Rank 0's ``text`` on every rank, as bytes (no pickle)."""
-    import numpy as np
     from mpi4py import MPI
 
     data = np.frombuffer((text or "").encode(), np.uint8) if world.Get_rank() == 0 else None
@@ -146,16 +172,16 @@ def _bcast_text(world, text: str | None) -> str:
     return bytes(buf).decode()
 
 
-def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
+def _reference_set(
+    world: MPI.Comm, cfg: Config, run_dir: Path | None, spec: EnvSpec
+) -> tuple[str, str]:
     """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
     run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
     ``(path, sha256)`` or the same ConfigError."""
-    from mpirl.run.config import ConfigError
-
+    assert cfg.reference_set  # the callers ask only when it is set
     text = None
+    path: Path | str
     if world.Get_rank() == 0:
-        from mpirl import refloss
-
         try:
             path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir, spec)
             text = f"P{path}\n{sha}"
@@ -168,10 +194,8 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
     return path, sha
 
 
-def _resume_manifest(world, run_dir: str) -> dict:
+def _resume_manifest(world: MPI.Comm, run_dir: str) -> dict:
     """Rank 0 selects and checks the checkpoint; every rank gets its manifest or the error."""
-    from mpirl.run import checkpoint
-
     text, err = None, ""
     if world.Get_rank() == 0:
         try:
@@ -183,19 +207,24 @@ def _resume_manifest(world, run_dir: str) -> dict:
             err = str(e)
         except Exception as e:  # noqa: BLE001 - must reach every rank, not hang them
             err = f"--resume {run_dir!r}: {type(e).__name__}: {e}"
-        text = "E" + err if err else "M" + text
+        text = "E" + err if err else "M" + cast("str", text)  # no error: the manifest's JSON
     got = _bcast_text(world, text)
     if got[:1] != "M":
         raise checkpoint.CheckpointError(got[1:] or "the checkpoint could not be read")
     return json.loads(got[1:])
 
 
-def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, record):
+def _resume_parts(
+    world: MPI.Comm,
+    run_dir: Path,
+    manifest: dict,
+    places: list[Place],
+    cfg: Config,
+    spec: EnvSpec,
+    record: np.dtype,
+) -> Part | None:
     """Every rank loads its part; the first failure (by rank) is every rank's error."""
-    import numpy as np
     from mpi4py import MPI
-
-    from mpirl.run import checkpoint
 
     rank = world.Get_rank()
     me = places[rank]
@@ -233,7 +262,16 @@ def _resume_parts(world, run_dir: Path, manifest: dict, places, cfg, spec, recor
 class _Setup:
     """What the configuration step hands to the job: every rank holds the same."""
 
-    def __init__(self, cfg, spec, record, manifest, run_dir, part, refset):
+    def __init__(
+        self,
+        cfg: Config,
+        spec: EnvSpec,
+        record: np.dtype,
+        manifest: dict | None,
+        run_dir: Path,
+        part: Part | None,
+        refset: tuple[str, str] | None,
+    ) -> None:
         self.cfg, self.spec, self.record, self.manifest = cfg, spec, record, manifest
         self.run_dir, self.part, self.refset = run_dir, part, refset
 
@@ -241,13 +279,8 @@ class _Setup:
 def main(argv: list[str] | None = None) -> int:
     """Configure (every rank, one verdict printed by rank 0), then run this rank's role."""
     if (sys.argv[1:] if argv is None else argv)[:1] == ["play"]:  # `mpirl play RUN_DIR`: no MPI
-        from mpirl import play
-
         return play.main((sys.argv[1:] if argv is None else argv)[1:])
     from mpi4py import MPI
-
-    from mpirl.run.config import ConfigError
-    from mpirl.transport import topology
 
     world = MPI.COMM_WORLD
     try:
@@ -261,12 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     return _run(world, setup)
 
 
-def _configure(world, argv) -> _Setup | int:
+def _configure(world: MPI.Comm, argv: list[str] | None) -> _Setup | int:
     """Parse and check the configuration, resolve the env, check resources, decide the run
     folder (or load this rank's checkpoint part).  ConfigError on a bad value."""
-    from mpirl.run.config import ConfigError, parse, resume_dir
-    from mpirl.transport import topology
-
     rank = world.Get_rank()
     # the same verdict on every rank, printed by rank 0 only
     quiet = contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext()
@@ -293,8 +323,6 @@ def _configure(world, argv) -> _Setup | int:
     else:
         cfg = parse(argv)
     cfg.validate(world.Get_size())
-    from mpirl.agent import device
-
     if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
         err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
         if err:
@@ -307,6 +335,7 @@ def _configure(world, argv) -> _Setup | int:
         run_dir = _prepare_run_dir(world, cfg)
         part = None
     else:
+        assert cfg.run_dir is not None  # --resume sets it to the run folder
         run_dir = Path(cfg.run_dir)
         part = _resume_parts(
             world,
@@ -322,15 +351,11 @@ def _configure(world, argv) -> _Setup | int:
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 
-def _check_resources(world, cfg, resumed: bool):
+def _check_resources(world: MPI.Comm, cfg: Config, resumed: bool) -> tuple[EnvSpec, np.dtype]:
     """Each rank checks on its host what its role uses (the env, replay memory summed per host,
     tensorboard, zstandard), and every rank gets the same verdict (mpirl.run.resources.check);
     then image runs must be able to start learning.  Returns the env spec and the transition
     record dtype."""
-    from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
-    from mpirl.run import resources
-    from mpirl.run.config import ConfigError
-
     spec = resources.check(world, cfg)
     # (not on --resume: the restored memory holds what it had reached)
     if not resumed and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):
@@ -345,16 +370,9 @@ def _check_resources(world, cfg, resumed: bool):
     return spec, record_dtype(cfg, spec)
 
 
-def _run(world, setup: _Setup) -> int:
+def _run(world: MPI.Comm, setup: _Setup) -> int:
     """From here on, any exception on any rank aborts the whole job promptly."""
-    from mpirl.logs.runlog import RunLog
-    from mpirl.replay.build import replay_footprint
-    from mpirl.run import failure
-    from mpirl.run.checkpoint import Checkpointer, write_allowance_s
-    from mpirl.run.config import to_dict
-    from mpirl.transport import topology
-    from mpirl.transport.link import resolve_profile
-    from mpirl.wiring import make_wire, run_role
+    from mpirl.wiring import make_wire, run_role  # imports mpi4py, which `mpirl play` must not
 
     cfg, spec, run_dir, part = setup.cfg, setup.spec, setup.run_dir, setup.part
     rank = world.Get_rank()
@@ -379,13 +397,9 @@ def _run(world, setup: _Setup) -> int:
         for p, h in zip(topo.places, hosts, strict=True)
     ]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
-    from mpirl.run.checkpoint import part_name
-
     name = part_name(topo.role, topo.place.site, rank)
     profiler = None
     if os.environ.get("MPIRL_PROFILE"):  # cProfile every rank: <run_dir>/profile-<name>.pstats
-        import cProfile
-
         profiler = cProfile.Profile()
         profiler.enable()
     ckpt = Checkpointer(
@@ -403,11 +417,10 @@ def _run(world, setup: _Setup) -> int:
     ) as log:
         ckpt.log = log
         if cfg.tensorboard and (topo.lead or topo.role == "buffer"):  # buffers: a run each
-            from mpirl.logs.dashboard import TensorBoardMirror
-
             tb = run_dir / "tensorboard" / ("" if topo.role == "learner" else name)
             log.mirror = TensorBoardMirror(tb, log, topo.role)
         if part is not None:
+            assert setup.manifest is not None  # a part comes from a manifest
             _note_resume(log, part, setup.manifest)
         summary = run_role(topo, cfg, spec, wire, log, ckpt, stop_signal, part, setup.refset)
     if summary is not None:  # the lead learner
@@ -418,13 +431,17 @@ def _run(world, setup: _Setup) -> int:
     return 0
 
 
-def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
+def _banner(
+    setup: _Setup,
+    topo: Topology,
+    hosts: list[str],
+    profile: LinkProfile,
+    versions: dict[str, str],
+) -> None:
     """Rank 0's start-up lines: what runs where, over which link."""
-    from mpirl.replay.build import replay_footprint
-    from mpirl.transport import topology
-
     cfg, spec, part, manifest = setup.cfg, setup.spec, setup.part, setup.manifest
     if part is not None:
+        assert manifest is not None  # a part comes from a manifest
         c = manifest.get("counters", {})
         print(
             f"mpirl: resuming {setup.run_dir} from checkpoint {part.id} "
@@ -437,6 +454,7 @@ def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     )
     print(f"mpirl: MPI library: {versions['mpi_library']}")
     if spec.image:
+        assert spec.frame_shape is not None  # set for image envs
         print(
             f"mpirl: {spec.family} observations uint8 {list(spec.obs_shape)} = "
             f"{spec.stack} x frame {list(spec.frame_shape)}; replay memory "
@@ -450,12 +468,17 @@ def _banner(setup: _Setup, topo, hosts, profile, versions) -> None:
     sys.stdout.flush()
 
 
-def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dict:
+def _file_attrs(
+    world: MPI.Comm,
+    cfg: Config,
+    topo: Topology,
+    hosts: list[str],
+    layout: list[dict[str, Any]],
+    profile: LinkProfile,
+    versions: dict[str, str],
+    part: Part | None,
+) -> dict[str, Any]:
     """Run-level attributes of this rank's HDF5 file (docs/hdf5.md)."""
-    from mpirl import seeds
-    from mpirl.placement import slurm_info
-    from mpirl.run.config import to_dict
-
     rank = world.Get_rank()
     return {
         "config_json": json.dumps(to_dict(cfg)),
@@ -472,11 +495,9 @@ def _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part) -> dic
     }
 
 
-def _note_resume(log, part, manifest: dict) -> None:
+def _note_resume(log: RunLog, part: Part, manifest: dict) -> None:
     """Where this launch continues: rows past the part's log_rows were written by the launch
     before, after its part of the checkpoint (kept; docs/reliability.md says which to cut)."""
-    from mpirl.run.checkpoint import file_rows
-
     resumes = json.loads(log.file.attrs.get("resumes_json", "[]"))
     resumes.append(
         {

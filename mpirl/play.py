@@ -22,14 +22,26 @@ the env gives them after mpirl's preprocessing (float32 ``[N, *obs]`` for vector
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from mpirl.agent import envs
+from mpirl.agent.qnet import make_learner_q, make_q
+from mpirl.logs.runlog import open_for_reading
+from mpirl.roles import best_model
+from mpirl.run import checkpoint
+from mpirl.run.config import ConfigError, parse
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -48,16 +60,11 @@ class PlayError(ValueError):
 
 def run_config(run_dir: str | Path) -> Config:
     """The run's stored Config (learner.h5's config_json, else the newest checkpoint's)."""
-    from mpirl.run import checkpoint
-    from mpirl.run.config import ConfigError, parse
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PlayError(f"{str(run_dir)!r} is not a run folder")
     stored = None
     if (run_dir / "learner.h5").is_file():
-        from mpirl.logs.runlog import open_for_reading
-
         with open_for_reading(run_dir / "learner.h5") as f:
             stored = json.loads(f.attrs["config_json"])
     else:
@@ -75,9 +82,6 @@ def run_config(run_dir: str | Path) -> Config:
 
 def load_weights(run_dir: str | Path, which: str | None) -> tuple[dict, str]:
     """(the Q-network's state_dict, a line saying where it came from)."""
-    from mpirl.roles import best_model
-    from mpirl.run import checkpoint
-
     run_dir = Path(run_dir)
     best = run_dir / best_model.FILENAME
     if which is None:
@@ -115,8 +119,6 @@ def networks(
     cfg: Config, spec: EnvSpec, state_dict: dict
 ) -> tuple[TorchQNet, NumpyQ | TorchActorQ]:
     """(the torch Q-network with these weights, mpirl's acting network with the same)."""
-    from mpirl.agent.qnet import make_learner_q, make_q
-
     net = make_learner_q(spec, cfg.hidden, cfg.dueling)
     try:
         net.load_state_dict(state_dict)
@@ -172,13 +174,10 @@ def _minatar_frames(env: gym.Env) -> gym.Env:
 
 def make_env(cfg: Config, spec: EnvSpec, video: str | Path | None = None) -> gym.Env:
     """The run's env as its actors build it; with ``video``, every episode recorded there."""
-    from mpirl.agent import envs
-
     if video is None:
         return envs.make(cfg.env, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
     if importlib.util.find_spec("moviepy") is None:
         raise PlayError(f"--video needs moviepy (the video extra): {VIDEO_EXTRA}")
-    import os
 
     from gymnasium.wrappers import RecordVideo
 
@@ -233,10 +232,6 @@ def export(
     info: dict | None = None,
 ) -> Path:
     """Write ``net`` as TorchScript or ONNX (see the module docstring for input and output)."""
-    import contextlib
-    import io
-    import warnings
-
     import torch
 
     path = Path(path)
@@ -255,7 +250,6 @@ def export(
         raise PlayError(
             f"--format onnx needs {' and '.join(missing)} (the export extra): {EXPORT_EXTRA}"
         )
-    import logging
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -321,9 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from gymnasium.error import DependencyNotInstalled
-
-    from mpirl.agent import envs
-    from mpirl.run.config import ConfigError
 
     try:
         if args.episodes < 0:

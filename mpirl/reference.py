@@ -24,8 +24,10 @@ import numpy as np
 
 from mpirl import seeds
 from mpirl.agent import envs
+from mpirl.agent.device import resolve
 from mpirl.agent.nstep import NStep
 from mpirl.agent.qnet import make_q
+from mpirl.agent.train_step import TrainStep
 from mpirl.replay.build import beta_at, make_replay, record_dtype
 from mpirl.roles.actor import epsilon
 from mpirl.run.config import Config, ConfigError, parse
@@ -43,9 +45,6 @@ def learner(
     """The learner's own train step (`TrainStep`): ``update(batch) -> (loss, |td|)`` and
     ``weights() -> the online network's flat parameters``.  The one place that touches it."""
     import torch
-
-    from mpirl.agent.device import resolve
-    from mpirl.agent.train_step import TrainStep
 
     step = TrainStep(cfg, spec, resolve(cfg.device, torch), cfg.amp)
 
@@ -138,7 +137,8 @@ def run(cfg: Config, say: Callable[[str], None] = print) -> dict:
     target = target if target is not None and np.isfinite(target) else None
 
     obs = np.stack([e.reset(seed=s)[0] for e, s in zip(game, mine["envs"], strict=True)])
-    ep_ret, returns, pending, evals, progress = [0.0] * n_envs, deque(maxlen=100), [], [], []
+    returns: deque[float] = deque(maxlen=100)  # the last episodes' returns
+    ep_ret, pending, evals, progress = [0.0] * n_envs, [], [], []
     env_steps = updates = 0
     loss, best, stop = float("nan"), float("-inf"), None
     t0 = time.monotonic()

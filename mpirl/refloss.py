@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from mpirl import seeds
+from mpirl.agent import envs
+from mpirl.agent.nstep import NStep
 
 if TYPE_CHECKING:
     import torch
@@ -126,9 +131,6 @@ def collect(
     module docstring). Without ``q`` the policy is uniform random; with it, epsilon-greedy on
     ``q(obs_batch) -> Q values``."""
     from gymnasium.spaces import Discrete
-
-    from mpirl.agent import envs
-    from mpirl.agent.nstep import NStep
 
     if size < 1:
         raise ValueError(f"size={size} must be >= 1")
@@ -282,10 +284,6 @@ def resolve(
     half a file. A PATH: loaded. Either is checked against the run (`check_fits`; ``spec``: the
     run's env spec, for the observations' shape). Raises ValueError naming the mismatch.
     ``run_dir`` is needed for ``auto`` only."""
-    import os
-
-    from mpirl import seeds
-
     kwargs, wrappers = dict(cfg.env_kwargs or {}), cfg.wrapper_specs()
     if value == "auto":
         assert run_dir is not None, "--reference-set auto needs the run folder"

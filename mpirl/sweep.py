@@ -80,6 +80,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mpirl.run.config import RESUME_FLAGS, Config, ConfigError, parse
+from mpirl.transport.topology import LayoutError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -414,9 +417,6 @@ def flag_args(flags: dict[str, Any]) -> list[str]:
 def check(spec: Spec, runs: list[Run]) -> list[str]:
     """Check every run's flags with mpirl's own parser and layout check (``mpirl.run.config``):
     one line per problem, naming a run it applies to (empty = all good)."""
-    from mpirl.run.config import Config, ConfigError, parse
-    from mpirl.transport.topology import LayoutError
-
     known = {f.name for f in dataclasses.fields(Config)}
     where = {
         **{n: "[flags]" for n in spec.flags},
@@ -524,8 +524,6 @@ def execute(spec: Spec, run: Run, stop: Relay, say: Callable[[str], object] = pr
         return 0
     args = run.mpirl_args()
     if status == "resumable" and spec.resume:
-        from mpirl.run.config import RESUME_FLAGS
-
         keep = {k: v for k, v in run.flags.items() if k in RESUME_FLAGS}
         args = ["--resume", str(run.run_dir), *flag_args(keep)]
         say(f"[{run.index}] {run.run_dir}: continuing from its checkpoint")

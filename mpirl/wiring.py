@@ -10,7 +10,7 @@ role.  Tests and benches build their roles with the same functions, over fake en
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -46,6 +46,8 @@ from mpirl.transport.wire import Wire
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from mpi4py import MPI
+
     from mpirl.agent.envs import EnvSpec
     from mpirl.logs.runlog import RunLog
     from mpirl.run.checkpoint import Checkpointer, Part
@@ -76,11 +78,13 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
     me, ends = topo.place, Ends()
     piece_s = cfg.weights_piece_ms / 1e3
     if me.role == ACTOR:
+        assert topo.site is not None  # actors and buffers are on a site
         ends.site = SitePort(
             topo.site,
             Inbox(wire, f"actor rank {me.rank}", lambda r: f"buffer of site {me.site}", topo.site),
         )
     elif me.role == BUFFER:
+        assert topo.site is not None and topo.link is not None  # a site and the link
         ends.site = SitePort(
             topo.site,
             Inbox(wire, f"buffer {me.site}", lambda r: f"actor (site rank {r})", topo.site),
@@ -89,6 +93,7 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
         ends.links = {0: LinkEnd(topo.link, 0, resolve_profile(cfg), seed=seed, piece_s=piece_s)}
         ends.inbox = Inbox(wire, f"buffer {me.site}", lambda r: "the learner")
     elif topo.lead:
+        assert topo.link is not None  # the lead learner is on the link
         n, profile = topo.link.Get_size() - 1, resolve_profile(cfg)
         link_seeds = seeds.learner(cfg.seed, n)["link"]
         ends.links = {
@@ -97,9 +102,12 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
         }
         ends.inbox = Inbox(wire, "learner", lambda b: f"buffer {b - 1}")
         k = topo.learners.Get_size() if topo.learners is not None else 1
-        ends.group = {j: LinkEnd(topo.learners, j, PROFILES["none"]) for j in range(1, k)}
+        # (k > 1: the learners communicator is there)
+        group = cast("MPI.Comm", topo.learners)
+        ends.group = {j: LinkEnd(group, j, PROFILES["none"]) for j in range(1, k)}
         ends.group_inbox = Inbox(wire, "learner", lambda j: f"learner {j}")
     else:  # learner j > 0 of the group
+        assert topo.learners is not None  # K > 1 learners
         ends.group = {0: LinkEnd(topo.learners, 0, PROFILES["none"])}
         ends.group_inbox = Inbox(wire, f"learner {me.index}", lambda j: "the lead learner")
     return ends

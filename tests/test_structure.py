@@ -29,10 +29,22 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the mpirl modules it imports, at the top or inside a function."""
+    """Module -> the mpirl modules it imports, at the top or inside a function (not under ``if
+    TYPE_CHECKING:``: types only, no cycle at run time; e.g. ``cfg: Config`` in transport/link.py,
+    whose profiles run/config.py imports)."""
     graph = {m: set() for m in mods}
     for m, p in mods.items():
-        for node in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for b in node.body
+            for n in ast.walk(b)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
@@ -504,3 +516,65 @@ def test_no_helper_is_defined_in_two_analysis_modules():
     from analysis.tables import brief, num
 
     assert brief.func is num, "docs/results.md's number style is tables.num with its options"
+
+
+def test_function_local_imports_are_extras_start_up_cost_or_mpi():
+    """A function-local import of an mpirl module or a third-party one stays only for the
+    reasons docs/design.md ("Layers") gives (optional extras, start-up cost, MPI); every other
+    import is at the top of its module (the standard library's are not counted)."""
+    # the optional extras (pyproject's images, tensorboard, video, export): absent from a plain
+    # install, so imported where a run that asked for them uses them
+    extras = {"ale_py", "minatar", "cv2", "zstandard", "tensorboard", "moviepy", "pygame", "onnx"}
+    # start-up cost: torch ("Only the learner imports torch": the actors, buffers and a vector
+    # run's evaluation process never pay for it) and gymnasium, imported where an env is made
+    lazy = {"torch", "gymnasium"}
+    allowed = {
+        # mpirl modules that import torch at their top
+        ("mpirl.agent.train_step", "mpirl.agent.dqn"),
+        ("mpirl.refloss", "mpirl.agent.dqn"),
+        # `mpirl play` runs without MPI, and imports mpirl.main, mpirl.run.resources and (through
+        # mpirl.run.config) transport.link and transport.topology: mpi4py, and the modules that
+        # import it at their top, only in the functions that use MPI
+        ("mpirl.main", "mpi4py"),
+        ("mpirl.main", "mpirl.wiring"),
+        ("mpirl.run.resources", "mpi4py"),
+        ("mpirl.transport.link", "mpi4py"),
+        ("mpirl.transport.link", "mpirl.transport.inbox"),
+        ("mpirl.transport.topology", "mpi4py"),
+    }
+
+    mods = _modules()
+
+    def local_imports(tree: ast.AST) -> set[tuple[int, str]]:
+        """(line, imported module) of the imports inside a def (a nested def's counted once)."""
+        out = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Import):
+                        out.update((node.lineno, a.name) for a in node.names)
+                    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                        for a in node.names:  # `from mpirl.run import checkpoint`: the module
+                            full = f"{node.module}.{a.name}"
+                            out.add((node.lineno, full if full in mods else node.module))
+        return out
+
+    def unjustified(module: str, tree: ast.AST) -> list[str]:
+        bad = []
+        for line, name in sorted(local_imports(tree)):
+            root = name.split(".")[0]
+            if root in sys.stdlib_module_names or root in extras | lazy:
+                continue
+            if (module, name) not in allowed and (module, root) not in allowed:
+                bad.append(f"{module}:{line} imports {name} in a function")
+        return bad
+
+    sample = (
+        "import numpy\n\ndef f():\n    import json, torch, numpy\n    from mpirl import seeds\n"
+    )
+    assert unjustified("mpirl.x", ast.parse(sample)) == [
+        "mpirl.x:4 imports numpy in a function",
+        "mpirl.x:5 imports mpirl.seeds in a function",
+    ]
+    bad = [b for m, p in sorted(mods.items()) for b in unjustified(m, ast.parse(p.read_text()))]
+    assert not bad, "move these to the top of the module, or say here why not:\n" + "\n".join(bad)

@@ -11,7 +11,12 @@ start-up path of a CPU run; ``resolve`` turns the name into a ``torch.device`` i
 
 from __future__ import annotations
 
+import platform
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 _NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -20,7 +25,7 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.match(name))
 
 
-def resolve(name: str, torch):
+def resolve(name: str, torch: Any) -> torch.device:
     """'auto' -> cuda when torch sees a GPU, else cpu; any other name as given (checked)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -39,7 +44,7 @@ def resolve(name: str, torch):
     return dev
 
 
-def _no_cuda(name: str, torch) -> str:
+def _no_cuda(name: str, torch: Any) -> str:
     why = (
         "this torch is a CPU-only build"
         if torch.version.cuda is None
@@ -73,7 +78,7 @@ def needs_check(device: str, amp: str) -> bool:
     return device.startswith("cuda") or amp != "off"
 
 
-def describe(dev, torch) -> dict:
+def describe(dev: torch.device, torch: Any) -> dict:
     """Name, memory and CUDA version of the learner's device (HDF5 attrs, start-up banner)."""
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
@@ -99,7 +104,6 @@ def _cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine()
 

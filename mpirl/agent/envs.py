@@ -29,6 +29,11 @@ logged unclipped.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -92,7 +97,6 @@ def _register(env_id: str) -> None:
     fam = family(env_id)
     if fam == "vector":
         return
-    import importlib.util
 
     names = {"cv2": "opencv-python-headless", "ale_py": "ale-py"}
     mods = (("ale_py", "cv2") if fam == "atari" else ("minatar",)) + ("zstandard",)
@@ -106,9 +110,6 @@ def _register(env_id: str) -> None:
 
         gym.register_envs(ale_py)
     elif not any(k.startswith("MinAtar/") for k in gym.envs.registry):
-        import logging
-        import sys
-
         # minatar imports matplotlib + seaborn for its own display (about 3 s per rank on 2
         # cores); mpirl never renders, so those imports are made to fail fast, then undone.
         blocked = [m for m in ("matplotlib.pyplot", "seaborn") if m not in sys.modules]
@@ -141,8 +142,6 @@ class _MinAtarObs:
 
 def _import_module(module: str, what: str) -> ModuleType:
     """The user's module (ConfigError naming it when it cannot be imported)."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module: any failure is a config error
@@ -166,8 +165,6 @@ def _import_attr(path: str, what: str) -> Any:
 
 def _gym_make(env_id: str, kwargs: dict) -> gym.Env:
     """gymnasium.make with the user's kwargs; its failures as ConfigErrors that say the fix."""
-    import re
-
     import gymnasium as gym
 
     if ":" in env_id:  # gymnasium imports it too; here its failures get a clear message

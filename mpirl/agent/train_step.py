@@ -18,6 +18,9 @@ from mpirl.agent.frames import stacks
 from mpirl.agent.qnet import make_learner_q
 
 if TYPE_CHECKING:
+    import torch
+
+    from mpirl.agent.envs import EnvSpec
     from mpirl.run.config import Config
 
 
@@ -27,7 +30,9 @@ class GradSync(Protocol):
     def step(self, trainer: Any, loss: Any, td: Any) -> None: ...
 
 
-def _batch_tensors(torch, records, frames=None, stack: int = 1):
+def _batch_tensors(
+    torch: Any, records: np.ndarray, frames: np.ndarray | None = None, stack: int = 1
+) -> tuple[torch.Tensor, ...]:
     """Structured records (possibly an unaligned view of a message) -> torch tensors.
 
     Image runs: ``obs`` / ``next_obs`` are rebuilt from the frame table and stay uint8 (the
@@ -55,7 +60,7 @@ class Pending:
 
     __slots__ = ("_event", "_out")
 
-    def __init__(self, out, event=None):
+    def __init__(self, out: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
         self._out, self._event = out, event
 
     def result(self) -> tuple[float, np.ndarray]:
@@ -78,7 +83,9 @@ class TrainStep:
     non-blocking copies), ``launch`` (queue the update) and ``Pending.result``; the learner
     calls them apart to put the next batch on its way while the current one trains."""
 
-    def __init__(self, cfg: Config, spec, device="cpu", amp: str = "off"):
+    def __init__(
+        self, cfg: Config, spec: EnvSpec, device: str | torch.device = "cpu", amp: str = "off"
+    ) -> None:
         import torch
 
         from mpirl.agent.dqn import Adam, dqn_loss
@@ -95,9 +102,12 @@ class TrainStep:
         self.target_update, self.updates = cfg.target_update, 0
         # CUDA: two sets of pinned host buffers, used in turn, each with the event of its last
         # host -> device copy (a set is rewritten only once that copy is done)
-        self._staging = [({}, None), ({}, None)]
+        self._staging: list[tuple[dict[int, torch.Tensor], torch.cuda.Event | None]] = [
+            ({}, None),
+            ({}, None),
+        ]
         self._turn = 0
-        self._out = None  # pinned buffer for loss + |td| coming back
+        self._out: torch.Tensor | None = None  # pinned buffer for loss + |td| coming back
         #: what follows backward: None = clip and step here; a learner group hands in its sync
         #: (mpirl.transport.group), which steps, all-reduces first, or keeps the gradient
         self.sync: GradSync | None = None
@@ -117,7 +127,9 @@ class TrainStep:
             raise ValueError(f"{len(flat)} weights for a network of {off} parameters")
         return out
 
-    def put(self, records, weights, frames=None) -> tuple:
+    def put(
+        self, records: np.ndarray, weights: np.ndarray, frames: np.ndarray | None = None
+    ) -> tuple:
         """A batch on the device: (obs, action, reward, next_obs, discount, weights)."""
         torch = self.torch
         if not self.cuda:
@@ -155,7 +167,7 @@ class TrainStep:
         self._turn ^= 1
         return tuple(out)
 
-    def _loss(self, batch):
+    def _loss(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         obs, act, rew, nxt, disc, w = batch
         if not self.amp:  # (constructing an autocast context costs microseconds per update)
             return self.loss_fn(
@@ -166,7 +178,7 @@ class TrainStep:
                 self.online, self.target, obs, act, rew, nxt, disc, w, self.huber_delta
             )
 
-    def launch(self, batch) -> Pending:
+    def launch(self, batch: tuple) -> Pending:
         """Queue one update on ``batch`` (from ``put``); on CPU it runs now.  One update in
         flight at a time: take its ``result()`` before the next ``launch``."""
         loss, td = self._loss(batch)
@@ -197,7 +209,7 @@ class TrainStep:
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         torch._foreach_mul_(grads, torch.clamp(self.grad_clip / (total + 1e-6), max=1.0))
 
-    def _back(self, loss, td) -> Pending:
+    def _back(self, loss: torch.Tensor, td: torch.Tensor) -> Pending:
         torch = self.torch
         if not self.cuda:
             return Pending(torch.cat([loss.view(1), td]))
@@ -209,10 +221,12 @@ class TrainStep:
         event.record()
         return Pending(self._out, event)
 
-    def step(self, records, weights, frames=None) -> tuple[float, np.ndarray]:
+    def step(
+        self, records: np.ndarray, weights: np.ndarray, frames: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray]:
         return self.launch(self.put(records, weights, frames)).result()
 
-    def td(self, records, frames=None) -> np.ndarray:
+    def td(self, records: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:
         """|td| of transitions under the current networks, no update (arrival priorities)."""
         torch = self.torch
         batch = self.put(records, np.ones(len(records), np.float32), frames)

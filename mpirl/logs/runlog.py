@@ -39,6 +39,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -508,8 +509,6 @@ class RunLog:
         try:
             self.mirror.write(stream, cols)
         except Exception as e:  # noqa: BLE001 - the HDF5 log is the source of truth: keep it
-            import sys
-
             mirror, self.mirror = self.mirror, None
             print(
                 f"mpirl: warning: {type(mirror).__name__} failed ({type(e).__name__}: {e}); "

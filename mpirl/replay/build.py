@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import TYPE_CHECKING
+
+from mpirl.agent.frames import frames_per_transition as fpt
+from mpirl.agent.frames import record_dtype as frame_record
+from mpirl.replay.frames import FrameReplay, frame_footprint_bytes
+from mpirl.replay.memory import PrioritizedReplay, footprint_bytes
+from mpirl.transport.wire import transition_dtype
 
 if TYPE_CHECKING:
     import numpy as np
@@ -16,17 +24,12 @@ if TYPE_CHECKING:
 def record_dtype(cfg: Config, spec: EnvSpec) -> np.dtype:
     """The run's record dtype: whole transitions for vectors, frame indices for images."""
     if spec.image:
-        from mpirl.agent.frames import record_dtype as frame_record
-
         return frame_record(spec.stack)
-    from mpirl.transport.wire import transition_dtype
 
     return transition_dtype(spec.obs_shape, spec.obs_dtype)
 
 
 def frames_per_transition(cfg: Config, spec: EnvSpec) -> float:
-    from mpirl.agent.frames import frames_per_transition as fpt
-
     return fpt(spec.stack, cfg.n_step, cfg.envs_per_actor, cfg.actor_chunk)
 
 
@@ -42,9 +45,6 @@ def beta_at(cfg: Config, updates: int) -> float:
 def shard_config(cfg: Config, learners: int) -> Config:
     """The config of one learner's replay shard (replay at the learner, ``--learners K``):
     capacity / K each."""
-    import dataclasses
-    import math
-
     if learners == 1:
         return cfg
     return dataclasses.replace(cfg, replay_capacity=math.ceil(cfg.replay_capacity / learners))
@@ -54,9 +54,6 @@ def make_replay(
     cfg: Config, spec: EnvSpec, record: np.dtype, seed: int
 ) -> PrioritizedReplay | FrameReplay:
     """The prioritized replay memory of a run (buffer or learner, whichever holds it)."""
-    from mpirl.replay.frames import FrameReplay
-    from mpirl.replay.memory import PrioritizedReplay
-
     if spec.frame_shape is not None:  # spec.image
         return FrameReplay(
             cfg.replay_capacity,
@@ -74,9 +71,6 @@ def make_replay(
 
 
 def replay_footprint(cfg: Config, spec: EnvSpec) -> int:
-    from mpirl.replay.frames import frame_footprint_bytes
-    from mpirl.replay.memory import footprint_bytes
-
     if spec.frame_shape is not None:  # spec.image
         return frame_footprint_bytes(
             cfg.replay_capacity, spec.stack, spec.frame_shape, frames_per_transition(cfg, spec)

@@ -14,7 +14,7 @@ from __future__ import annotations
 class RateLimiter:
     """Counts inserts and samples and says which may go next."""
 
-    def __init__(self, ratio: float, learning_starts: int):
+    def __init__(self, ratio: float, learning_starts: int) -> None:
         self.ratio, self.learning_starts = ratio, learning_starts
         self.inserted = 0  # transitions inserted (or forwarded and received)
         self.sampled = 0  # transitions sampled (or trained on)

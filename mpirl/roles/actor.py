@@ -33,7 +33,8 @@ only then); vector runs keep NumpyQ and never import torch.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from mpirl.transport.wire import Checkpoint, Credit, Message, Stop, Tag, Weights
 
 if TYPE_CHECKING:
     from mpirl.agent.envs import EnvSpec
+    from mpirl.run.checkpoint import Checkpointer, Part
     from mpirl.run.config import Config
     from mpirl.transport.inbox import SitePort
     from mpirl.transport.topology import Topology
@@ -76,7 +78,7 @@ class Outgoing:
 
     NAMES = ("obs", "act", "ret", "next", "disc", "qsa")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rows: list[tuple] = []
 
     def __len__(self) -> int:
@@ -87,7 +89,7 @@ class Outgoing:
         rows = self.rows if k is None else self.rows[:k]
         return tuple(map(list, zip(*rows, strict=True))) if rows else tuple([] for _ in range(7))
 
-    def extend(self, *columns) -> None:
+    def extend(self, *columns: list) -> None:
         self.rows.extend(zip(*columns, strict=True))
 
     def drop(self, k: int) -> None:
@@ -105,9 +107,9 @@ class Actor:
         wire: Wire,
         log: RunLog,
         site: SitePort,
-        ckpt=None,
-        resume=None,
-    ):
+        ckpt: Checkpointer | None = None,
+        resume: Part | None = None,
+    ) -> None:
         """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
         self.site, self.me = site, topo.place
@@ -136,21 +138,27 @@ class Actor:
         # what env.step gets for action index i: the action space's own integer type, as its
         # sample() returns; gymnasium's Discrete.contains (CartPole asserts it every step) takes
         # 2.1 us for a Python int and 1.6 us for one of these (of a CartPole actor's ~15 us step)
-        dtype = self.envs[0].action_space.dtype.type
+        space_dtype = self.envs[0].action_space.dtype
+        assert space_dtype is not None  # a Discrete space has one
+        dtype = space_dtype.type
         self.env_action = [dtype(i) for i in range(spec.n_actions)]
-        self.flog = FrameLog(spec.stack, spec.frame_shape) if spec.image else None
+        self.flog = (
+            FrameLog(spec.stack, cast("tuple[int, ...]", spec.frame_shape)) if spec.image else None
+        )
         self.ids: list = [None] * m  # image runs: the current stack of frame ids per env
         self.lives = np.zeros(m, np.int64)
         self.episodic_life = cfg.episodic_life and spec.family == "atari"
         self.logs = schema.open_streams(log, "actor")
         log.set_attrs(epsilons=self.eps)
-        self.handlers = {
+        self.handlers: dict[Tag, Callable[[Any], None]] = {
             Tag.WEIGHTS: self.on_weights,
             Tag.CREDIT: self.on_credit,
             Tag.STOP: self.on_stop,
             Tag.CHECKPOINT: self.on_checkpoint,
         }
-        self.reuse = {Tag.WEIGHTS: np.empty(wire_nbytes_weights(wire), np.uint8)}
+        self.reuse: dict[int, np.ndarray] = {
+            Tag.WEIGHTS: np.empty(wire_nbytes_weights(wire), np.uint8)
+        }
         self.tokens = cfg.actor_credits
         self.backoff = Backoff()
         self.fault = failure.FAULT
@@ -163,7 +171,9 @@ class Actor:
         self.throttled = 0.0
         self.paced_before = 0.0  # pacing sleep of earlier launches (resumed runs)
         self.done_episodes = 0
-        self.pace = None  # --actor-steps-per-s: a token per env step, from the first weights
+        self.pace: TokenBucket | None = (
+            None  # --actor-steps-per-s: a token per env step, from the first weights
+        )
         self.out = Outgoing()
         self.waiting: list[list] = [[] for _ in range(m)]  # per env: boxes its next forward fills
         self.returns_to_send: list[float] = []
@@ -295,7 +305,7 @@ class Actor:
             ep_ret[j] += float(r)  # float64 sums whatever the env's reward type
             ep_len[j] += 1
             if clip:
-                r = float(np.clip(r, -1.0, 1.0))
+                r = float(np.clip(float(r), -1.0, 1.0))
             life_lost = False
             if episodic_life:
                 life_lost = 0 < info.get("lives", 0) < lives[j]
@@ -430,6 +440,7 @@ class Actor:
             arrays["out_obs"] = np.asarray(o_obs, spec.obs_dtype).reshape(k, *spec.obs_shape)
             arrays["out_next"] = np.asarray(o_next, spec.obs_dtype).reshape(k, *spec.obs_shape)
         arrays["returns_to_send"] = np.asarray(self.returns_to_send, np.float64)
+        assert self.ckpt is not None  # CHECKPOINT and a final id come only to runs that save
         self.ckpt.write(
             ckpt_id,
             {
@@ -447,7 +458,7 @@ class Actor:
             arrays,
         )
 
-    def restore(self, part) -> None:
+    def restore(self, part: Part) -> None:
         r, out = part.meta, self.out
         self.env_steps, self.steps_reported, self.seq = (
             r["env_steps"],
@@ -483,8 +494,10 @@ class Actor:
         if self.final_ckpt >= 0:  # everything is sent: the part holds final counters only
             self.save(self.final_ckpt)
         self.send_to_buffer(self.wire.done(self.env_steps, self.done_episodes))
-        acked = []  # the buffer's DONE; whatever else it sent meanwhile is dropped
-        drain = {t: acked.append if t == Tag.DONE else _drop for t in Tag}
+        acked: list[Message] = []  # the buffer's DONE; whatever else it sent meanwhile is dropped
+        drain: dict[Tag, Callable[[Message], None]] = {
+            t: acked.append if t == Tag.DONE else _drop for t in Tag
+        }
         while not acked or self.site.backlog:
             if self.site.inbox.serve(drain, source=BUFFER):
                 continue

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl.run.checkpoint import _fsync_dir, _write_tmp
+
 FILENAME = "best.pt"
 FORMAT = 1
 
@@ -43,8 +45,6 @@ def offer(
 
 def write(path: str | Path, state_dict: dict, returns: np.ndarray, **at: int) -> None:
     import torch
-
-    from mpirl.run.checkpoint import _fsync_dir, _write_tmp
 
     r = np.asarray(returns, np.float64)
     figures = {

@@ -101,7 +101,7 @@ class BufferParts:
 class RawBytes:
     """What compression saved on the messages toward the learner (interval, total)."""
 
-    def __init__(self, wire: Wire):
+    def __init__(self, wire: Wire) -> None:
         self.wire, self.interval, self.total = wire, 0, 0
 
     def __call__(self, out: np.ndarray) -> None:
@@ -113,7 +113,7 @@ class RawBytes:
 class Buffer:
     """One buffer rank's state and loop."""
 
-    def __init__(self, parts: BufferParts):
+    def __init__(self, parts: BufferParts) -> None:
         p = parts
         self.cfg, self.wire, self.log, self.logs = p.cfg, p.wire, p.log, p.streams
         self.site, self.link, self.inbox, self.side = p.site, p.link, p.inbox, p.side
@@ -182,6 +182,7 @@ class Buffer:
             self.link.post(self.wire.keyframe(cache.version), now=m.t)
             return
         self.side.weights_arrived(m.updates)
+        assert cache.params is not None  # apply() succeeded
         if not self.stopping:
             out = (
                 m.buf

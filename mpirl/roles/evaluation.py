@@ -36,6 +36,7 @@ a forward pass.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -43,9 +44,19 @@ import subprocess
 import sys
 import threading
 import time
-from typing import NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+from mpirl import refloss
+from mpirl.agent import envs
+from mpirl.agent.qnet import make_q
+from mpirl.run.failure import STOP_SIGNALS
+
+if TYPE_CHECKING:
+    from mpirl.agent.envs import EnvSpec, Evaluator
+    from mpirl.agent.qnet import NumpyQ, TorchActorQ
+    from mpirl.run.config import Config
 
 _REQ = 2  # int64 header of a request: round, n_params
 _RES = 3  # int64 header of a result: round, n_episodes, eval time in ns
@@ -64,7 +75,7 @@ class EvalResult(NamedTuple):
     reference_q_sq: float = float("nan")  # mean Q(s, a)^2 on it (the Q scale)
 
 
-def settings(cfg, spec, refset: tuple[str, str] | None = None) -> dict:
+def settings(cfg: Config, spec: EnvSpec, refset: tuple[str, str] | None = None) -> dict:
     """What an evaluation runner needs to build its envs and network (JSON-able); ``refset``:
     (path, sha256) of the reference set (mpirl.refloss), or None."""
     return {
@@ -88,20 +99,22 @@ class _Reference:
     those weights), so the value depends on them only, not on where the learner's target-sync
     cycle was; numpy, so a vector run's evaluation process still never imports torch."""
 
-    def __init__(self, r: dict):
-        from mpirl import refloss
-
+    def __init__(self, r: dict) -> None:
         self.refset = refloss.load(r["path"], sha256=r["sha256"])
         self.delta = r["huber_delta"]
 
-    def __call__(self, q) -> tuple[float, float, float]:
-        from mpirl import refloss
-
+    def __call__(self, q: NumpyQ | TorchActorQ) -> tuple[float, float, float]:
         out = refloss.reference_loss_self(q, self.refset, huber_delta=self.delta)
         return out["loss"], out["td_abs_mean"], out["q_sq_mean"]
 
 
-def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
+def _play(
+    evaluator: Evaluator,
+    q: NumpyQ | TorchActorQ,
+    flat: np.ndarray,
+    rnd: int,
+    ref: _Reference | None = None,
+) -> tuple:
     """(returns, seconds, reference loss, reference mean |td|, reference mean Q^2) of one
     evaluation round."""
     t0 = time.monotonic()
@@ -112,10 +125,9 @@ def _play(evaluator, q, flat: np.ndarray, rnd: int, ref=None) -> tuple:
     return returns, time.monotonic() - t0, rl, rt, rq
 
 
-def _build(s: dict, threads: int | None):
-    from mpirl.agent import envs
-    from mpirl.agent.qnet import make_q
-
+def _build(
+    s: dict, threads: int | None
+) -> tuple[Evaluator, NumpyQ | TorchActorQ, _Reference | None]:
     spec = envs.inspect(s["env"], s["kwargs"], s["wrappers"])
     evaluator = envs.Evaluator(
         s["env"],
@@ -132,8 +144,9 @@ def _build(s: dict, threads: int | None):
 class _Runner:
     """Common part: one evaluation in flight, its request kept for the result."""
 
-    def __init__(self):
-        self._pending: tuple | None = None  # (round, update, env_steps, params)
+    def __init__(self) -> None:
+        self._pending: tuple[int, int, int, np.ndarray] | None = None  # (round, update,
+        # env_steps, params)
 
     @property
     def busy(self) -> bool:
@@ -148,6 +161,10 @@ class _Runner:
         self._pending = (rnd, update, env_steps, params)
         self._start(params, rnd)
 
+    def _start(self, params: np.ndarray, rnd: int) -> None:
+        """Start evaluating ``params`` (each runner's own way)."""
+        raise NotImplementedError
+
     def _finish(
         self,
         returns: np.ndarray,
@@ -156,18 +173,19 @@ class _Runner:
         ref_td: float = float("nan"),
         ref_q_sq: float = float("nan"),
     ) -> EvalResult:
+        assert self._pending is not None  # a result answers the request in flight
         rnd, update, steps, params = self._pending
         self._pending = None
         return EvalResult(rnd, update, steps, returns, eval_s, params, ref_loss, ref_td, ref_q_sq)
 
 
 class InlineRunner(_Runner):
-    def __init__(self, s: dict):
+    def __init__(self, s: dict) -> None:
         super().__init__()
         self.evaluator, self.q, self.ref = _build(s, threads=None)
-        self._done = None
+        self._done: tuple | None = None
 
-    def _start(self, params, rnd):
+    def _start(self, params: np.ndarray, rnd: int) -> None:
         self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
     def poll(self) -> EvalResult | None:
@@ -181,14 +199,14 @@ class InlineRunner(_Runner):
 
 
 class ThreadRunner(_Runner):
-    def __init__(self, s: dict):
+    def __init__(self, s: dict) -> None:
         super().__init__()
         self.evaluator, self.q, self.ref = _build(s, threads=None)
         self._thread: threading.Thread | None = None
-        self._done = None
+        self._done: tuple | None = None
 
-    def _start(self, params, rnd):
-        def work():
+    def _start(self, params: np.ndarray, rnd: int) -> None:
+        def work() -> None:
             self._done = _play(self.evaluator, self.q, params, rnd, self.ref)
 
         self._thread = threading.Thread(target=work, name="mpirl-eval", daemon=True)
@@ -228,8 +246,8 @@ def child_environ(environ: dict | None = None) -> dict[str, str]:
     }
 
 
-def _write_all(f, data) -> None:
-    view = memoryview(data).cast("B")
+def _write_all(f: IO[bytes], data: np.ndarray) -> None:
+    view = data.data.cast("B")
     while view:
         view = view[f.write(view) :]
 
@@ -240,9 +258,7 @@ class ProcessRunner(_Runner):
     `_start` puts the request in a one-request slot (at most one evaluation is in flight) and
     returns; the writer thread writes it to the child's stdin, waiting for the child to read."""
 
-    def __init__(self, s: dict):
-        from mpirl.run.failure import STOP_SIGNALS
-
+    def __init__(self, s: dict) -> None:
         super().__init__()
         # the child starts with the stop signals blocked, until it ignores them: one that comes
         # while it imports (launchers signal each rank's process group) would kill it
@@ -257,6 +273,7 @@ class ProcessRunner(_Runner):
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        assert self.proc.stdout is not None  # a PIPE
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._buf = bytearray()
         self._slot: tuple | None = None  # (round, params) not yet written
@@ -267,7 +284,7 @@ class ProcessRunner(_Runner):
         )
         self._writer.start()
 
-    def _start(self, params, rnd):
+    def _start(self, params: np.ndarray, rnd: int) -> None:
         with self._wake:
             self._slot = (rnd, params)
             self._wake.notify()
@@ -283,6 +300,7 @@ class ProcessRunner(_Runner):
                     return
                 (rnd, params), self._slot = self._slot, None
             flat = np.ascontiguousarray(params, np.float32)
+            assert self.proc.stdin is not None  # a PIPE
             try:
                 _write_all(self.proc.stdin, np.array([rnd, flat.size], np.int64))
                 _write_all(self.proc.stdin, flat)
@@ -292,6 +310,7 @@ class ProcessRunner(_Runner):
     def poll(self) -> EvalResult | None:
         if self._pending is None:
             return None
+        assert self.proc.stdout is not None  # a PIPE
         try:
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
         except BlockingIOError:
@@ -326,6 +345,7 @@ class ProcessRunner(_Runner):
         try:
             if self._writer.is_alive():  # a child that does not read
                 raise subprocess.TimeoutExpired(self.proc.args, timeout)
+            assert self.proc.stdin is not None  # a PIPE
             self.proc.stdin.close()
             self.proc.wait(timeout=max(0.0, end - time.monotonic()))
         except (OSError, subprocess.TimeoutExpired):
@@ -333,14 +353,20 @@ class ProcessRunner(_Runner):
             self.proc.wait()
 
 
-RUNNERS = {"process": ProcessRunner, "thread": ThreadRunner, "inline": InlineRunner}
+RUNNERS: dict[str, type[InlineRunner] | type[ThreadRunner] | type[ProcessRunner]] = {
+    "process": ProcessRunner,
+    "thread": ThreadRunner,
+    "inline": InlineRunner,
+}
 
 
-def make_runner(kind: str, cfg, spec, refset: tuple[str, str] | None = None):
+def make_runner(
+    kind: str, cfg: Config, spec: EnvSpec, refset: tuple[str, str] | None = None
+) -> InlineRunner | ThreadRunner | ProcessRunner:
     return RUNNERS[kind](settings(cfg, spec, refset))
 
 
-def _read(f, n: int) -> bytes | None:
+def _read(f: IO[bytes], n: int) -> bytes | None:
     out = bytearray()
     while len(out) < n:
         got = f.read(n - len(out))
@@ -354,8 +380,6 @@ def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the learner dies (MPI_Abort kills the learner; a long
     Atari evaluation would otherwise play on, holding the job's output pipes open)."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -367,8 +391,6 @@ def child(argv: list[str], parent: int) -> int:
     The stop signals are ignored: Ctrl-C (the terminal's process group), SLURM's SIGTERM (every
     process of the step) and the SIGUSR1 Hydra forwards to each rank's process group reach the
     learner too, whose clean stop closes stdin."""
-    from mpirl.run.failure import STOP_SIGNALS
-
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)  # discards one pending since the start
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -23,6 +23,8 @@ from mpirl.transport.group import bcast_weights
 from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpirl.agent.train_step import TrainStep
     from mpirl.logs.runlog import Stream
     from mpirl.roles.learner_state import LearnerState
@@ -47,7 +49,9 @@ class Group(Protocol):
 
     k: int
     logs_updates: bool  # the group logs each applied update (async, gba)
-    sync: LocalSync | None
+
+    @property
+    def sync(self) -> LocalSync | None: ...  # read only: NoGroup's None, LeadGroup's step
 
     def start(self, updates: int) -> None: ...
     def route(self, m: Forward) -> bool: ...
@@ -94,7 +98,7 @@ class NoGroup:
 class OtherLearner:
     """What the lead keeps per other learner of the group (``index``: its rank in it)."""
 
-    def __init__(self, index: int, end: LinkEnd):
+    def __init__(self, index: int, end: LinkEnd) -> None:
         self.index, self.end = index, end
         self.orders: deque[tuple[int, Drawn, float]] = deque()  # (id, batch, sent) unanswered
         self.shard = 0  # transitions sent to its shard (replay at the learner)
@@ -116,7 +120,7 @@ class LeadGroup:
         sync: LocalSync,
         wire: Wire,
         rows: Stream,
-    ):
+    ) -> None:
         """``comm``: the learners communicator (its collectives); ``ends``: learner j -> the
         lead's end toward it, ``inbox`` for what they send (`mpirl.wiring.connect`);
         ``rows``: the /group stream.  `attach` hands it the placement's batch source."""
@@ -130,7 +134,10 @@ class LeadGroup:
         self.wire, self.rows, self.inbox = wire, rows, inbox
         self.k = comm.Get_size()
         self.others = [OtherLearner(j, ends[j]) for j in range(1, self.k)]
-        self.handlers = {Tag.GRAD: self._on_grad, Tag.DONE: self._on_done}
+        self.handlers: dict[Tag, Callable[[Any], None]] = {
+            Tag.GRAD: self._on_grad,
+            Tag.DONE: self._on_done,
+        }
         self.n_params = sum(p.numel() for p in trainer.params)
         self.logs_updates = self.mode != "allreduce"
         self.agg: GlobalBatch | None = None

@@ -28,6 +28,7 @@ networks, optimizer, counters, RNG states and the placement's memory here, if an
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,7 +92,7 @@ class LearnerParts:
 class Learner:
     """The learner rank's loop; ``run()`` returns the run's summary (summary.json)."""
 
-    def __init__(self, parts: LearnerParts):
+    def __init__(self, parts: LearnerParts) -> None:
         p = self.parts = parts
         self.cfg, self.wire, self.log, self.sites, self.inbox = (
             p.cfg,
@@ -181,7 +182,7 @@ class Learner:
             msgs = self.cut.unpark(b) + site.link.receive(now)
             did |= bool(msgs)
             rest = self.inbox.deliver(
-                self.handlers, msgs, b, now, until=lambda b=b: self.cut.holds(b)
+                self.handlers, msgs, b, now, until=functools.partial(self.cut.holds, b)
             )
             if rest:  # its acknowledgement came: what it sent after waits for our snapshot
                 self.cut.park(b, rest)
@@ -312,6 +313,7 @@ class Learner:
         drawn = self.source.draw(self.state.beta)
         if drawn is None or drawn.records is None:
             return None
+        assert drawn.weights is not None  # drawn with its records
         t0 = time.monotonic()
         batch = self.trainer.put(drawn.records, drawn.weights, drawn.frames)
         self.state.busy += time.monotonic() - t0
@@ -437,6 +439,7 @@ class Learner:
         if st.final_ckpt >= 0:
             t0 = time.monotonic()
             self.save(st.final_ckpt, st.stop_reason or "stop")
+            assert self.checkpoints.ckpt is not None  # a final checkpoint: a run that saves
             self.say(
                 f"mpirl: checkpoint {st.final_ckpt} written in "
                 f"{time.monotonic() - t0:.2f} s; continue with --resume "

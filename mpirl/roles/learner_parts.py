@@ -56,7 +56,7 @@ class Evaluation:
         trainer: TrainStep,
         target_return: float | None,
         say: Callable[[str], None],
-    ):
+    ) -> None:
         self.cfg, self.make_runner, self.evals, self.run_dir = cfg, make_runner, evals, run_dir
         self.trainer, self.target_return, self.say = trainer, target_return, say
         self.runner: Any = None
@@ -137,13 +137,13 @@ class LearnerCheckpoint:
 
     def __init__(
         self,
-        ckpt: Checkpointer,
+        ckpt: Checkpointer | None,
         trainer: TrainStep,
         part_names: list[str],
         log: RunLog,
         torch: Any,
         weights: WeightSync,
-    ):
+    ) -> None:
         self.ckpt, self.trainer, self.part_names, self.log = ckpt, trainer, part_names, log
         self.torch, self.weights = torch, weights
 
@@ -177,6 +177,7 @@ class LearnerCheckpoint:
             "target_sha256": params_sha256(t.target.state_dict()),
         }
         group.checkpoint(cid, timeout)  # the other learners' parts
+        assert self.ckpt is not None  # a cut starts only in a run that saves
         self.ckpt.write(
             cid,
             meta,
@@ -213,6 +214,7 @@ class LearnerCheckpoint:
     ) -> None:
         """Continue where checkpoint ``part`` left off."""
         ts, r, t = part.torch, part.meta, self.trainer
+        assert ts is not None  # a learner's part holds its tensors
         t.online.load_state_dict(ts["online"])
         t.target.load_state_dict(ts["target"])
         t.opt.load_state_dict(ts["optimizer"])
@@ -248,7 +250,7 @@ class Report:
         backoff: Backoff,
         say: Callable[[str], None],
         t_start: float,
-    ):
+    ) -> None:
         self.cfg, self.streams, self.sites, self.source = cfg, streams, sites, source
         self.weights, self.backoff, self.say = weights, backoff, say
         self.recent: deque[float] = deque(maxlen=100)  # the actors' last episode returns

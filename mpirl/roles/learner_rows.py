@@ -65,7 +65,9 @@ class HeldRows:
 
     BLOCK = 256
 
-    def __init__(self, logs: dict, log: RunLog, alpha: float, eps: float, huber_delta: float = 1.0):
+    def __init__(
+        self, logs: dict, log: RunLog, alpha: float, eps: float, huber_delta: float = 1.0
+    ) -> None:
         self.updates_stream, self.transfers_stream = logs["updates"], logs["transfers"]
         self.t0, self.alpha, self.eps, self.delta = log.t0, alpha, eps, huber_delta
         self.u: list[tuple] = []  # (t, update, loss, beta)
@@ -92,7 +94,7 @@ class HeldRows:
         raw_nbytes: int,
         window: int,
         priorities: np.ndarray,
-        td,
+        td: np.ndarray | None,
     ) -> None:
         td = np.zeros(0, np.float32) if td is None else td
         if not (self.b_pr.fits(priorities) and self.b_td.fits(td)):
@@ -147,8 +149,9 @@ class HeldRows:
 class _Rows:
     """Equal-length 1-D arrays copied into the rows of one growing 2-D block."""
 
-    def __init__(self):
-        self.a, self.k = None, 0
+    def __init__(self) -> None:
+        self.a: np.ndarray | None = None
+        self.k = 0
 
     def fits(self, x: np.ndarray) -> bool:
         return self.a is None or self.k == 0 or x.shape[0] == self.a.shape[1]
@@ -157,6 +160,7 @@ class _Rows:
         """Append ``x`` (the caller empties the block with `take` first unless it `fits`)."""
         if self.a is None or x.shape[0] != self.a.shape[1]:
             if self.k:
+                assert self.a is not None  # rows are held in it
                 raise ValueError(
                     f"a row of {x.shape[0]} values in a block of "
                     f"{self.a.shape[1]}-value rows; take() the block first"
@@ -192,7 +196,7 @@ class Arrivals:
         eps: float,
         rng: np.random.Generator,
         td_of: Callable[..., np.ndarray],
-    ):
+    ) -> None:
         self.sample, self.alpha, self.eps, self.rng, self.td_of = sample, alpha, eps, rng, td_of
 
     def pick(self, n: int) -> np.ndarray | None:

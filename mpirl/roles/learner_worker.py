@@ -24,8 +24,11 @@ from mpirl.transport.waiting import Backoff
 from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mpirl.agent.train_step import TrainStep
     from mpirl.logs.runlog import RunLog, Stream
+    from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
     from mpirl.run.checkpoint import Checkpointer, Part
     from mpirl.transport.group import LocalSync
@@ -48,17 +51,17 @@ class GroupWorker:
         work: Stream,
         end: LinkEnd,
         inbox: Inbox,
-        shard: PrioritizedReplay | None,
+        shard: PrioritizedReplay | FrameReplay | None,
         ckpt: Checkpointer | None,
         torch: Any,
-    ):
+    ) -> None:
         """``end``: toward the lead, ``inbox`` for its messages (`mpirl.wiring.connect`);
         ``shard``: its part of the group's replay memory (None: the memory is not at the
         learner); ``work``: the /work stream."""
         self.index, self.comm, self.trainer, self.sync, self.wire = index, comm, trainer, sync, wire
         self.log, self.work, self.end, self.inbox, self.memory = log, work, end, inbox, shard
         self.ckpt, self.torch = ckpt, torch
-        self.handlers = {
+        self.handlers: dict[Tag, Callable[[Any], None]] = {
             Tag.SHARD: self.on_shard,
             Tag.ORDER: self.on_order,
             Tag.CHECKPOINT: self.on_checkpoint,
@@ -157,6 +160,7 @@ class GroupWorker:
         """Continue from this learner's part of checkpoint ``part`` (the networks are the
         lead's, broadcast at the start; the optimizer and the shard are this learner's)."""
         t, r = self.trainer, part.meta
+        assert part.torch is not None  # a learner's part holds its tensors
         t.opt.load_state_dict(part.torch["optimizer"])
         self.torch.set_rng_state(part.torch["torch_rng"])
         t.updates, self.version, self.served = r["updates"], r["version"], r["served"]

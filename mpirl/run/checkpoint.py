@@ -29,11 +29,13 @@ import os
 import re
 import shutil
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from numpy.lib import format as npf
 
 from mpirl.run.checkpoint_arrays import stored_members
 from mpirl.run.config import ConfigError
@@ -168,8 +170,6 @@ CHUNK_BYTES = 1 << 22
 
 def _write_npy(out: IO[bytes], a: np.ndarray) -> None:
     """One array in .npy format (C order), from a view, ``CHUNK_BYTES`` at a time."""
-    from numpy.lib import format as npf
-
     if a.dtype.hasobject:
         raise ValueError(f"checkpoint arrays hold numbers only (no pickle), not {a.dtype}")
     header = {"descr": npf.dtype_to_descr(a.dtype), "fortran_order": False, "shape": a.shape}
@@ -188,8 +188,6 @@ def _write_npy(out: IO[bytes], a: np.ndarray) -> None:
 def _write_npz(f: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
     """What ``np.savez(f, **arrays)`` writes (a zip of .npy members, read with ``np.load``),
     without copying the arrays first: ``arrays`` may be views of a ring of gigabytes."""
-    import zipfile
-
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
         for name, a in arrays.items():
             with z.open(f"{name}.npy", "w", force_zip64=True) as out:

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mpirl.agent.device import valid_name
+from mpirl.transport.link import PROFILES, resolve_profile
+from mpirl.transport.topology import check_layout
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -331,7 +335,6 @@ class Config:
         """(seconds, profile) of --link-change, or None."""
         if self.link_change is None:
             return None
-        from mpirl.transport.link import PROFILES
 
         secs, _, prof = self.link_change.partition(":")
         try:
@@ -363,12 +366,9 @@ class Config:
         self._validate_choices()
         self._validate_modes()
         self.link_change_at()  # raises on a bad --link-change
-        from mpirl.transport.link import resolve_profile  # local: link imports nothing from config
 
         resolve_profile(self)  # raises ConfigError on an unknown profile or bad overrides
         if world_size is not None:
-            from mpirl.transport.topology import check_layout
-
             check_layout(world_size, self.buffers, self.learners)
 
     def _validate_numbers(self) -> None:
@@ -509,7 +509,6 @@ class Config:
                 )
         if c.evaluator not in ("process", "thread", "inline"):
             raise ConfigError(f"evaluator={c.evaluator!r} must be 'process', 'thread' or 'inline'")
-        from mpirl.agent.device import valid_name
 
         if not valid_name(c.device):
             raise ConfigError(f"device={c.device!r} must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
@@ -577,8 +576,6 @@ def _float_or_none(s: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mpirl.transport.link import PROFILES
-
     profiles = ", ".join(f"{k} ({v.describe()})" for k, v in PROFILES.items())
     p = argparse.ArgumentParser(
         prog="python -m mpirl.main",

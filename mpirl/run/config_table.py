@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from mpirl.run.config import Config, build_parser
+from mpirl.transport.link import PROFILES
 
 BEGIN = "<!-- begin: python -m mpirl.run.config_table --update docs/configuration.md -->"
 END = "<!-- end: python -m mpirl.run.config_table --update docs/configuration.md -->"
@@ -89,7 +90,6 @@ def markdown() -> str:
     lines += ["### Continuing a run", "", "| flag | default | meaning |", "|---|---|---|"]
     lines += [_row(f"{a.option_strings[0]} {a.metavar}", "-", a.help or "") for a in extra]
     lines.append("")
-    from mpirl.transport.link import PROFILES
 
     lines += ["### Link profiles (`--link`)", "", "| profile | link |", "|---|---|"]
     lines += [f"| `{k}` | {v.describe()} |" for k, v in PROFILES.items()]

@@ -28,14 +28,26 @@ forced_checks`) makes a check fail on one rank.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
+from mpirl.agent import envs
+from mpirl.agent.envs import EnvSpec
+from mpirl.logs.dashboard import check_installed
+from mpirl.replay.build import replay_footprint
+from mpirl.replay.memory import available_memory
+from mpirl.run import failure
+from mpirl.run.config import ConfigError
+from mpirl.transport import topology
+
 if TYPE_CHECKING:
-    from mpirl.agent.envs import EnvSpec
+    from mpi4py import MPI
+
     from mpirl.run.config import Config
+    from mpirl.transport.topology import Place
 
 CHECKS = ("env", "memory", "tensorboard", "zstandard")
 
@@ -61,8 +73,6 @@ def holds_replay(role: str, cfg: Config) -> bool:
 
 def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
     """The checks a rank of ``role`` runs (see the module docstring)."""
-    from mpirl.agent import envs
-
     out = []
     if role in ("learner", "actor"):
         out.append("env")
@@ -75,7 +85,7 @@ def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
     return tuple(out)
 
 
-def who(place) -> str:
+def who(place: Place) -> str:
     """``rank 1 (buffer of site 0)``, as mpirl.run.failure names a rank."""
     return f"rank {place.rank} ({place.role}" + (
         f" of site {place.site})" if place.site >= 0 else ")"
@@ -89,8 +99,6 @@ def spec_json(spec: EnvSpec) -> str:
 
 
 def spec_from_json(text: str) -> EnvSpec:
-    from mpirl.agent.envs import EnvSpec
-
     d = json.loads(text)
     d["obs_shape"] = tuple(d["obs_shape"])
     d["obs_dtype"] = np.dtype(d["obs_dtype"])
@@ -105,12 +113,6 @@ def local_row(
     """Run this rank's checks here, on ``host``; returns its `ROW` and the env spec it built
     (or None).  ``forced``: checks made to fail (test hook; inert for checks this role does not
     run; a forced ``memory`` reads 0 bytes available)."""
-    import importlib.util
-
-    from mpirl.agent import envs
-    from mpirl.replay.memory import available_memory
-    from mpirl.run.config import ConfigError
-
     row = np.zeros((), ROW)
     row["host"] = host.encode()[:256]
     row["avail"] = -1
@@ -134,8 +136,6 @@ def local_row(
         avail = 0 if "memory" in forced else available_memory()[0]
         row["avail"] = -1 if avail is None else avail
     if "tensorboard" in mine:
-        from mpirl.logs.dashboard import check_installed
-
         try:
             if "tensorboard" in forced:
                 raise ConfigError(f"tensorboard=True: tensorboard cannot be imported here{hook}")
@@ -157,11 +157,11 @@ def local_row(
     return row, spec
 
 
-def _text(b) -> str:
+def _text(b: bytes) -> str:
     return bytes(b).rstrip(b"\0").decode(errors="replace")
 
 
-def memory_failures(rows: np.ndarray, places, cfg: Config, need: int) -> list[Failure]:
+def memory_failures(rows: np.ndarray, places: list[Place], cfg: Config, need: int) -> list[Failure]:
     """Per host: the replay memories of the ranks on it (``need`` bytes each) against the
     smallest ``MemAvailable`` they read there (unknown: not checked)."""
     hosts: dict[str, list[int]] = {}
@@ -194,7 +194,7 @@ def memory_failures(rows: np.ndarray, places, cfg: Config, need: int) -> list[Fa
     return out
 
 
-def verdict(rows: np.ndarray, places, cfg: Config, need: int | None) -> str:
+def verdict(rows: np.ndarray, places: list[Place], cfg: Config, need: int | None) -> str:
     """The one error message for the gathered ``rows`` ("" when every check passed).
     ``need``: bytes of one replay memory (None: not known, the learner's env failed)."""
     fails = [
@@ -245,14 +245,10 @@ def verdict(rows: np.ndarray, places, cfg: Config, need: int | None) -> str:
     return head
 
 
-def check(world, cfg: Config) -> EnvSpec:
+def check(world: MPI.Comm, cfg: Config) -> EnvSpec:
     """Run the host checks on every rank (the module docstring); returns the env spec, the
     same on every rank, or raises the same ConfigError on every rank."""
     from mpi4py import MPI
-
-    from mpirl.run import failure
-    from mpirl.run.config import ConfigError
-    from mpirl.transport import topology
 
     rank = world.Get_rank()
     places = topology.layout(world.Get_size(), cfg.buffers, cfg.learners)
@@ -266,15 +262,12 @@ def check(world, cfg: Config) -> EnvSpec:
     return decide(rows, places, cfg)
 
 
-def decide(rows: np.ndarray, places, cfg) -> EnvSpec:
+def decide(rows: np.ndarray, places: list[Place], cfg: Config) -> EnvSpec:
     """Every rank decides from the same gathered ``rows``: rank 0's env spec, or the same
     ConfigError (`verdict`)."""
-    from mpirl.replay.build import replay_footprint
-    from mpirl.run.config import ConfigError
-
     ref = _text(rows[0]["spec"])
     spec = spec_from_json(ref) if ref else None
     err = verdict(rows, places, cfg, None if spec is None else replay_footprint(cfg, spec))
     if err:
         raise ConfigError(err)
-    return spec
+    return cast(EnvSpec, spec)  # no error: rank 0 made the spec

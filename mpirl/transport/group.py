@@ -24,10 +24,12 @@ the lead's update count when its ORDER left.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Protocol
 
 import numpy as np
+from mpi4py import MPI
 
 from mpirl.agent.grads import flat_grads, set_grads, set_params
 
@@ -58,7 +60,7 @@ def wait_polled(req: Any) -> float:
 class LocalSync:
     """K = 1: clip and step, as a lone learner does; ``straggle_s`` sleeps before each step."""
 
-    def __init__(self, straggle_s: float = 0.0):
+    def __init__(self, straggle_s: float = 0.0) -> None:
         self.straggle_s = straggle_s
         self.wait_s = 0.0  # seconds the last step waited for the group
 
@@ -75,7 +77,7 @@ class AllreduceSync(LocalSync):
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `nccl_group`."""
 
-    def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None):
+    def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None) -> None:
         super().__init__(straggle_s)
         self.comm, self.nccl = comm, nccl
         self.send = np.zeros(n_params + 1, np.float32)
@@ -88,7 +90,6 @@ class AllreduceSync(LocalSync):
         if self.nccl is not None:
             self._step_nccl(trainer, n)
             return
-        from mpi4py import MPI
 
         flat_grads(trainer.params, self.send)
         self.send[:-1] *= n
@@ -124,7 +125,7 @@ class SubmitSync(LocalSync):
     """async / gba: no step here; the gradient is kept (``taken()``) for the lead's aggregator
     or a worker's GRAD."""
 
-    def __init__(self, straggle_s: float = 0.0):
+    def __init__(self, straggle_s: float = 0.0) -> None:
         super().__init__(straggle_s)
         self.grad: np.ndarray | None = None
 
@@ -144,10 +145,7 @@ def nccl_group(comm: Any, device: Any) -> Any:  # pragma: no cover - needs one G
     """torch.distributed NCCL over the learner ranks, its rendezvous over ``comm``: rank 0
     picks a free TCP port and broadcasts ``host:port`` (bytes, no pickle).  Untested here (no
     multi-GPU machine); used only for CUDA learners."""
-    import socket
-
     import torch.distributed as dist
-    from mpi4py import MPI
 
     addr = np.zeros(256, np.uint8)
     if comm.Get_rank() == 0:
@@ -183,8 +181,6 @@ def make_sync(
 def bcast_weights(comm: Any, trainer: Any, updates: int = 0) -> int:
     """Every learner starts from the lead's online and target networks and learns the lead's
     update count, the version of those weights (collective; ``updates``: the lead's)."""
-    from mpi4py import MPI
-
     for net in (trainer.online, trainer.target):
         flat = np.ascontiguousarray(net.flat_params(), np.float32)
         comm.Bcast([flat, MPI.FLOAT], root=0)

@@ -17,16 +17,26 @@ never spins in MPI.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.transport.wire import kind_of
+from mpirl.transport.wire import Tag, kind_of
 
-Handlers = Mapping[int, Callable]
+if TYPE_CHECKING:
+    from mpirl.transport.wire import Message, Wire
+
+#: a role's handler of each kind it takes; a handler gets the kind's view (`Message` subclass)
+Handlers = Mapping[Tag, Callable[[Any], object]]
 
 
-def take(comm, source: int, status, reuse: Mapping[int, np.ndarray] | None = None):
+def take(
+    comm: MPI.Comm,
+    source: int,
+    status: MPI.Status,
+    reuse: Mapping[int, np.ndarray] | None = None,
+) -> tuple[int, int, np.ndarray] | None:
     """One message from ``source`` (or MPI.ANY_SOURCE) if one waits: ``(rank, tag, buf)``, else
     None.  Matched probe, so a message is received into a buffer of its own size; ``reuse``
     maps a tag to a buffer to receive into when the size matches (the actor's weights)."""
@@ -46,11 +56,15 @@ class Inbox:
     ``wire`` unpacks (`mpirl.transport.wire.Wire`); ``comm`` is the communicator `serve`
     probes (None: messages come from link ends only)."""
 
-    def __init__(self, wire, me: str, sender: Callable[[int], str], comm=None):
+    def __init__(
+        self, wire: Wire, me: str, sender: Callable[[int], str], comm: MPI.Comm | None = None
+    ) -> None:
         self.wire, self.me, self.sender, self.comm = wire, me, sender, comm
         self.status = MPI.Status()
 
-    def dispatch(self, handlers: Handlers, tag: int, buf: np.ndarray, rank: int, now: float = 0.0):
+    def dispatch(
+        self, handlers: Handlers, tag: int, buf: np.ndarray, rank: int, now: float = 0.0
+    ) -> Message:
         """Unpack one message and hand it to the handler of its kind; returns the message."""
         name = self.sender(rank)
         m = self.wire.unpack(buf, tag, name, rank, now)
@@ -82,7 +96,13 @@ class Inbox:
             n += 1
         return n
 
-    def _take(self, source, sources, reuse):
+    def _take(
+        self,
+        source: int,
+        sources: Callable[[], Iterable[int] | None] | None,
+        reuse: Mapping[int, np.ndarray] | None,
+    ) -> tuple[int, int, np.ndarray] | None:
+        assert self.comm is not None, f"{self.me}: serve needs the inbox's communicator"
         allowed = sources() if sources is not None else None
         if allowed is None:
             return take(self.comm, source, self.status, reuse)
@@ -95,11 +115,11 @@ class Inbox:
     def deliver(
         self,
         handlers: Handlers,
-        msgs: list,
+        msgs: list[tuple[int, np.ndarray]],
         rank: int,
         now: float = 0.0,
         until: Callable[[], bool] | None = None,
-    ) -> list:
+    ) -> list[tuple[int, np.ndarray]]:
         """Messages a link end handed over (``(tag, buf)``, from ``rank``), each to its handler;
         stops after the one that makes ``until()`` true and returns the rest (else [])."""
         for i, (tag, buf) in enumerate(msgs):
@@ -114,7 +134,7 @@ class SitePort:
     uppercase ``Isend`` of a numpy buffer (no pickle), kept until it completes; ``inbox``
     receives."""
 
-    def __init__(self, comm, inbox: Inbox):
+    def __init__(self, comm: MPI.Comm, inbox: Inbox) -> None:
         self.comm, self.inbox = comm, inbox
         self.sends: list = []  # (request, buffer) in flight
 

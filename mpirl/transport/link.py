@@ -31,11 +31,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpirl.errors import ConfigError
 from mpirl.transport.wire import kind_of
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from mpirl.run.config import Config
 
 PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
@@ -68,7 +74,7 @@ PROFILES: dict[str, LinkProfile] = {
 }
 
 
-def resolve_profile(cfg) -> LinkProfile:
+def resolve_profile(cfg: Config) -> LinkProfile:
     """The profile named by ``cfg.link`` with the CLI overrides applied; ConfigError if bad."""
     if cfg.link not in PROFILES:
         raise ConfigError(
@@ -92,7 +98,7 @@ def resolve_profile(cfg) -> LinkProfile:
 class LinkModel:
     """One direction of the link: when does a message leave, when does it arrive."""
 
-    def __init__(self, profile: LinkProfile, seed: int = 0):
+    def __init__(self, profile: LinkProfile, seed: int = 0) -> None:
         self.profile = profile
         self.busy_until = 0.0
         self.busy_time = 0.0  # seconds spent serializing
@@ -121,7 +127,7 @@ class LinkStats:
 
     __slots__ = ("bytes", "msgs", "queue_s", "total_bytes", "total_msgs")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.bytes = self.msgs = 0
         self.queue_s = 0.0
         self.total_bytes = self.total_msgs = 0
@@ -149,7 +155,9 @@ class LinkEnd:
     ``piece_s``: a latest-wins message goes in pieces of this much link time (0: whole).
     """
 
-    def __init__(self, comm, peer: int, profile: LinkProfile, seed: int = 0, piece_s: float = 0.0):
+    def __init__(
+        self, comm: MPI.Comm, peer: int, profile: LinkProfile, seed: int = 0, piece_s: float = 0.0
+    ) -> None:
         from mpi4py import MPI
 
         from mpirl.transport.inbox import take  # (mpi4py on first use: the pure parts import none)
@@ -164,7 +172,8 @@ class LinkEnd:
         self._held: deque = deque()  # (delivery, tag, buf) arrived, waiting out the latency
         self._status = MPI.Status()
         self.piece_s = piece_s
-        self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
+        self._slot: tuple[int, np.ndarray, Callable[[], None] | None, float] | None = None
+        # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
         self._pieces: deque = deque()  # (tag, view) of the one on the wire, not handed over yet
         self._latest_buf = None  # the piece handed to the wire (until its send completes)
         self._latest_t0 = 0.0  # when the message's first piece entered the wire
@@ -281,7 +290,7 @@ class LinkEnd:
         self.out_model.profile = profile
         self.in_model.profile = profile
 
-    def _isend(self, buf, tag, queue_s):
+    def _isend(self, buf: np.ndarray, tag: int, queue_s: float) -> None:
         req = self.comm.Isend([buf, self._MPI.BYTE], dest=self.peer, tag=tag)
         self._pending.append((req, buf))
         self.sent.count(buf.nbytes, queue_s)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mpi4py import MPI
+
     from mpirl.transport.inbox import Inbox, SitePort
     from mpirl.transport.link import LinkEnd
 
@@ -88,12 +90,12 @@ def layout(world_size: int, buffers: int, learners: int = 1) -> list[Place]:
 class Topology:
     """This rank's place plus the communicators it uses."""
 
-    world: object
+    world: MPI.Comm
     place: Place
     places: list[Place]
-    site: object | None  # site communicator (buffer + its actors), None on learners
-    link: object | None  # link communicator (lead learner + buffers), None on the others
-    learners: object | None = None  # the learners' communicator, None on buffers and actors
+    site: MPI.Comm | None  # site communicator (buffer + its actors), None on learners
+    link: MPI.Comm | None  # link communicator (lead learner + buffers), None on the others
+    learners: MPI.Comm | None = None  # the learners' communicator, None on buffers and actors
 
     @property
     def role(self) -> str:
@@ -109,7 +111,7 @@ class Topology:
         return sum(p.role == ACTOR for p in self.places)
 
 
-def build(world, buffers: int, learners: int = 1) -> Topology:
+def build(world: MPI.Comm, buffers: int, learners: int = 1) -> Topology:
     """Split COMM_WORLD into site, link and learners communicators (collective over
     ``world``)."""
     from mpi4py import MPI
@@ -121,10 +123,14 @@ def build(world, buffers: int, learners: int = 1) -> Topology:
     on_link = me.role == BUFFER or (me.role == LEARNER and me.index == 0)
     link = world.Split(0 if on_link else MPI.UNDEFINED, me.rank)
     group = world.Split(0 if me.role == LEARNER else MPI.UNDEFINED, me.rank)
-    site = None if site == MPI.COMM_NULL else site
-    link = None if link == MPI.COMM_NULL else link
-    group = None if group == MPI.COMM_NULL else group
-    return Topology(world=world, place=me, places=places, site=site, link=link, learners=group)
+    return Topology(
+        world=world,
+        place=me,
+        places=places,
+        site=None if site == MPI.COMM_NULL else site,
+        link=None if link == MPI.COMM_NULL else link,
+        learners=None if group == MPI.COMM_NULL else group,
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class _SiteSync:
     """What the learner knows of one site's weights: ``base`` = (version, vector) the site will
     hold once every weight message on the wire has arrived; the keyframe schedule."""
 
-    def __init__(self, key_every: int):
+    def __init__(self, key_every: int) -> None:
         self.base: tuple[int, np.ndarray] | None = None
         self.keys = wc.KeyframeSchedule(key_every)
         self.key_version = -1  # the version of the last keyframe that entered the wire
@@ -51,7 +51,7 @@ class WeightSync:
 
     def __init__(
         self, cfg: Config, wire: Wire, links: dict[int, LinkEnd], done: Callable[[int], bool]
-    ):
+    ) -> None:
         """``links``: link rank -> the end toward that site; ``done(rank)``: the site has left
         (nothing more is sent to it)."""
         self.wire, self.links, self.done = wire, links, done
@@ -93,9 +93,9 @@ class WeightSync:
     def broadcast(self, params: np.ndarray, version: int, updates: int, now: float) -> None:
         """One broadcast to every site still serving, each message latest-wins on its link."""
         params = np.asarray(params, np.float32)
-        shared: dict = {}  # encodings that do not depend on the site: made once
+        shared: dict[Any, Any] = {}  # encodings that do not depend on the site: made once
 
-        def full():
+        def full() -> np.ndarray:
             if "full" not in shared:
                 shared["full"] = self.wire.weights(params, version, updates)
             return shared["full"]
@@ -109,14 +109,22 @@ class WeightSync:
                 continue
             st = self.state[rank]
 
-            def make(st=st):
+            def make(st: _SiteSync = st) -> tuple[np.ndarray, Callable[[], None]]:
                 buf, key, base = self._encode(st, params, version, updates, full, shared)
                 self.last_bytes = max(self.last_bytes, buf.nbytes)
                 return buf, lambda: self._committed(st, buf, key, base, version)
 
             link.post_latest(Tag.WEIGHTS, make, now)
 
-    def _encode(self, st: _SiteSync, params, version: int, updates: int, full, shared):
+    def _encode(
+        self,
+        st: _SiteSync,
+        params: np.ndarray,
+        version: int,
+        updates: int,
+        full: Callable[[], np.ndarray],
+        shared: dict[Any, Any],
+    ) -> tuple[np.ndarray, bool, tuple[int, np.ndarray] | None]:
         """(message, keyframe?, the site's next base)."""
         if self.encoding == "full":
             return full(), True, None
@@ -126,6 +134,7 @@ class WeightSync:
             return shared["bf16"], True, None
         if st.keys.key_due(st.base is not None):
             return full(), True, (version, params)
+        assert st.base is not None  # key_due is true while the site has no base
         base_version, base = st.base
         # sites that hold the same vector share the message (the same version reached by a delta
         # or by a keyframe is not the same vector)
@@ -141,7 +150,14 @@ class WeightSync:
         buf, rebuilt = shared[key]
         return buf, False, (version, rebuilt)
 
-    def _committed(self, st: _SiteSync, buf: np.ndarray, key: bool, base, version: int) -> None:
+    def _committed(
+        self,
+        st: _SiteSync,
+        buf: np.ndarray,
+        key: bool,
+        base: tuple[int, np.ndarray] | None,
+        version: int,
+    ) -> None:
         """A site's message entered the wire: the site will hold ``base`` next."""
         st.base = base
         st.keys.sent(key)

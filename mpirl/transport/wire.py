@@ -84,10 +84,18 @@ delta WEIGHTS message (``--weights-encoding delta``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+
+from mpirl.transport.weight_codec import BF16, DELTA, FULL, n_blocks
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, DTypeLike
+
+    from mpirl.replay.memory import Sample
 
 MAGIC = 0x4D50524C  # "MPRL"
 VERSION = 7  # every rank of a run must speak the same version
@@ -141,7 +149,7 @@ def kind_of(buf: np.ndarray) -> Tag:
     return Tag(int(buf[4:6].view("<u2")[0]) & KIND_MASK)
 
 
-def transition_dtype(obs_shape: tuple[int, ...], obs_dtype) -> np.dtype:
+def transition_dtype(obs_shape: tuple[int, ...], obs_dtype: DTypeLike) -> np.dtype:
     return np.dtype(
         [
             ("obs", obs_dtype, obs_shape),
@@ -167,7 +175,7 @@ class Message(NamedTuple):
     `Wire.unpack` returns the view of its kind (`VIEWS`), whose properties name the slots."""
 
     kind: Tag
-    count: int
+    count: int  # type: ignore[assignment]  # the header's slot; shadows tuple.count
     seq: int
     a: float
     b: float
@@ -183,7 +191,7 @@ class Message(NamedTuple):
         return 0 if self.buf is None else self.buf.nbytes
 
 
-def _slot(name: str, cast=None, doc: str = "") -> property:
+def _slot(name: str, cast: Callable[[Any], Any] | None = None, doc: str = "") -> property:
     i = Message._fields.index(name)
     if cast is None:
         return property(lambda m: m[i], doc=doc)
@@ -367,17 +375,28 @@ VIEWS: dict[Tag, type[Message]] = {
 }
 
 
-def _header(kind: Tag, count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
+def _header(kind: Tag, count: int = 0, seq: int = 0, a: float = 0.0, b: float = 0.0) -> np.ndarray:
     h = np.zeros(1, HEADER)
     h[0] = (MAGIC, int(kind), VERSION, count, seq, a, b)
     return h
 
 
-def pack(kind: Tag, arrays=(), count=0, seq=0, a=0.0, b=0.0) -> np.ndarray:
+def pack(
+    kind: Tag,
+    arrays: Sequence[ArrayLike] = (),
+    count: int = 0,
+    seq: int = 0,
+    a: float = 0.0,
+    b: float = 0.0,
+) -> np.ndarray:
     """Header + arrays -> one uint8 buffer (one copy)."""
     parts = [_header(kind, count, seq, a, b).view(np.uint8)]
     parts += [np.ascontiguousarray(x).view(np.uint8).reshape(-1) for x in arrays]
     return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+
+
+#: a message's size and its arrays: (name, (dtype, shape or None), first byte, end or None)
+_Layout = tuple[int, list[tuple[str, tuple[np.dtype, Any], int, Any]]]
 
 
 class Wire:
@@ -385,20 +404,26 @@ class Wire:
     image runs the frame shape; whether FORWARD and BATCH are compressed)."""
 
     def __init__(
-        self, record_dtype: np.dtype, n_params: int, frame_shape=None, compress: bool = False
-    ):
+        self,
+        record_dtype: np.dtype,
+        n_params: int,
+        frame_shape: Sequence[int] | None = None,
+        compress: bool = False,
+    ) -> None:
         self.record = np.dtype(record_dtype)
         self.n_params = int(n_params)
         self.frame_shape = tuple(frame_shape) if frame_shape is not None else None
         self.frame = np.dtype((np.uint8, self.frame_shape)) if frame_shape is not None else None
         self.compress = bool(compress)
         self.last_raw_nbytes = 0  # uncompressed size of the last FORWARD / BATCH packed
-        self._zc = self._zd = None
-        self._layouts: dict = {}  # (kind, count, b, nframes) -> (need, [(name, view, lo, hi)])
+        self._zc: Any = None  # zstandard's codecs, made on first use (an optional extra)
+        self._zd: Any = None
+        # (kind, count, b, nframes) -> (need, [(name, view, lo, hi)])
+        self._layouts: dict[tuple[Tag, int, float, int], _Layout] = {}
         if compress:
             self._codecs()
 
-    def _codecs(self):
+    def _codecs(self) -> tuple[Any, Any]:
         if self._zc is None:
             try:
                 import zstandard
@@ -410,7 +435,9 @@ class Wire:
             self._zd = zstandard.ZstdDecompressor()
         return self._zc, self._zd
 
-    def _spec(self, kind: Tag, count: int, b: float, nframes: int = 0):
+    def _spec(
+        self, kind: Tag, count: int, b: float, nframes: int = 0
+    ) -> list[tuple[str, np.dtype, int]]:
         spec = self._spec_records(kind, count, b)
         if self.frame is not None and kind in RECORD_KINDS:
             spec = [("nframes", np.dtype("<i8"), 1)] + spec + [("frames", self.frame, nframes)]
@@ -455,8 +482,6 @@ class Wire:
         return []
 
     def _spec_weights(self, encoding: int) -> list[tuple[str, np.dtype, int]]:
-        from mpirl.transport.weight_codec import BF16, DELTA, FULL, n_blocks
-
         p = self.n_params
         if encoding == FULL:
             return [("params", np.dtype("<f4"), p)]
@@ -470,14 +495,15 @@ class Wire:
             ]
         return [("unknown_encoding", np.dtype("u1"), -1)]  # never matches: a WireError
 
-    def _layout(self, kind: Tag, count: int, b: float, nframes: int):
+    def _layout(self, kind: Tag, count: int, b: float, nframes: int) -> _Layout:
         """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
         building them per message was a third of `unpack`."""
         key = (kind, count, b if kind == Tag.EXPERIENCE else 0.0, nframes)  # b sizes only
         # EXPERIENCE; in other kinds it is a value that changes per message
         lay = self._layouts.get(key)
         if lay is None:
-            parts, off = [], HEADER.itemsize
+            parts: list[tuple[str, tuple[np.dtype, Any], int, Any]] = []
+            off = HEADER.itemsize
             for name, dt, n in self._spec(kind, count, b, nframes):
                 if n == -1:  # the variable tail: whatever follows (need is then a minimum)
                     parts.append((name, (dt, None), off, None))
@@ -576,7 +602,7 @@ class Wire:
         import zstandard  # importable: _codecs made zd
 
         try:
-            body = zd.decompress(memoryview(buf[hsz + 8 :]), max_output_size=raw)
+            body = zd.decompress(buf[hsz + 8 :].data, max_output_size=raw)
         except zstandard.ZstdError as e:
             raise WireError(f"{where}: compressed body does not decompress ({e})") from None
         if len(body) != raw:
@@ -587,11 +613,14 @@ class Wire:
         out[hsz:] = np.frombuffer(body, np.uint8)
         return out
 
-    def _frames_arrays(self, frames, n_records: int):
+    def _frames_arrays(
+        self, frames: np.ndarray | None, n_records: int
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         if self.frame is None:
             if frames is not None:
                 raise ValueError("frames given to a Wire without frame_shape")
             return [], []
+        assert self.frame_shape is not None  # set together with self.frame
         if frames is None:
             frames = np.zeros((0,) + self.frame_shape, np.uint8)
         frames = np.ascontiguousarray(frames, np.uint8)
@@ -603,7 +632,14 @@ class Wire:
 
     # ---- packers, one per kind (documented in the module docstring) --------------------------
     def experience(
-        self, records, td_abs, returns, env_steps: int, seq: int, frames=None, acting: int = 0
+        self,
+        records: np.ndarray,
+        td_abs: ArrayLike,
+        returns: ArrayLike,
+        env_steps: int,
+        seq: int,
+        frames: np.ndarray | None = None,
+        acting: int = 0,
     ) -> np.ndarray:
         """``acting``: the learner updates of the weights the actor acted with."""
         returns = np.asarray(returns, "<f8")
@@ -617,7 +653,9 @@ class Wire:
             b=len(returns),
         )
 
-    def forward(self, records, td_abs, seq: int, frames=None) -> np.ndarray:
+    def forward(
+        self, records: np.ndarray, td_abs: ArrayLike, seq: int, frames: np.ndarray | None = None
+    ) -> np.ndarray:
         pre, post = self._frames_arrays(frames, len(records))
         return self._maybe_compress(
             pack(
@@ -629,7 +667,12 @@ class Wire:
         )
 
     def batch(
-        self, sample, batch_id: int, t_send: float, max_weight: float = 1.0, window: int = 0
+        self,
+        sample: Sample,
+        batch_id: int,
+        t_send: float,
+        max_weight: float = 1.0,
+        window: int = 0,
     ) -> np.ndarray:
         """A sampled batch (`mpirl.replay.Sample`, with its frame table for image runs)."""
         pre, post = self._frames_arrays(sample.frames, len(sample.indices))
@@ -655,15 +698,15 @@ class Wire:
 
     def priorities(
         self,
-        indices,
-        generations,
-        td_abs,
+        indices: np.ndarray,
+        generations: np.ndarray,
+        td_abs: np.ndarray,
         batch_id: int,
         t_echo: float,
         hold: float = 0.0,
         step: float = 0.0,
         updates: int = 0,
-    ):
+    ) -> np.ndarray:
         """One per trained batch: written straight into its cached layout (the generic `pack`
         builds and concatenates five arrays; this is the learner's one packer per update)."""
         n = len(indices)
@@ -693,7 +736,13 @@ class Wire:
         return pack(Tag.WEIGHTS, [np.asarray(bits, "<u2")], count=1, seq=version, a=updates)
 
     def weights_delta(
-        self, scales, q, base_version: int, crc: int, version: int, updates: int
+        self,
+        scales: np.ndarray,
+        q: np.ndarray,
+        base_version: int,
+        crc: int,
+        version: int,
+        updates: int,
     ) -> np.ndarray:
         """A quantized change from version ``base_version`` (encoding 2), zstd-compressed."""
         raw = pack(
@@ -751,7 +800,7 @@ class Wire:
 
     @staticmethod
     def stats(
-        returns,
+        returns: ArrayLike,
         env_steps: int,
         episodes: int,
         weights_updates: int = 0,
@@ -782,10 +831,10 @@ class Wire:
         return pack(Tag.DONE, a=env_steps, b=episodes)
 
 
-def compress(buf: np.ndarray, compressor) -> np.ndarray:
+def compress(buf: np.ndarray, compressor: Any) -> np.ndarray:
     """A packed message -> the same message with its body zstd-compressed (FLAG_ZSTD)."""
     hsz = HEADER.itemsize
-    body = compressor.compress(memoryview(buf[hsz:]))
+    body = compressor.compress(buf[hsz:].data)
     out = np.empty(hsz + 8 + len(body), np.uint8)
     out[:hsz] = buf[:hsz]
     out[:hsz].view(HEADER)["kind"] |= FLAG_ZSTD

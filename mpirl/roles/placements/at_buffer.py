@@ -29,6 +29,7 @@ from mpirl.transport.wire import Tag
 
 if TYPE_CHECKING:
     from mpirl.logs.runlog import Stream
+    from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
     from mpirl.roles.learner_rows import Arrivals, HeldRows
     from mpirl.run.config import Config
@@ -42,13 +43,13 @@ class SiteMemory:
     def __init__(
         self,
         cfg: Config,
-        memory: PrioritizedReplay,
+        memory: PrioritizedReplay | FrameReplay,
         link: LinkEnd,
         wire: Wire,
         window: InflightWindow,
         batches: Stream,
         on_raw: Any,
-    ):
+    ) -> None:
         """``batches``: the /batches stream; ``on_raw(out)`` counts what compression saved."""
         self.cfg, self.memory, self.link, self.wire, self.window = cfg, memory, link, wire, window
         self.batches, self.on_raw = batches, on_raw
@@ -186,7 +187,7 @@ class LinkBatches:
         rows: HeldRows,
         arrivals: Arrivals,
         group_size: int = 1,
-    ):
+    ) -> None:
         self.sites, self.wire, self.rows, self.arrivals = sites, wire, rows, arrivals
         self.k = group_size  # K learners serve K batches at a time
         self.ready: dict[int, deque[Batch]] = {b: deque() for b in sites}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from mpirl.transport.wire import Tag
 if TYPE_CHECKING:
     from mpirl.agent.envs import EnvSpec
     from mpirl.logs.runlog import Stream
+    from mpirl.replay.frames import FrameReplay
     from mpirl.replay.memory import PrioritizedReplay
     from mpirl.roles.learner_rows import Arrivals
     from mpirl.run.config import Config
@@ -43,7 +44,7 @@ class ForwardQueue:
     """Experiences received, not yet forwarded: groups of (records, |td|,
     frame table or None), at most ``limit`` transitions when ``drop_oldest``."""
 
-    def __init__(self, wire: Wire, spec: EnvSpec, limit: int, drop_oldest: bool):
+    def __init__(self, wire: Wire, spec: EnvSpec, limit: int, drop_oldest: bool) -> None:
         self.wire, self.spec, self.limit, self.drop_oldest = wire, spec, limit, drop_oldest
         self.groups: deque[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = deque()
         self.len = 0
@@ -66,7 +67,9 @@ class ForwardQueue:
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Up to ``n`` transitions from the front, as one message's records, |td| and (image
         runs) one frame table holding only the frames they refer to."""
-        recs, tds, tables = [], [], []
+        recs: list[np.ndarray] = []
+        tds: list[np.ndarray] = []
+        tables: list[np.ndarray | None] = []
         k = 0
         while self.groups and k < n:
             r, t, f = self.groups.popleft()
@@ -79,7 +82,9 @@ class ForwardQueue:
             k += take
         self.len -= k
         if self.spec.image:
-            records, table = compact(*concat(zip(recs, tables, strict=True)))
+            # an image run's groups all have their frame table
+            frames = cast("list[np.ndarray]", tables)
+            records, table = compact(*concat(zip(recs, frames, strict=True)))
         else:
             records, table = np.concatenate(recs), None
         return records, np.concatenate(tds), table
@@ -90,7 +95,8 @@ class ForwardQueue:
         image = self.spec.image
         if image and self.groups:
             arrays["forward_records"], arrays["forward_frames"] = concat(
-                (r, f) for r, _, f in self.groups
+                (r, cast("np.ndarray", f))
+                for r, _, f in self.groups  # (image: a table each)
             )
         else:
             arrays["forward_records"] = (
@@ -99,6 +105,7 @@ class ForwardQueue:
                 else np.zeros(0, self.wire.record)
             )
             if image:
+                assert self.spec.frame_shape is not None  # set for image envs
                 arrays["forward_frames"] = np.zeros((0,) + self.spec.frame_shape, np.uint8)
         arrays["forward_td"] = (
             np.concatenate([t for _, t, _ in self.groups]).astype(np.float32)
@@ -120,7 +127,7 @@ class SiteForwarding:
 
     def __init__(
         self, cfg: Config, spec: EnvSpec, wire: Wire, link: LinkEnd, on_raw: Callable[..., None]
-    ):
+    ) -> None:
         self.cfg, self.wire, self.link, self.on_raw = cfg, wire, link, on_raw
         self.queue = ForwardQueue(
             wire,
@@ -187,7 +194,7 @@ class LocalMemory:
     def __init__(
         self,
         cfg: Config,
-        memory: PrioritizedReplay,
+        memory: PrioritizedReplay | FrameReplay,
         sites: dict[int, Site],
         wire: Wire,
         transfers: Stream,
@@ -195,7 +202,7 @@ class LocalMemory:
         updates: Callable[[], int],
         route: Callable[[Forward], bool],
         shard_starts: int,
-    ):
+    ) -> None:
         """``updates()``: the learner's update count (for the rows); ``route(m)``: True when
         the learner group took the message for another learner's shard; ``shard_starts``:
         the transitions a shard needs before it is sampled."""
@@ -271,6 +278,7 @@ class LocalMemory:
 
     def trained(self, drawn: Drawn, td: np.ndarray, spent: float, updates: int) -> None:
         if drawn.indices is not None:  # a batch of this memory (a shard's own: updated there)
+            assert drawn.generations is not None  # drawn with the indices
             self.memory.update(drawn.indices, drawn.generations, td)
 
     def grant_tokens(self, now: float, stopping: bool) -> None:
@@ -317,7 +325,7 @@ def batch_source(ctx: LearnerContext) -> LocalMemory:
 
 def worker_shard(
     cfg: Config, spec: Any, record: Any, k: int, index: int, seed: int
-) -> PrioritizedReplay:
+) -> PrioritizedReplay | FrameReplay:
     """Learner ``index`` of the group's shard of the replay memory."""
     return make_replay(shard_config(cfg, k), spec, record, seed=seed)
 

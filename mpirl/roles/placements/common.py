@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class Site:
     """What the learner keeps per buffer (one edge site), ``rank`` its link rank."""
 
-    def __init__(self, rank: int, link: LinkEnd, weight: float):
+    def __init__(self, rank: int, link: LinkEnd, weight: float) -> None:
         self.rank, self.index, self.link, self.weight = rank, rank - 1, link, weight
         self.steps = 0  # env steps of its actors, as last reported
         self.served = 0  # batches trained (replay at the buffer) / transitions inserted (learner)
