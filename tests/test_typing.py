@@ -41,8 +41,6 @@ def _fully_annotated(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return fn.returns is not None and all(p.annotation is not None for p in _parameters(fn))
 
 
-# Fails until mpirl/roles/ and mpirl/main.py are annotated (issue 44, item 5): they were being
-# refactored when the rest of mpirl/ was annotated, and are annotated after that refactor lands.
 def test_almost_every_function_in_mpirl_is_annotated():
     fns = _functions()
     bare = [where for where, fn in fns if not _fully_annotated(fn)]
@@ -53,9 +51,6 @@ def test_almost_every_function_in_mpirl_is_annotated():
     )
 
 
-# Fails until the same files annotate their `cfg` (mpirl/main.py, roles/evaluation.py,
-# roles/learner.py, roles/learner_group.py; run/resources.py and transport/link.py too, being
-# edited elsewhere when this test came in).
 def test_every_cfg_parameter_is_a_config():
     wrong = []
     for where, fn in _functions():
