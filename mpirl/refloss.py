@@ -54,7 +54,7 @@ import numpy as np
 
 from mpirl import seeds
 from mpirl.agent import envs
-from mpirl.agent.nstep import NStep
+from mpirl.agent.nstep import ACTION, DISCOUNT, NEXT_OBS, OBS, RETURN, NStep
 
 if TYPE_CHECKING:
     import torch
@@ -174,12 +174,15 @@ def collect(
         "epsilon": 1.0 if q is None else float(epsilon),
         "clip_rewards": clip,
     }
+    obs, action, reward, next_obs, discount = (
+        [t[i] for t in out] for i in (OBS, ACTION, RETURN, NEXT_OBS, DISCOUNT)
+    )
     return RefSet(
-        obs=np.stack([np.asarray(t[0]) for t in out]),
-        action=np.array([t[1] for t in out], np.int64),
-        reward=np.array([t[2] for t in out], np.float32),
-        next_obs=np.stack([np.asarray(t[3]) for t in out]),
-        discount=np.array([t[4] for t in out], np.float32),
+        obs=np.stack([np.asarray(x) for x in obs]),
+        action=np.array(action, np.int64),
+        reward=np.array(reward, np.float32),
+        next_obs=np.stack([np.asarray(x) for x in next_obs]),
+        discount=np.array(discount, np.float32),
         meta=meta,
     )
 

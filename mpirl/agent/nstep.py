@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, SupportsFloat
 
+#: where each field sits in a transition tuple ``(obs, action, R, next_obs, discount, q_sa)``
+OBS, ACTION, RETURN, NEXT_OBS, DISCOUNT, Q_SA = range(6)
+
 
 class NStep:
     """n-step accumulator for one environment."""

@@ -41,7 +41,7 @@ import numpy as np
 from mpirl import seeds
 from mpirl.agent import envs as envs_mod
 from mpirl.agent.frames import FrameLog, stacks
-from mpirl.agent.nstep import NStep
+from mpirl.agent.nstep import DISCOUNT, NStep
 from mpirl.agent.qnet import make_q
 from mpirl.logs import schema
 from mpirl.logs.runlog import RunLog
@@ -70,11 +70,11 @@ def epsilon(i: int, n: int, base: float, alpha: float) -> float:
 
 class Outgoing:
     """Transitions made, not yet sent: one tuple per transition, ``(obs, act, ret, next, disc,
-    qsa, box)``, one list append per transition (the cheapest per env step).  ``box`` is a
-    one-element list for max_a Q(s', a): filled by the next acting forward of its env (s' is the
-    observation acted on next), so an image run does not run the CNN twice over every state;
-    boxes still NaN at send time (s' ended the episode, or the chunk leaves before the next
-    forward) are computed then."""
+    qsa, max_q_next)``, one list append per transition (the cheapest per env step).
+    ``max_q_next`` is a one-element list for max_a Q(s', a): filled by the next acting forward of
+    its env (s' is the observation acted on next), so an image run does not run the CNN twice
+    over every state; those still NaN at send time (s' ended the episode, or the chunk leaves
+    before the next forward) are computed then."""
 
     NAMES = ("obs", "act", "ret", "next", "disc", "qsa")
 
@@ -85,7 +85,7 @@ class Outgoing:
         return len(self.rows)
 
     def columns(self, k: int | None = None) -> tuple[list, ...]:
-        """The first ``k`` transitions (all: None) as seven lists: NAMES, then the boxes."""
+        """The first ``k`` transitions (all: None) as seven lists: NAMES, then max_q_next."""
         rows = self.rows if k is None else self.rows[:k]
         return tuple(map(list, zip(*rows, strict=True))) if rows else tuple([] for _ in range(7))
 
@@ -113,14 +113,14 @@ class Actor:
         """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
         self.site, self.me = site, topo.place
-        m = self.m = cfg.envs_per_actor
+        n_envs = self.n_envs = cfg.envs_per_actor
         # a resumed run starts fresh episodes, seeded apart from those of earlier launches
         self.seed = seeds.actor(
             cfg.seed,
             self.me.rank,
             self.me.index,
             topo.n_actors,
-            m,
+            n_envs,
             None if resume is None else resume.id,
         )
         self.rng = np.random.default_rng(self.seed["exploration"])
@@ -128,12 +128,15 @@ class Actor:
             envs_mod.make(cfg.env, seed=s, kwargs=cfg.env_kwargs, wrappers=cfg.wrapper_specs())
             for s in self.seed["envs"]
         ]
-        n_total = topo.n_actors * m
+        n_total = topo.n_actors * n_envs
         self.eps = np.array(
-            [epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha) for j in range(m)]
+            [
+                epsilon(self.me.index * n_envs + j, n_total, cfg.eps_base, cfg.eps_alpha)
+                for j in range(n_envs)
+            ]
         )
         self.eps_list = self.eps.tolist()  # act() compares Python floats
-        self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(m)]
+        self.nsteps = [NStep(cfg.n_step, cfg.gamma) for _ in range(n_envs)]
         self.q = make_q(spec, cfg.hidden, cfg.dueling)
         # what env.step gets for action index i: the action space's own integer type, as its
         # sample() returns; gymnasium's Discrete.contains (CartPole asserts it every step) takes
@@ -145,8 +148,8 @@ class Actor:
         self.flog = (
             FrameLog(spec.stack, cast("tuple[int, ...]", spec.frame_shape)) if spec.image else None
         )
-        self.ids: list = [None] * m  # image runs: the current stack of frame ids per env
-        self.lives = np.zeros(m, np.int64)
+        self.ids: list = [None] * n_envs  # image runs: the current stack of frame ids per env
+        self.lives = np.zeros(n_envs, np.int64)
         self.episodic_life = cfg.episodic_life and spec.family == "atari"
         self.logs = schema.open_streams(log, "actor")
         log.set_attrs(epsilons=self.eps)
@@ -175,7 +178,9 @@ class Actor:
             None  # --actor-steps-per-s: a token per env step, from the first weights
         )
         self.out = Outgoing()
-        self.waiting: list[list] = [[] for _ in range(m)]  # per env: boxes its next forward fills
+        self.waiting: list[list] = [
+            [] for _ in range(n_envs)
+        ]  # per env: max_q_next its next forward fills
         self.returns_to_send: list[float] = []
         self.t_polled = 0.0
         self.next_row = 0.0
@@ -207,15 +212,15 @@ class Actor:
 
     def start_episodes(self) -> None:
         if self.cfg.actor_steps_per_s:  # P = actors x this, whatever the placement
-            self.pace = TokenBucket(self.cfg.actor_steps_per_s, take=self.m)
+            self.pace = TokenBucket(self.cfg.actor_steps_per_s, take=self.n_envs)
         first = [e.reset(seed=s) for s, e in zip(self.seed["envs"], self.envs, strict=True)]
         self.obs = np.stack([o for o, _ in first])
         for j, (o, info) in enumerate(first):
             self.lives[j] = info.get("lives", 0)
             if self.flog is not None:
                 self.ids[j] = self.flog.reset(o)
-        self.ep_ret = [0.0] * self.m  # Python numbers: numpy scalar arithmetic costs more
-        self.ep_len = [0] * self.m
+        self.ep_ret = [0.0] * self.n_envs  # Python numbers: numpy scalar arithmetic costs more
+        self.ep_len = [0] * self.n_envs
         self.first_step = True
         self.next_row = time.monotonic() + self.cfg.flush_seconds
         self.t_polled = 0.0  # poll at once
@@ -267,26 +272,26 @@ class Actor:
 
     # ---- act and step -------------------------------------------------------------------------
     def act(self) -> tuple[list, list]:
-        """One batched forward, epsilon-greedy per env; fills the boxes waiting for this
+        """One batched forward, epsilon-greedy per env; fills the max_q_next waiting for this
         forward's max_a Q.  Returns (actions, Q(s, a)) as Python lists.
 
-        Per turn one draw of 2m uniforms: env j explores when ``u[j] < eps[j]`` and then takes
-        action ``floor(u[m + j] * n_actions)``; ``Generator.integers`` for the random actions
-        cost 6.5 us a call here, 9x a uniform draw.  The Q-values come to Python once
+        Per turn one draw of 2n uniforms (n envs): env j explores when ``u[j] < eps[j]`` and
+        then takes action ``floor(u[n + j] * n_actions)``; ``Generator.integers`` for the random
+        actions cost 6.5 us a call here, 9x a uniform draw.  The Q-values come to Python once
         (``tolist``) and max / argmax are taken there (``list.index`` of the max is numpy's
         argmax, the first maximum): for a few envs cheaper than numpy's per-call dispatch."""
-        m, n_actions, eps = self.m, self.spec.n_actions, self.eps_list
+        n, n_actions, eps = self.n_envs, self.spec.n_actions, self.eps_list
         rows = self.q(self.obs).tolist()
-        u = self.rng.random(2 * m).tolist()
+        u = self.rng.random(2 * n).tolist()
         actions, q_sa = [], []
         for j, row in enumerate(rows):
             best = max(row)
-            boxes = self.waiting[j]
-            if boxes:
-                for box in boxes:
-                    box[0] = best
-                boxes.clear()
-            a = min(int(u[m + j] * n_actions), n_actions - 1) if u[j] < eps[j] else row.index(best)
+            waiting = self.waiting[j]
+            if waiting:
+                for max_q_next in waiting:
+                    max_q_next[0] = best
+                waiting.clear()
+            a = min(int(u[n + j] * n_actions), n_actions - 1) if u[j] < eps[j] else row.index(best)
             actions.append(a)
             q_sa.append(row[a])
         return actions, q_sa
@@ -298,7 +303,7 @@ class Actor:
         ep_ret, ep_len, lives = self.ep_ret, self.ep_len, self.lives
         nsteps, waiting = self.nsteps, self.waiting
         clip, episodic_life = self.spec.clip_rewards, self.episodic_life
-        add, nan, env_action = self.out.rows.append, np.nan, self.env_action
+        add, nan, env_action, disc = self.out.rows.append, np.nan, self.env_action, DISCOUNT
         for j, env in enumerate(self.envs):
             a = actions[j]
             nxt, r, term, trunc, info = env.step(env_action[a])
@@ -317,13 +322,13 @@ class Actor:
                 here, there = obs[j].copy(), nxt
             ended = term or trunc
             for t in nsteps[j].push(here, a, r, there, term or life_lost, trunc, q_sa[j]):
-                if t[4] == 0.0:
-                    box = [0.0]
+                if t[disc] == 0.0:
+                    max_q_next = [0.0]
                 else:
-                    box = [nan]
+                    max_q_next = [nan]
                     if not ended:
-                        waiting[j].append(box)  # s' = nxt, acted on at the next forward
-                add(t + (box,))
+                        waiting[j].append(max_q_next)  # s' = nxt, acted on at the next forward
+                add(t + (max_q_next,))
             if ended:
                 self.end_episode(j)
                 nxt, info = env.reset()
@@ -356,7 +361,7 @@ class Actor:
         k = len(out) if final else self.cfg.actor_chunk
         if k == 0 and not self.returns_to_send and self.env_steps == self.steps_reported:
             return
-        o_obs, o_act, o_ret, o_next, o_disc, o_qsa, o_boot = out.columns(k)
+        o_obs, o_act, o_ret, o_next, o_disc, o_qsa, o_max_q_next = out.columns(k)
         rec = np.empty(k, self.wire.record)
         rec["action"] = o_act
         rec["reward"] = o_ret
@@ -370,7 +375,7 @@ class Actor:
             rec["next_obs"] = o_next
             next_obs = rec["next_obs"]
         # Initial priority (Ape-X): |R + discount * max_a Q(s', a) - Q(s, a)| with this copy.
-        bootstrap = np.array([b[0] for b in o_boot], np.float64)
+        bootstrap = np.array([b[0] for b in o_max_q_next], np.float64)
         todo = np.flatnonzero(np.isnan(bootstrap))
         if todo.size:
             bootstrap[todo] = self.q(next_obs[todo]).max(axis=1)
@@ -430,7 +435,7 @@ class Actor:
         spec, out = self.spec, self.out
         k = len(out)
         cols = out.columns()
-        # the boxes (seventh column) are not saved: a resume refills them with NaN
+        # max_q_next (the seventh column) is not saved: a resume refills it with NaN
         arrays = {f"out_{n}": np.asarray(x) for n, x in zip(Outgoing.NAMES, cols, strict=False)}
         o_obs, o_next = cols[0], cols[3]
         if self.flog is not None:  # image run: frame ids -> indices into a saved frame table
@@ -483,8 +488,8 @@ class Actor:
             first = self.flog.adopt(part.arrays["out_frames"])
             for n in ("obs", "next"):
                 cols[n] = [tuple(int(first + i) for i in row) for row in cols[n]]
-        boxes = [[np.nan] for _ in cols["obs"]]  # bootstraps computed when sent
-        out.extend(*(cols[n] for n in Outgoing.NAMES), boxes)
+        max_q_next = [[np.nan] for _ in cols["obs"]]  # bootstraps computed when sent
+        out.extend(*(cols[n] for n in Outgoing.NAMES), max_q_next)
         self.returns_to_send.extend(part.arrays["returns_to_send"].tolist())
 
     def hand_over(self) -> None:
