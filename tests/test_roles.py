@@ -129,3 +129,32 @@ def test_stats_say_which_weights_each_actor_acts_with(site_buffer):
     actors, acting = stats.acting
     assert actors.tolist() == [1] and acting.tolist() == [40]
     assert stats.weights_updates == 0  # the buffer's cache holds no weights yet
+
+
+def test_every_shard_of_the_learner_group_weighs_on_one_scale():
+    """Memory at the learner, K learners: each samples its own shard, whose importance weights
+    are divided by its own max weight; the lead puts every shard's batch on the scale of the
+    largest max weight (as it does for the sites' batches), its own and the other learners'
+    (through ORDER's scale, from the max weight each GRAD reports)."""
+    from mpirl.replay.build import make_replay
+    from mpirl.roles.placements.at_learner import LocalMemory
+    from mpirl.roles.placements.common import Drawn
+
+    cfg = Config(
+        replay_at="learner", hidden=(16,), replay_capacity=256, batch_size=8, replay_ratio=0
+    )
+    spec, wire = wire_of(cfg)
+    memory = make_replay(cfg, spec, wire.record, seed=0)
+    rng = np.random.default_rng(0)
+    memory.add(np.zeros(64, wire.record), rng.random(64).astype(np.float32) * 5)
+    source = LocalMemory(cfg, memory, {}, wire, None, None, lambda: 0, lambda m: False, 1)
+    own = source.draw(0.4)
+    assert own is not None and own.scale == 1.0  # alone, its own scale
+    mine = memory.max_weight()
+    source.trained(Drawn(None, member=1, max_weight=4 * mine), np.zeros(8), 0.0, 0)
+    d = source.draw(0.4)  # another shard's max weight is 4x: this shard's weigh a quarter
+    assert d is not None and d.scale == pytest.approx(memory.max_weight() / (4 * mine))
+    order = source.for_member(1, 64)  # the other shard's own weights are on the top scale
+    assert order is not None and order.member == 1 and order.scale == 1.0
+    g = wire.unpack(wire.grad(3, 0, np.ones(8, np.float32), 0.5, 0.1, None, 2.5), Tag.GRAD)
+    assert g.max_weight == 2.5

@@ -216,7 +216,7 @@ class LeadGroup:
         """Send ``o`` its next batch (relayed) or a sample order for its shard; False when there
         is no batch for it."""
         assert self.source is not None
-        drawn = self.source.for_member(o.shard)
+        drawn = self.source.for_member(o.index, o.shard)
         if drawn is None:
             return False
         weights = None
@@ -278,6 +278,7 @@ class LeadGroup:
             raise RuntimeError(f"learner: learner {o.index} answered order {m.id}, expected {want}")
         o.served += 1
         td = m.td_abs
+        drawn.max_weight = m.max_weight  # its shard's, for a batch it sampled
         assert self.source is not None
         self.source.trained(drawn, td, m.compute_s, self.trainer.updates)
         grad = m.grad()

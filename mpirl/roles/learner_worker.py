@@ -100,16 +100,18 @@ class GroupWorker:
             set_params(t.params, weights[0])
             set_params(list(t.target.parameters()), weights[1])
             self.version = g.version
-        sample = None
+        sample, max_weight = None, 0.0
         if g.relayed:
             b = cast("Batch", self.wire.unpack(g.batch_buf(self.n_params), Tag.BATCH, "the lead"))
-            records, frames = b.records, b.frames
-            weights_is = b.weights * np.float32(g.scale)
-        else:
+            records, frames, weights_is = b.records, b.frames, b.weights
+        else:  # its shard: weights on the scale of every shard's (the lead's ``scale``)
             assert self.memory is not None
             self.memory.beta = g.beta
             sample = self.memory.sample(g.n)
             records, weights_is, frames = sample.records, sample.weights, sample.frames
+            max_weight = self.memory.max_weight()
+        if g.scale != 1.0:
+            weights_is = weights_is * np.float32(g.scale)
         submits = isinstance(self.sync, SubmitSync)
         version_used = self.version if submits else t.updates
         loss, td = t.launch(t.put(records, weights_is, frames)).result()
@@ -118,7 +120,7 @@ class GroupWorker:
             self.memory.update(sample.indices, sample.generations, td)
         grad = self.sync.taken() if submits else None  # type: ignore[attr-defined]
         spent = time.monotonic() - t0
-        self.end.post(self.wire.grad(g.id, version_used, td, loss, spent, grad))
+        self.end.post(self.wire.grad(g.id, version_used, td, loss, spent, grad, max_weight))
         self.work.append(
             order=g.id,
             version=version_used,

@@ -54,8 +54,9 @@ ORDER       lead learner ->       (--learners K) count=B, seq=order id, a=beta, 
                                   target f4[P]] [the buffer's BATCH message as it came]
 SHARD       lead -> learner j     (replay_at=learner) body u1[...]: a buffer's FORWARD message
 GRAD        learner j -> lead     count=n, seq=order id, a=loss, b=compute seconds; meta i8[2]
-                                  (weights version used, 1 = a gradient follows), td_abs f4[n],
-                                  body u1[...]: [gradient f4[P]]
+                                  (weights version used, 1 = a gradient follows), max_weight
+                                  f8[1] (its shard's, for a batch it sampled; else 0), td_abs
+                                  f4[n], body u1[...]: [gradient f4[P]]
 ==========  ====================  ============================================================
 
 The learner group (``--learners K``) also uses STOP (finish, then answer DONE), DONE (a=orders
@@ -350,6 +351,10 @@ class Grad(Message):
     version = property(lambda m: int(m.arrays["meta"][0]), doc="weights version it used")
     has_grad = property(lambda m: bool(m.arrays["meta"][1]), doc="a gradient follows")
     td_abs = property(lambda m: np.array(m.arrays["td_abs"]), doc="|td| per sample (a copy)")
+    max_weight = property(
+        lambda m: float(m.arrays["max_weight"][0]),
+        doc="its shard's max importance weight when it sampled the batch (0: a relayed batch)",
+    )
 
     def grad(self) -> np.ndarray | None:
         """The flat float32 gradient (a copy: aligned), or None."""
@@ -475,7 +480,9 @@ class Wire:
         if kind == Tag.STATS:
             return [("returns", f8, count), ("acting", i8, -1)]
         if kind in (Tag.ORDER, Tag.GRAD):
-            meta = [("meta", i8, 2)] + ([("td_abs", f4, count)] if kind == Tag.GRAD else [])
+            meta: list[tuple[str, np.dtype, int]] = [("meta", i8, 2)]
+            if kind == Tag.GRAD:
+                meta += [("max_weight", f8, 1), ("td_abs", f4, count)]
             return meta + [("body", np.dtype("u1"), -1)]
         if kind == Tag.SHARD:
             return [("body", np.dtype("u1"), -1)]
@@ -785,9 +792,13 @@ class Wire:
         loss: float,
         compute_s: float,
         grad: np.ndarray | None = None,
+        max_weight: float = 0.0,
     ) -> np.ndarray:
+        """``max_weight``: the shard's max importance weight when it sampled the batch (the
+        lead puts every shard's weights on one scale with it)."""
         meta = np.array([version, grad is not None], "<i8")
-        arrays = [meta, np.asarray(td_abs, "<f4")] + ([] if grad is None else [grad])
+        arrays = [meta, np.array([max_weight], "<f8"), np.asarray(td_abs, "<f4")]
+        arrays += [] if grad is None else [grad]
         return pack(Tag.GRAD, arrays, count=len(td_abs), seq=order_id, a=loss, b=compute_s)
 
     @staticmethod

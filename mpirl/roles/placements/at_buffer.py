@@ -224,7 +224,7 @@ class LinkBatches:
         weights = m.weights if scale == 1.0 else m.weights * np.float32(scale)
         return Drawn(m.records, weights, m.frames, site=site, batch=m, scale=scale)
 
-    def for_member(self, shard_len: int) -> Drawn | None:
+    def for_member(self, member: int, shard_len: int) -> Drawn | None:
         """A batch for another learner of the group: relayed as it came."""
         return self.draw(0.0)
 

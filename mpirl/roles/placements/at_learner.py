@@ -216,6 +216,9 @@ class LocalMemory:
         self.shard_starts = max(shard_starts, 1)
         self.limiter = RateLimiter(cfg.replay_ratio, cfg.learning_starts)
         self.owed = {b: 0 for b in sites}  # forward tokens to give back
+        #: each shard's max importance weight (0: this learner's), last known: every shard's
+        #: batches are put on the scale of the largest, as the sites' are (docs/design.md)
+        self.shard_max: dict[int, float] = {}
         self.handlers: Handlers = {Tag.FORWARD: self.on_forward}
 
     @property
@@ -264,19 +267,34 @@ class LocalMemory:
         memory.beta = beta
         s = memory.sample(self.cfg.batch_size)
         self.limiter.sampled += self.cfg.batch_size
-        return Drawn(s.records, s.weights, s.frames, s.indices, s.generations)
+        scale = self.scale_of(0, memory.max_weight())
+        weights = s.weights if scale == 1.0 else s.weights * np.float32(scale)
+        return Drawn(s.records, weights, s.frames, s.indices, s.generations, scale=scale)
 
-    def for_member(self, shard_len: int) -> Drawn | None:
-        """An order for another learner to sample its own shard (counted here)."""
+    def scale_of(self, shard: int, max_weight: float) -> float:
+        """The factor that puts a shard's importance weights (divided by its own max weight)
+        on the scale of the largest max weight over every shard: the group's global batch
+        weighs its transitions as one memory would."""
+        if max_weight > 0:
+            self.shard_max[shard] = max_weight
+        top = max(self.shard_max.values(), default=0.0)
+        mine = self.shard_max.get(shard, top)
+        return mine / top if 0 < mine < top else 1.0
+
+    def for_member(self, member: int, shard_len: int) -> Drawn | None:
+        """An order for another learner to sample its own shard (counted here), with the scale
+        of its shard's weights as its last GRAD reported them."""
         if shard_len < self.shard_starts or not self.limiter.may_sample():
             return None
         self.limiter.sampled += self.cfg.batch_size
-        return Drawn(None)
+        return Drawn(None, member=member, scale=self.scale_of(member, 0.0))
 
     def members_ready(self, shard_lens: list[int]) -> bool:
         return all(n >= self.shard_starts for n in shard_lens)
 
     def trained(self, drawn: Drawn, td: np.ndarray, spent: float, updates: int) -> None:
+        if drawn.member is not None and drawn.max_weight > 0:  # its shard's latest max weight
+            self.shard_max[drawn.member] = drawn.max_weight
         if drawn.indices is not None:  # a batch of this memory (a shard's own: updated there)
             assert drawn.generations is not None  # drawn with the indices
             self.memory.update(drawn.indices, drawn.generations, td)
