@@ -356,3 +356,46 @@ def test_progress_rho_counts_every_learners_samples():
     state.updates, source.sampled, site.steps = 10, 10 * 2 * 64, 1280  # K = 2 learners
     report.progress(1.0, state, 0.0)
     assert rows[-1]["rho"] == 1.0
+
+
+def test_evaluation_on_wall_clock_time(tmp_path):
+    """--eval-every-s: evaluations follow wall time, not updates, so two placements whose
+    update rates differ are evaluated as often (a link-capped one was evaluated every 15 s
+    against 0.7 s for the other)."""
+    import h5py
+
+    cfg = Config(
+        replay_at="buffer", buffers=1, hidden=(16,), evaluator="inline", eval_episodes=1,
+        eval_every=10**9, eval_every_s=0.2, max_seconds=1.5, target_return=float("nan"),
+        progress_seconds=0,
+    )  # fmt: skip
+    spec, wire = wire_of(cfg)
+    record = wire.record
+
+    def batch() -> list:
+        s = Sample(
+            indices=np.arange(8),
+            generations=np.arange(8),
+            weights=np.ones(8, np.float32),
+            priorities=np.ones(8, np.float32),
+            records=np.zeros(8, record),
+        )
+        return [(Tag.BATCH, wire.batch(s, 0, 0.0))]
+
+    def on_post(link, tag):
+        if tag == Tag.STOP:
+            link.inbox.append((Tag.DONE, wire.done(100, 0)))
+
+    link = ScriptedLink(1, on_post)
+
+    def feed() -> list:  # a batch whenever the learner asks, then DONE after its STOP
+        out, link.inbox = link.inbox or batch(), []
+        return out
+
+    link.feed = feed
+    links = {1: link}
+    with RunLog(tmp_path / "learner.h5", {}, flush_seconds=1) as log:
+        make_learner(cfg, spec, wire, log, links).run()
+    with h5py.File(tmp_path / "learner.h5", "r") as f:
+        n = len(f["evals/update"])
+    assert 4 <= n <= 9, n  # about one every 0.2 s of a 1.5 s run, none from the update count

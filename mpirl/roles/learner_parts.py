@@ -62,17 +62,28 @@ class Evaluation:
         self.runner: Any = None
         self.round = 0
         self.last = -np.inf  # the update count of the last evaluation requested
+        self.t_last = time.monotonic()  # and when (--eval-every-s counts from the start)
         self.best = -np.inf
 
     def start(self) -> None:
         self.runner = self.make_runner()
+        self.t_last = time.monotonic()
+
+    def due(self, updates: int, now: float) -> bool:
+        """Every --eval-every updates, or every --eval-every-s seconds of wall time (the first
+        after that long), once the learner has updated."""
+        if not updates:
+            return False
+        if self.cfg.eval_every_s:
+            return now - self.t_last >= self.cfg.eval_every_s
+        return updates - self.last >= self.cfg.eval_every
 
     def step(self, updates: int, env_steps: int, weights: Callable[[], np.ndarray]) -> Any:
         """Hand the runner ``weights()`` when an evaluation is due; a finished one's result is
         handled (`handle`), and what it returns is returned."""
-        runner = self.runner
-        if updates and updates - self.last >= self.cfg.eval_every and not runner.busy:
-            self.last = updates
+        runner, now = self.runner, time.monotonic()
+        if self.due(updates, now) and not runner.busy:
+            self.last, self.t_last = updates, now
             runner.request(weights(), self.round, updates, env_steps)
             self.round += 1
         res = runner.poll()

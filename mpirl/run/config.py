@@ -278,6 +278,11 @@ class Config:
     # --- evaluation ----------------------------------------------------------------------------
     eval_episodes: int = _f(10, "greedy evaluation episodes (run in lockstep at the learner)")
     eval_every: int = _f(500, "learner updates between greedy evaluations")
+    eval_every_s: float = _f(
+        0.0,
+        "seconds of wall time between greedy evaluations instead (0 = by --eval-every): the "
+        "same cadence for every placement, whatever update rate the link leaves each",
+    )
     eval_max_steps: int = _f(
         27_000,
         "cut a greedy evaluation episode after this many agent "
@@ -419,6 +424,7 @@ class Config:
         for name in [
             "max_seconds",
             "progress_seconds",
+            "eval_every_s",
             "grad_clip",
             "replay_ratio",
             "checkpoint_seconds",
