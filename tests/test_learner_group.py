@@ -121,3 +121,28 @@ def test_straggle_sleeps_in_every_update_of_its_rank_only():
     other = parse(["--learners", "2", "--straggle", "1:30"])
     sync = make_sync(other.learner_sync, MPI.COMM_SELF, 0, None, straggle_s(other, 0))
     assert sync.straggle_s == 0.0  # learner 0 does not straggle
+
+
+@pytest.mark.mpi
+def test_the_process_group_rendezvous_and_the_devices_every_learner_reports():
+    """The torch.distributed rendezvous of CUDA learners (a TCPStore rank 0 keeps open: no
+    free-port race), run with gloo on CPUs under mpirun; CPU learners never take NCCL."""
+    p = subprocess.run(
+        [*mpirun_cmd(3), sys.executable, "tests/group_rendezvous.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sum"] == 6.0 and len(out["devices"]) == 3 and not out["nccl"]
+
+
+def test_nccl_only_when_every_learner_has_a_gpu_of_its_own():
+    from mpirl.transport.group import nccl_usable
+
+    assert nccl_usable(["a/cuda:0", "a/cuda:1", "b/cuda:0"])
+    assert not nccl_usable(["a/cuda:0", "a/cuda:0"])  # two learners on one GPU
+    assert not nccl_usable(["a/cuda:0", "a/cpu"])  # CPU and CUDA mixed
+    assert not nccl_usable(["a/cpu", "b/cpu"])

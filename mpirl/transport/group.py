@@ -75,7 +75,7 @@ class AllreduceSync(LocalSync):
     gradient set to the sum / total n (the mean over the global batch), then clip and step.
 
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
-    flat gradient is summed on the device instead; see `nccl_group`."""
+    flat gradient is summed on the device instead; see `process_group`."""
 
     def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None) -> None:
         super().__init__(straggle_s)
@@ -141,29 +141,48 @@ class SubmitSync(LocalSync):
         return g
 
 
-def nccl_group(comm: Any, device: Any) -> Any:  # pragma: no cover - needs one GPU per learner
-    """torch.distributed NCCL over the learner ranks, its rendezvous over ``comm``: rank 0
-    picks a free TCP port and broadcasts ``host:port`` (bytes, no pickle).  Untested here (no
-    multi-GPU machine); used only for CUDA learners."""
+def process_group(comm: Any, backend: str, device: Any = None) -> Any:
+    """torch.distributed over the learner ranks (``nccl`` for CUDA learners; ``gloo`` tests the
+    same path on CPUs), its rendezvous over ``comm``: rank 0 opens a `TCPStore` on a port the
+    kernel picks and keeps it open (no free-port race), and broadcasts ``host:port`` (bytes, no
+    pickle); the others connect to it."""
     import torch.distributed as dist
 
+    rank, k = comm.Get_rank(), comm.Get_size()
     addr = np.zeros(256, np.uint8)
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        text = f"{socket.gethostname()}:{port}".encode()
+    store = None
+    if rank == 0:
+        host = socket.gethostname()
+        store = dist.TCPStore(host, 0, world_size=k, is_master=True, wait_for_workers=False)
+        text = f"{host}:{store.port}".encode()
         addr[: len(text)] = np.frombuffer(text, np.uint8)
     comm.Bcast([addr, MPI.BYTE], root=0)
-    where = bytes(addr).rstrip(b"\0").decode()
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://{where}",
-        rank=comm.Get_rank(),
-        world_size=comm.Get_size(),
-        device_id=device,
-    )
+    host, _, port = bytes(addr).rstrip(b"\0").decode().rpartition(":")
+    if store is None:
+        store = dist.TCPStore(host, int(port), world_size=k, is_master=False)
+    extra = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=k, **extra)
     return dist
+
+
+def learner_devices(comm: Any, device: Any) -> list[str]:
+    """Every learner's ``host/device`` (``vm/cuda:0``, ``vm/cpu``), gathered as fixed-size bytes
+    (no pickle)."""
+    mine = np.zeros(256, np.uint8)
+    name = str(device)
+    name = "cuda:0" if name == "cuda" else name  # torch's current device, unless set
+    text = f"{socket.gethostname()}/{name}".encode()[:256]
+    mine[: len(text)] = np.frombuffer(text, np.uint8)
+    every = np.zeros((comm.Get_size(), 256), np.uint8)
+    comm.Allgather([mine, MPI.BYTE], [every, MPI.BYTE])
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
+
+
+def nccl_usable(devices: list[str]) -> bool:
+    """NCCL sums on the devices only when every learner has a GPU of its own: learners that
+    share one GPU, or mix CPU and CUDA, sum on the host over MPI instead (NCCL hangs or fails
+    on either)."""
+    return all("/cuda" in d for d in devices) and len(set(devices)) == len(devices)
 
 
 def make_sync(
@@ -173,7 +192,8 @@ def make_sync(
     if comm is None or comm.Get_size() == 1:
         return LocalSync(straggle_s)
     if mode == "allreduce":
-        nccl = nccl_group(comm, device) if getattr(device, "type", "cpu") == "cuda" else None
+        devices = learner_devices(comm, device)  # collective: the same verdict on every learner
+        nccl = process_group(comm, "nccl", device) if nccl_usable(devices) else None
         return AllreduceSync(comm, n_params, straggle_s, nccl)
     return SubmitSync(straggle_s)
 
