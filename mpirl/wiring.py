@@ -34,14 +34,14 @@ from mpirl.run import failure
 from mpirl.run.checkpoint import part_name, write_allowance_s
 from mpirl.run.config import parse_straggle
 from mpirl.transport.cut import Cut
-from mpirl.transport.group import LocalSync, make_sync
+from mpirl.transport.group import LocalSync, make_syncs
 from mpirl.transport.inbox import Inbox, SitePort
 from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.transport.pacing import TokenBucket
 from mpirl.transport.topology import ACTOR, BUFFER, Ends
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.weight_sync import WeightSync
-from mpirl.transport.wire import Wire
+from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -115,10 +115,28 @@ def connect(cfg: Config, topo: Topology, wire: Wire) -> Ends:
 
 def straggle_s(cfg: Config, learner: int) -> float:
     """--straggle RANK:MS: learner ``learner``'s sleep per update, in seconds (0 elsewhere)."""
+    return straggle_of(cfg, learner)[0]
+
+
+def straggle_of(cfg: Config, learner: int) -> tuple[float, tuple[float, float]]:
+    """--straggle RANK:MS[@START-END]: learner ``learner``'s sleep per update in seconds and
+    its window in seconds after the learner starts (0 and always elsewhere)."""
     if not cfg.straggle:
-        return 0.0
-    rank, ms = parse_straggle(cfg.straggle)
-    return ms / 1000.0 if rank == learner else 0.0
+        return 0.0, (0.0, float("inf"))
+    rank, ms, start, end = parse_straggle(cfg.straggle)
+    return (ms / 1000.0 if rank == learner else 0.0), (start, end)
+
+
+def group_syncs(cfg: Config, comm: Any, trainer: TrainStep, learner: int) -> dict[int, LocalSync]:
+    """A group learner's ways to make an update, by an ORDER's ``how`` (collective over
+    ``comm``: the all-reduce one sets up the group's sum); the trainer starts with the first."""
+    n_params = sum(p.numel() for p in trainer.params)
+    sleep, window = straggle_of(cfg, learner)
+    syncs = make_syncs(cfg.learner_sync, comm, n_params, trainer.device, sleep, window)
+    out = {ALLREDUCE: syncs["allreduce"]} if "allreduce" in syncs else {}
+    out |= {SUBMIT: syncs["gba"]} if "gba" in syncs else {}
+    trainer.sync = next(iter(out.values()))
+    return out
 
 
 def checkpoint_timeout_s(cfg: Config, spec: EnvSpec) -> float:
@@ -134,13 +152,26 @@ def _group(
     """The learner group as the lead sees it (K = 1: `NoGroup`); sets the trainer's sync."""
     comm = getattr(topo, "learners", None)  # (a bench or test may pass a bare topology)
     if comm is None or comm.Get_size() == 1:
-        trainer.sync = LocalSync(straggle_s(cfg, 0)) if cfg.straggle else None
+        sleep, window = straggle_of(cfg, 0)
+        trainer.sync = LocalSync(sleep, window) if cfg.straggle else None
         return NoGroup()
-    n_params = sum(p.numel() for p in trainer.params)
-    sync = make_sync(cfg.learner_sync, comm, n_params, trainer.device, straggle_s(cfg, 0))
-    trainer.sync = sync
+    syncs = group_syncs(cfg, comm, trainer, 0)
     assert ends.group_inbox is not None
-    return LeadGroup(cfg, comm, ends.group, ends.group_inbox, trainer, sync, wire, streams["group"])
+    return LeadGroup(
+        cfg, comm, ends.group, ends.group_inbox, trainer, syncs, wire, streams["group"],
+        streams["switches"],
+    )  # fmt: skip
+
+
+def _lead_trainer(
+    cfg: Config, spec: EnvSpec, log: RunLog, say: Callable[[str], None], torch: Any
+) -> TrainStep:
+    """The lead learner's train step on its device (recorded in its file, said once)."""
+    dev = device_mod.resolve(cfg.device, torch)
+    dev_info = device_mod.describe(dev, torch)
+    log.set_attrs(**dev_info)
+    say(device_mod.banner(dev_info, cfg.amp))
+    return TrainStep(cfg, spec, dev, cfg.amp)
 
 
 def build_learner(
@@ -168,11 +199,7 @@ def build_learner(
         b: Site(b, end, cfg.site_weights[b - 1] if cfg.site_weights else 1.0)
         for b, end in sorted(ends.links.items())
     }
-    dev = device_mod.resolve(cfg.device, torch)
-    dev_info = device_mod.describe(dev, torch)
-    log.set_attrs(**dev_info)
-    say(device_mod.banner(dev_info, cfg.amp))
-    trainer = TrainStep(cfg, spec, dev, cfg.amp)
+    trainer = _lead_trainer(cfg, spec, log, say, torch)
     target = cfg.target_return if cfg.target_return is not None else spec.reward_threshold
     target_return = target if target is not None and np.isfinite(target) else None
     log.set_attrs(target_return=target_return)
@@ -225,7 +252,17 @@ def build_learner(
         cut=Cut(
             ckpt, sites, cfg.checkpoint_seconds, checkpoint_timeout_s(cfg, spec), state.t_start
         ),
-        report=Report(cfg, streams, sites, source, weights, backoff, say, state.t_start),
+        report=Report(
+            cfg,
+            streams,
+            sites,
+            source,
+            weights,
+            backoff,
+            say,
+            state.t_start,
+            lambda: group.sync_mode,
+        ),
         rows=rows,
         state=state,
         backoff=backoff,
@@ -288,14 +325,12 @@ def build_worker(
         dev = torch.device(f"cuda:{index % torch.cuda.device_count()}")
     log.set_attrs(**device_mod.describe(dev, torch))
     trainer = TrainStep(cfg, spec, dev, cfg.amp)
-    n_params = sum(p.numel() for p in trainer.params)
-    sync = make_sync(cfg.learner_sync, comm, n_params, trainer.device, straggle_s(cfg, index))
-    trainer.sync = sync
+    syncs = group_syncs(cfg, comm, trainer, index)
     shard = pick(cfg.replay_at).worker_shard(cfg, spec, wire.record, k, index, seed["replay"])
     streams = schema.open_streams(log, "learner_worker")
     assert ends.group_inbox is not None
     worker = GroupWorker(
-        index, comm, trainer, sync, wire, log, streams["work"], ends.group[0], ends.group_inbox,
+        index, comm, trainer, syncs, wire, log, streams["work"], ends.group[0], ends.group_inbox,
         shard, ckpt, torch,
     )  # fmt: skip
     if resume is not None:

@@ -109,3 +109,29 @@ def test_the_aggregator_keeps_no_record_that_grows_with_the_run():
         assert agg.take(i) is not None
     sizes = {k: len(v) for k, v in vars(agg).items() if hasattr(v, "__len__")}
     assert all(n < 10 for n in sizes.values()), sizes
+
+
+def test_the_switch_rule_follows_a_straggler_and_does_not_flap():
+    """Synchronous while the learners keep pace (noise of +-20%, and a 0.3 s hiccup of the lead
+    included), GBA once one is 4x slower for good, back once it keeps pace again; never a
+    switch within hold_s of the last."""
+    from mpirl.agent.gba import SwitchRule
+
+    rng = np.random.default_rng(0)
+    rule = SwitchRule(k=3, now=0.0)
+    sync, switches, t = True, [], 0.0
+    for phase, slow, until in ((0, 1.0, 6.0), (1, 4.0, 12.0), (2, 1.0, 18.0)):
+        while t < until:
+            t += 0.01
+            for j in range(3):
+                f = slow if j == 1 else 3.0 if j == 0 and 3.0 < t < 3.3 else 1.0
+                if j != 1 or slow == 1.0 or rng.random() < 0.25:  # a straggler sends fewer
+                    rule.observe(j, 0.01 * f * rng.uniform(0.8, 1.2), t)
+            if rule.decide(sync, t) is not None:
+                sync = not sync
+                switches.append((phase, sync, round(t, 1)))
+    assert [(p, s) for p, s, _ in switches] == [(1, False), (2, True)], switches
+    # within the horizon (2 s) and the persistence (1 s) of the change, with a margin
+    assert 6.0 < switches[0][2] < 9.5 and 12.0 < switches[1][2] < 15.5, switches
+    with pytest.raises(ValueError):
+        SwitchRule(k=2, up=1.2, down=1.5)

@@ -176,3 +176,26 @@ def test_group_resumes_with_the_leads_version(tmp_path):
     with h5py.File(run_dir / "learner-1.h5", "r") as f:
         versions = f["work/version"][before:]
     assert len(versions) and versions[0] == 150, versions[:5]
+
+
+def test_switch_goes_gba_for_a_straggler_and_back_with_one_state(tmp_path):
+    """--learner-sync switch: learner 1 is 40x slower from 3 to 9 s; the group switches to GBA
+    while it straggles and back to all-reduce after, every switch logged with its figures.
+    Back in all-reduce every learner must hold the lead's network and Adam state: the lead
+    checks their crc32 at every checkpoint (every 3 s here) and the run fails if one differs."""
+    run_dir = tmp_path / "run"
+    p = run_mpirl(
+        5, "--learners", "2", "--learner-sync", "switch", "--straggle", "1:40@3-9",
+        "--max-seconds", "24", "--target-return", "none", "--checkpoint-seconds", "3",
+        "--progress-seconds", "1", "--run-dir", str(run_dir), timeout=240,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    with h5py.File(run_dir / "learner.h5", "r") as f:
+        to_gba, t = f["switches/to_gba"][()].tolist(), f["switches/t"][()]
+        modes = f["progress/sync_mode"][()]
+    first_gba = to_gba.index(1)
+    assert 0 in to_gba[first_gba:], to_gba  # to GBA, then back to all-reduce
+    assert t[first_gba] < 14, t  # while it straggled (its window counts from its own start)
+    assert modes.max() == 1 and modes.min() == 0
+    assert len(list(run_dir.glob("checkpoint/*/learner-1.json"))) >= 1
+    assert "| gba" in p.stdout and "| sync" in p.stdout

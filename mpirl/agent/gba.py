@@ -96,6 +96,12 @@ class GlobalBatch:
         self.last_id = c.id
         self.waiting.append(c)
 
+    def drain(self) -> list[Contribution]:
+        """Every contribution still waiting, which leave (a switch to synchronous updates
+        drops them)."""
+        out, self.waiting = list(self.waiting), deque()
+        return out
+
     def _prune(self, version: int) -> list[tuple[Contribution, int]]:
         out: list[tuple[Contribution, int]] = []
         if self.max_staleness is None:
@@ -142,3 +148,69 @@ class GlobalBatch:
             total += (w * c.n) * c.grad.astype(np.float64)
         self.applied += len(used)
         return Taken((total / self.samples).astype(np.float32), used, scales, stale, dropped)
+
+
+class SwitchRule:
+    """When the learner group (``--learner-sync switch``) should train synchronously (all-reduce)
+    and when with GBA: from the learners' compute time per batch (not the time waited for the
+    others), each learner's median over the batches of the last ``horizon_s`` seconds.
+
+    ``ratio`` = the slowest learner's median / the median of the others' medians.  Switch to GBA
+    when it stays above ``up`` (1.5: a synchronous step takes the slowest learner's time, so half
+    again as long as the others' is where waiting for it costs more than GBA's staleness) for
+    ``persist_s``; back to all-reduce when it stays below ``down`` (1.2) for ``persist_s``; never
+    within ``hold_s`` of the last switch (or of the start), and only with ``min_samples`` of
+    every learner in the horizon.  Hysteresis in value (1.5 / 1.2), in time (persistence, hold)
+    and a median over a time window, not a count: a learner that straggles sends few batches,
+    and a window of its last N would keep its fast past for a long time."""
+
+    def __init__(
+        self,
+        k: int,
+        horizon_s: float = 2.0,
+        up: float = 1.5,
+        down: float = 1.2,
+        persist_s: float = 1.0,
+        hold_s: float = 2.0,
+        min_samples: int = 8,
+        now: float = 0.0,
+    ) -> None:
+        if not 1 < down < up:
+            raise ValueError(f"switch thresholds down={down}, up={up}: need 1 < down < up")
+        self.k, self.horizon_s, self.up, self.down = k, horizon_s, up, down
+        self.persist_s, self.hold_s, self.min_samples = persist_s, hold_s, min_samples
+        self.times: list[deque[tuple[float, float]]] = [deque() for _ in range(k)]
+        self.t_switch = now  # start-up is no straggler: the first switch waits hold_s too
+        self.t_held: float | None = None  # since when the condition for a switch holds
+
+    def observe(self, learner: int, compute_s: float, now: float) -> None:
+        q = self.times[learner]
+        q.append((now, compute_s))
+        while q and q[0][0] < now - self.horizon_s:
+            q.popleft()
+
+    def figures(self, now: float) -> tuple[float, int, float, float] | None:
+        """(ratio, slowest learner, its median, the others' median) over the horizon, or None
+        while a learner has fewer than ``min_samples`` there."""
+        recent = [[c for t, c in q if t >= now - self.horizon_s] for q in self.times]
+        if any(len(r) < self.min_samples for r in recent):
+            return None
+        medians = [float(np.median(r)) for r in recent]
+        slowest = int(np.argmax(medians))
+        others = float(np.median([m for j, m in enumerate(medians) if j != slowest]))
+        return medians[slowest] / max(others, 1e-9), slowest, medians[slowest], others
+
+    def decide(self, synchronous: bool, now: float) -> tuple[float, int, float, float] | None:
+        """The figures when the group should switch now (from synchronous to GBA, or back),
+        else None."""
+        f = self.figures(now)
+        wanted = f is not None and (f[0] > self.up if synchronous else f[0] < self.down)
+        if not wanted:
+            self.t_held = None
+            return None
+        if self.t_held is None:
+            self.t_held = now
+        if now - self.t_held < self.persist_s or now - self.t_switch < self.hold_s:
+            return None
+        self.t_switch, self.t_held = now, None
+        return f

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 class GradSync(Protocol):
     """The learner group's seam after backward (mpirl.transport.group)."""
 
+    wait_s: float  # seconds the last step waited for the other learners
+
     def step(self, trainer: Any, loss: Any, td: Any) -> None: ...
 
 

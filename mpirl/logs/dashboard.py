@@ -86,6 +86,7 @@ PROGRESS = (
     "loss",
     "busy_fraction",
     "link_bytes_per_s",
+    "sync_mode",
 )
 #: the buffer's /site fields, all mirrored (counters so far, the memory, the in-flight window)
 SITE = (

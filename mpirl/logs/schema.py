@@ -188,6 +188,13 @@ LEARNER = (
                 "the learner process's resident memory at the row (-1 where /proc is missing)",
             ),
             Field(
+                "sync_mode",
+                "i1",
+                "",
+                "how the learners make updates at the row: 0 = synchronously (one learner, or "
+                "all-reduce), 1 = GBA or async (--learner-sync switch moves between them)",
+            ),
+            Field(
                 "weights_interval",
                 "f8",
                 "",
@@ -299,6 +306,25 @@ LEARNER = (
                 "from the first contribution's arrival to the update",
             ),
             Field("dropped", "i1", "", "1 = dropped as too stale (--max-grad-staleness)"),
+        ),
+    ),
+    Stream(
+        "switches",
+        "--learner-sync switch: one row per switch between synchronous (all-reduce) and GBA "
+        "updates, with the learners' compute times that decided it",
+        (
+            Field("update", "i8", "", "the update count at the switch"),
+            Field("to_gba", "i1", "", "1 = to GBA (a learner straggles), 0 = back to all-reduce"),
+            Field(
+                "ratio",
+                "f8",
+                "",
+                "the slowest learner's median compute time per batch over the median of the "
+                "others' (to GBA above 1.5, back below 1.2)",
+            ),
+            Field("slowest", "i4", "", "the slowest learner (0 = the lead)"),
+            Field("slowest_s", "f8", "s", "its median compute time per batch"),
+            Field("others_s", "f8", "s", "the median of the other learners' medians"),
         ),
     ),
 )

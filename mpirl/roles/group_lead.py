@@ -10,17 +10,16 @@ placement's `BatchSource`, which also takes their priorities back.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from mpirl.agent.gba import Contribution, GlobalBatch
+from mpirl.agent.gba import Contribution, GlobalBatch, SwitchRule
 from mpirl.agent.grads import set_grads
-from mpirl.transport.group import bcast_weights
-from mpirl.transport.wire import Tag
+from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
+from mpirl.transport.wire import ALLREDUCE, RESYNC, SUBMIT, Tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,7 +47,12 @@ class Group(Protocol):
     """The learner group as the lead learner sees it."""
 
     k: int
-    logs_updates: bool  # the group logs each applied update (async, gba)
+
+    @property
+    def logs_updates(self) -> bool: ...  # the group logs each update it applies (async, gba)
+
+    @property
+    def sync_mode(self) -> int: ...  # 0: synchronous updates now, 1: GBA or async
 
     @property
     def sync(self) -> LocalSync | None: ...  # read only: NoGroup's None, LeadGroup's step
@@ -57,7 +61,7 @@ class Group(Protocol):
     def route(self, m: Forward) -> bool: ...
     def ready(self) -> bool: ...
     def before_update(self, state: LearnerState) -> None: ...
-    def after_update(self, updates: int, loss: float, td: np.ndarray) -> None: ...
+    def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None: ...
     def serve(self, now: float, state: LearnerState) -> list[Applied]: ...
     def checkpoint(self, cid: int, timeout: float) -> None: ...
     def close(self, timeout: float) -> None: ...
@@ -68,6 +72,7 @@ class NoGroup:
 
     k = 1
     logs_updates = False
+    sync_mode = 0
     sync = None
 
     def start(self, updates: int) -> None:
@@ -82,7 +87,7 @@ class NoGroup:
     def before_update(self, state: LearnerState) -> None:
         pass
 
-    def after_update(self, updates: int, loss: float, td: np.ndarray) -> None:
+    def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None:
         pass
 
     def serve(self, now: float, state: LearnerState) -> list[Applied]:
@@ -117,21 +122,17 @@ class LeadGroup:
         ends: dict[int, LinkEnd],
         inbox: Inbox,
         trainer: TrainStep,
-        sync: LocalSync,
+        syncs: dict[int, LocalSync],
         wire: Wire,
         rows: Stream,
+        switches: Stream,
     ) -> None:
         """``comm``: the learners communicator (its collectives); ``ends``: learner j -> the
-        lead's end toward it, ``inbox`` for what they send (`mpirl.wiring.connect`);
-        ``rows``: the /group stream.  `attach` hands it the placement's batch source."""
-        self.cfg, self.comm, self.mode, self.trainer, self.sync = (
-            cfg,
-            comm,
-            cfg.learner_sync,
-            trainer,
-            sync,
-        )
-        self.wire, self.rows, self.inbox = wire, rows, inbox
+        lead's end toward it, ``inbox`` for what they send (`mpirl.wiring.connect`); ``syncs``:
+        the lead's way to make an update by ``how`` (ALLREDUCE, SUBMIT); ``rows``, ``switches``:
+        the /group and /switches streams.  `attach` hands it the placement's batch source."""
+        self.cfg, self.comm, self.trainer, self.syncs = cfg, comm, trainer, syncs
+        self.wire, self.rows, self.switches, self.inbox = wire, rows, switches, inbox
         self.k = comm.Get_size()
         self.others = [OtherLearner(j, ends[j]) for j in range(1, self.k)]
         self.handlers: dict[Tag, Callable[[Any], None]] = {
@@ -139,16 +140,35 @@ class LeadGroup:
             Tag.DONE: self._on_done,
         }
         self.n_params = sum(p.numel() for p in trainer.params)
-        self.logs_updates = self.mode != "allreduce"
+        mode = cfg.learner_sync
+        self.how = ALLREDUCE if mode in ("allreduce", "switch") else SUBMIT
+        trainer.sync = syncs[self.how]
         self.agg: GlobalBatch | None = None
-        if self.mode == "gba":
+        if mode in ("gba", "switch"):
             self.agg = GlobalBatch(self.k * cfg.batch_size, cfg.max_grad_staleness or None)
-        elif self.mode == "async":
+        elif mode == "async":
             self.agg = GlobalBatch(cfg.batch_size, None, decay=False)
+        #: --learner-sync switch: when to go GBA and back (the figures of a pending switch back)
+        self.rule = SwitchRule(self.k, now=time.monotonic()) if mode == "switch" else None
+        self.draining: tuple[float, int, float, float] | None = None
         self.source: BatchSource | None = None
         self.next_id = 0
         self.turn = 0  # round-robin position of the next forwarded message (0 = the lead)
         self.stopping = False
+
+    @property
+    def sync(self) -> LocalSync:
+        return self.syncs[self.how]
+
+    @property
+    def logs_updates(self) -> bool:
+        """The group logs each update it applies (GBA, async); all-reduce: the learner does."""
+        return self.how == SUBMIT
+
+    @property
+    def sync_mode(self) -> int:
+        """0: synchronous updates now (all-reduce), 1: GBA or async."""
+        return int(self.how == SUBMIT)
 
     def attach(self, source: BatchSource) -> None:
         self.source = source
@@ -172,21 +192,27 @@ class LeadGroup:
 
     # ---- allreduce: an order to every other learner each update ---------------------------------
     def ready(self) -> bool:
-        """allreduce: every other learner can take an order for this update now."""
-        if self.mode != "allreduce":
+        """allreduce: every other learner can take an order for this update now; none while a
+        switch back to all-reduce waits for the GBA orders out."""
+        if self.draining is not None:
+            return False
+        if self.how != ALLREDUCE:
             return True
         assert self.source is not None
         return self.source.members_ready([o.shard for o in self.others])
 
     def before_update(self, state: LearnerState) -> None:
-        if self.mode == "allreduce":
+        if self.how == ALLREDUCE:
             for o in self.others:
                 self._order(o, state)
 
-    def after_update(self, updates: int, loss: float, td: np.ndarray) -> None:
-        """The lead's own batch is done: allreduce logs the update; async / gba take the
-        lead's gradient as a contribution."""
-        if self.mode == "allreduce":
+    def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None:
+        """The lead's own batch is done (``compute_s``: its compute, not its wait for the
+        others): allreduce logs the update; async / gba take the lead's gradient as a
+        contribution."""
+        if self.rule is not None:
+            self.rule.observe(0, compute_s, time.monotonic())
+        if self.how == ALLREDUCE:
             self.rows.append(
                 update=updates,
                 learner=-1,
@@ -197,8 +223,9 @@ class LeadGroup:
                 dropped=0,
             )
             return
-        grad = self.sync.taken()  # type: ignore[attr-defined]
-        self._add(0, self.trainer.updates, grad, float(loss), td, time.monotonic())
+        sync = self.sync
+        assert isinstance(sync, SubmitSync)
+        self._add(0, self.trainer.updates, sync.taken(), float(loss), td, time.monotonic())
 
     def _add(
         self, learner: int, version: int, grad: np.ndarray, loss: float, td: np.ndarray, now: float
@@ -220,7 +247,7 @@ class LeadGroup:
         if drawn is None:
             return False
         weights = None
-        if self.mode != "allreduce" and o.version != state.updates:
+        if self.how != ALLREDUCE and o.version != state.updates:
             weights = (self.trainer.online.flat_params(), self.trainer.target.flat_params())
             o.version = state.updates
         o.end.post(
@@ -232,6 +259,7 @@ class LeadGroup:
                 weights,
                 state.updates,
                 None if drawn.batch is None else drawn.batch.buf,
+                self.how,
             )
         )
         o.orders.append((self.next_id, drawn, time.monotonic()))
@@ -250,13 +278,55 @@ class LeadGroup:
 
     # ---- replies ---------------------------------------------------------------------------------
     def serve(self, now: float, state: LearnerState) -> list[Applied]:
-        """Take the other learners' replies, apply what is assembled, hand out orders."""
+        """Take the other learners' replies, apply what is assembled, hand out orders; with
+        --learner-sync switch, switch when the rule says so."""
         self._receive(self.handlers, now)
-        if self.agg is None:
-            return []
-        applied = self._apply(now, state)
-        self._hand_out(state)
+        applied: list[Applied] = []
+        if self.how == SUBMIT and self.agg is not None:
+            applied = self._apply(now, state)
+            if self.draining is None:
+                self._hand_out(state)
+        if self.rule is not None:
+            self._switch(now, state)
         return applied
+
+    # ---- --learner-sync switch -------------------------------------------------------------------
+    def _switch(self, now: float, state: LearnerState) -> None:
+        """To GBA at once (every learner holds the lead's weights after an all-reduce update);
+        back to all-reduce once no GBA order is out: the gradients not yet applied are dropped
+        (logged), and every learner takes the lead's networks and Adam state."""
+        assert self.rule is not None
+        if self.draining is None:
+            figures = self.rule.decide(self.how == ALLREDUCE, now)
+            if figures is None:
+                return
+            if self.how == ALLREDUCE:
+                self.how, self.trainer.sync = SUBMIT, self.syncs[SUBMIT]
+                for o in self.others:
+                    o.version = state.updates
+                self._log_switch(state.updates, 1, figures)
+                return
+            self.draining = figures
+        if any(o.orders for o in self.others) or state.stop_reason is not None:
+            return
+        assert self.agg is not None
+        for c in self.agg.drain():
+            self.rows.append(
+                update=state.updates, learner=c.learner, staleness=state.updates - c.version,
+                samples=c.n, scale=0.0, wait_s=now - c.arrived, dropped=1,
+            )  # fmt: skip
+        for o in self.others:
+            o.end.post(self.wire.order(self.next_id, 0, state.beta, how=RESYNC))
+            self.next_id += 1
+        bcast_state(self.comm, self.trainer, self.trainer.updates)
+        self.how, self.trainer.sync = ALLREDUCE, self.syncs[ALLREDUCE]
+        self._log_switch(state.updates, 0, self.draining)
+        self.draining = None
+
+    def _log_switch(self, update: int, to_gba: int, f: tuple[float, int, float, float]) -> None:
+        self.switches.append(
+            update=update, to_gba=to_gba, ratio=f[0], slowest=f[1], slowest_s=f[2], others_s=f[3]
+        )
 
     def _receive(self, handlers: dict[Tag, Any], now: float) -> bool:
         """Every other learner's messages, each to its handler (`mpirl.transport.inbox`)."""
@@ -277,6 +347,8 @@ class LeadGroup:
         if m.id != want:
             raise RuntimeError(f"learner: learner {o.index} answered order {m.id}, expected {want}")
         o.served += 1
+        if self.rule is not None:
+            self.rule.observe(o.index, m.compute_s, m.t)
         td = m.td_abs
         drawn.max_weight = m.max_weight  # its shard's, for a batch it sampled
         assert self.source is not None
@@ -321,10 +393,20 @@ class LeadGroup:
         return out
 
     def checkpoint(self, cid: int, timeout: float) -> None:
-        """Every other learner writes its part of checkpoint ``cid`` (before the manifest)."""
+        """Every other learner writes its part of checkpoint ``cid`` (before the manifest).
+        While updates are synchronous every learner must hold the lead's network and Adam state:
+        each acknowledgement carries its crc32, checked against the lead's."""
         for o in self.others:
             o.end.post(self.wire.checkpoint(cid))
-        self._await(Tag.CHECKPOINT, cid, timeout, f"write their part of checkpoint {cid}")
+        crcs = self._await(Tag.CHECKPOINT, cid, timeout, f"write their part of checkpoint {cid}")
+        if self.how == ALLREDUCE and self.draining is None:
+            mine = state_crc(self.trainer)
+            differ = sorted(j for j, c in crcs.items() if c != mine)
+            if differ:
+                raise RuntimeError(
+                    f"learner(s) {differ} hold another network or Adam state than the lead "
+                    f"after synchronous updates (checkpoint {cid}): the learner group diverged"
+                )
 
     def close(self, timeout: float) -> None:
         """STOP to every other learner (after the final checkpoint; it answers its orders
@@ -337,14 +419,17 @@ class LeadGroup:
             o.done = True
             o.end.flush_blocking()
 
-    def _await(self, kind: Tag, id_: int | None, timeout: float, what: str) -> None:
+    def _await(self, kind: Tag, id_: int | None, timeout: float, what: str) -> dict[int, int]:
         """Serve the replies until each other learner has sent ``kind`` (with id ``id_``);
-        RuntimeError after ``timeout`` s."""
+        RuntimeError after ``timeout`` s.  Returns each one's header ``a`` (a CHECKPOINT
+        acknowledgement's crc32)."""
         waiting = {o.index for o in self.others}
+        got: dict[int, int] = {}
 
         def arrived(m: Message) -> None:
             if id_ is None or m.seq == id_:
                 waiting.discard(m.rank)
+                got[m.rank] = int(m.a)
             else:
                 raise RuntimeError(
                     f"learner: learner {m.rank} sent {kind.name} {m.seq} while it was to {what}"
@@ -359,8 +444,4 @@ class LeadGroup:
                 )
             self._receive({kind: arrived, Tag.GRAD: self._on_grad}, now)
             time.sleep(2e-4)
-
-
-def learning_starts_per_learner(learning_starts: int, k: int) -> int:
-    """Transitions each learner's shard needs before it is sampled (replay at the learner)."""
-    return math.ceil(learning_starts / k)
+        return got

@@ -332,8 +332,9 @@ class Learner:
         t3 = time.monotonic()
         if not self.group.logs_updates:  # async / gba: the group's global updates are counted
             self.count_update(None, loss, td)
-        self.group.after_update(self.state.updates, loss, td)
         spent = (t1 - t0) + (t3 - t2)
+        waited = self.trainer.sync.wait_s if self.trainer.sync is not None else 0.0
+        self.group.after_update(self.state.updates, loss, td, spent - waited)
         self.state.busy += spent
         return td, spent
 

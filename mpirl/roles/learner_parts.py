@@ -261,8 +261,11 @@ class Report:
         backoff: Backoff,
         say: Callable[[str], None],
         t_start: float,
+        sync_mode: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``sync_mode()``: how the learner group makes updates now (0 synchronous, 1 GBA)."""
         self.cfg, self.streams, self.sites, self.source = cfg, streams, sites, source
+        self.sync_mode = sync_mode
         self.weights, self.backoff, self.say = weights, backoff, say
         self.recent: deque[float] = deque(maxlen=100)  # the actors' last episode returns
         self.t_prog = self.t_link = t_start
@@ -345,6 +348,7 @@ class Report:
             capped_s=state.capped_s - p["capped"],
             idle_fraction=(self.backoff.idle_s - p["idle"]) / dt,
             rss_bytes=rss_bytes(),
+            sync_mode=self.sync_mode(),
             **self.weights.take(),
         )
         self.streams["progress"].append(**row)
@@ -354,11 +358,17 @@ class Report:
             f"({row['updates_per_s']:,.0f}/s, busy {row['busy_fraction']:.0%}) | return "
             f"{row['recent_return']:7.1f} | eval {best_eval:7.1f} | loss "
             f"{row['loss']:.4f} | link {row['link_bytes_per_s'] / 1e6:.2f} MB/s | lag "
-            f"{row['lag_median']:,.0f}"
+            f"{row['lag_median']:,.0f}{self.mode_text(row['sync_mode'])}"
         )
         self.t_prog = now
         self.mark(state)
         state.loss_sum, state.loss_n = 0.0, 0
+
+    def mode_text(self, sync_mode: int) -> str:
+        """--learner-sync switch: the progress line says how updates are made now."""
+        if self.cfg.learner_sync != "switch":
+            return ""
+        return " | gba" if sync_mode else " | sync"
 
     def summary(
         self, state: LearnerState, best_eval: float, target_return: float | None, resumed: Any

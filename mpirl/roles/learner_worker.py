@@ -19,9 +19,9 @@ import numpy as np
 from mpirl.agent.grads import set_params
 from mpirl.run import failure
 from mpirl.run.checkpoint import memory_state, restore_memory
-from mpirl.transport.group import SubmitSync, bcast_weights
+from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
 from mpirl.transport.waiting import Backoff
-from mpirl.transport.wire import Tag
+from mpirl.transport.wire import RESYNC, SUBMIT, Tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,7 +45,7 @@ class GroupWorker:
         index: int,
         comm: Any,
         trainer: TrainStep,
-        sync: LocalSync,
+        syncs: dict[int, LocalSync],
         wire: Wire,
         log: RunLog,
         work: Stream,
@@ -57,8 +57,16 @@ class GroupWorker:
     ) -> None:
         """``end``: toward the lead, ``inbox`` for its messages (`mpirl.wiring.connect`);
         ``shard``: its part of the group's replay memory (None: the memory is not at the
-        learner); ``work``: the /work stream."""
-        self.index, self.comm, self.trainer, self.sync, self.wire = index, comm, trainer, sync, wire
+        learner); ``work``: the /work stream; ``syncs``: how it makes an update, by an ORDER's
+        ``how`` (ALLREDUCE, SUBMIT)."""
+        self.index, self.comm, self.trainer, self.syncs, self.wire = (
+            index,
+            comm,
+            trainer,
+            syncs,
+            wire,
+        )
+        self.sync = next(iter(syncs.values()))
         self.log, self.work, self.end, self.inbox, self.memory = log, work, end, inbox, shard
         self.ckpt, self.torch = ckpt, torch
         self.handlers: dict[Tag, Callable[[Any], None]] = {
@@ -92,9 +100,14 @@ class GroupWorker:
         self.memory.add(m.records, m.td_abs, m.frames)
 
     def on_order(self, g: Order) -> None:
-        """One batch: load the weights it carries, compute, answer GRAD."""
+        """One batch: load the weights it carries, compute, answer GRAD (RESYNC: take the lead's
+        networks and Adam state, collectively, and compute nothing)."""
         t0 = time.monotonic()
         t = self.trainer
+        if g.how == RESYNC:
+            self.version = bcast_state(self.comm, t)
+            return
+        self.sync = t.sync = self.syncs[g.how]
         weights = g.weights(self.n_params)
         if weights is not None:  # the lead's weights: online, then target
             set_params(t.params, weights[0])
@@ -112,15 +125,21 @@ class GroupWorker:
             max_weight = self.memory.max_weight()
         if g.scale != 1.0:
             weights_is = weights_is * np.float32(g.scale)
-        submits = isinstance(self.sync, SubmitSync)
+        submits = g.how == SUBMIT
         version_used = self.version if submits else t.updates
-        loss, td = t.launch(t.put(records, weights_is, frames)).result()
+        batch = t.put(records, weights_is, frames)
+        t_step = time.monotonic()
+        loss, td = t.launch(batch).result()
+        step_s = time.monotonic() - t_step  # as the lead measures its own: launch and result
         if sample is not None:
             assert self.memory is not None
             self.memory.update(sample.indices, sample.generations, td)
-        grad = self.sync.taken() if submits else None  # type: ignore[attr-defined]
+        if not submits:  # an all-reduce step: its weights are the lead's, of this update count
+            self.version = t.updates
+        grad = self.sync.taken() if isinstance(self.sync, SubmitSync) else None
         spent = time.monotonic() - t0
-        self.end.post(self.wire.grad(g.id, version_used, td, loss, spent, grad, max_weight))
+        compute = step_s - self.sync.wait_s  # the train step, not the wait for the others
+        self.end.post(self.wire.grad(g.id, version_used, td, loss, compute, grad, max_weight))
         self.work.append(
             order=g.id,
             version=version_used,
@@ -156,7 +175,7 @@ class GroupWorker:
                 "torch_rng": self.torch.get_rng_state(),
             },
         )
-        self.end.post(self.wire.checkpoint(cid))
+        self.end.post(self.wire.checkpoint(cid, state_crc(t)))  # the lead compares it
 
     def restore(self, part: Part) -> None:
         """Continue from this learner's part of checkpoint ``part`` (the networks are the

@@ -146,8 +146,9 @@ class Config:
         "learner's gradient: global batch K x batch_size), 'async' (parameter server at learner "
         "0: each gradient applied as it arrives) or 'gba' (learner 0 applies one update per "
         "K x batch_size samples of gradients from whichever learners deliver; stale ones "
-        "decayed or dropped, see --max-grad-staleness)",
-        choices=("allreduce", "async", "gba"),
+        "decayed or dropped, see --max-grad-staleness) or 'switch' (allreduce while the "
+        "learners keep pace, gba while one straggles: the same hyperparameters in both)",
+        choices=("allreduce", "async", "gba", "switch"),
     )
     max_grad_staleness: int = _f(
         4,
@@ -157,7 +158,8 @@ class Config:
     straggle: str | None = _f(
         None,
         "test / bench hook: 'RANK:MS' makes learner RANK sleep MS milliseconds in every "
-        "update (a slow worker that does not steal CPU)",
+        "update (a slow worker that does not steal CPU); 'RANK:MS@START-END' only from START to "
+        "END seconds after it starts (a straggler that comes and goes)",
     )
 
     # --- pacing (docs/design.md, "Pacing") ------------------------------------------------------
@@ -525,34 +527,41 @@ class Config:
                 f"amp={c.amp!r} needs the learner on CUDA, not device='cpu': pass "
                 "--amp off or --device cuda"
             )
-        if c.learner_sync not in ("allreduce", "async", "gba"):
+        if c.learner_sync not in ("allreduce", "async", "gba", "switch"):
             raise ConfigError(
-                f"learner_sync={c.learner_sync!r} must be 'allreduce', 'async' or 'gba'"
+                f"learner_sync={c.learner_sync!r} must be 'allreduce', 'async', 'gba' or 'switch'"
             )
         if c.straggle is not None:
             try:
-                rank, _ = parse_straggle(c.straggle)
+                rank = parse_straggle(c.straggle)[0]
             except ValueError:
                 rank = -1
             if not 0 <= rank < c.learners:
                 raise ConfigError(
-                    f"straggle={c.straggle!r} must be 'RANK:MS' with RANK a "
-                    f"learner (0..{c.learners - 1}) and MS >= 0, e.g. --straggle "
-                    f"{c.learners - 1}:20"
+                    f"straggle={c.straggle!r} must be 'RANK:MS' or 'RANK:MS@START-END' with "
+                    f"RANK a learner (0..{c.learners - 1}), MS >= 0 and 0 <= START < END "
+                    f"seconds, e.g. --straggle {c.learners - 1}:20 or {c.learners - 1}:20@10-20"
                 )
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def parse_straggle(text: str) -> tuple[int, float]:
-    """--straggle 'RANK:MS' -> (learner rank, ms slept per update); ValueError on anything
-    else."""
-    rank, sep, ms = text.partition(":")
+def parse_straggle(text: str) -> tuple[int, float, float, float]:
+    """--straggle 'RANK:MS[@START-END]' -> (learner rank, ms slept per update, start s, end s);
+    ValueError on anything else."""
+    rank, sep, rest = text.partition(":")
+    ms, at, window = rest.partition("@")
     r, m = int(rank), float(ms)
-    if not sep or r < 0 or not m >= 0 or m == float("inf"):
+    start, end = (0.0, float("inf"))
+    if at:
+        a, dash, b = window.partition("-")
+        if not dash:
+            raise ValueError(text)
+        start, end = float(a), float(b)
+    if not sep or r < 0 or not m >= 0 or m == float("inf") or not 0 <= start < end:
         raise ValueError(text)
-    return r, m
+    return r, m, start, end
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import socket
 import time
+import zlib
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,7 +34,7 @@ from mpi4py import MPI
 
 from mpirl.agent.grads import flat_grads, set_grads, set_params
 
-MODES = ("allreduce", "async", "gba")
+MODES = ("allreduce", "async", "gba", "switch")
 
 
 class Steppable(Protocol):
@@ -58,15 +59,25 @@ def wait_polled(req: Any) -> float:
 
 
 class LocalSync:
-    """K = 1: clip and step, as a lone learner does; ``straggle_s`` sleeps before each step."""
+    """K = 1: clip and step, as a lone learner does; ``straggle_s`` sleeps before each step
+    (``window``: only from ``start`` to ``end`` seconds after the sync was made)."""
 
-    def __init__(self, straggle_s: float = 0.0) -> None:
-        self.straggle_s = straggle_s
+    def __init__(
+        self, straggle_s: float = 0.0, window: tuple[float, float] = (0.0, float("inf"))
+    ) -> None:
+        self.straggle_s, self.window = straggle_s, window
+        self.t0 = time.monotonic()
         self.wait_s = 0.0  # seconds the last step waited for the group
 
-    def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
+    def straggle(self) -> None:
+        """--straggle: this learner's sleep per update, inside its window."""
         if self.straggle_s:
-            time.sleep(self.straggle_s)
+            since = time.monotonic() - self.t0
+            if self.window[0] <= since < self.window[1]:
+                time.sleep(self.straggle_s)
+
+    def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
+        self.straggle()
         trainer.apply_step()
 
 
@@ -77,15 +88,21 @@ class AllreduceSync(LocalSync):
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `process_group`."""
 
-    def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None) -> None:
-        super().__init__(straggle_s)
+    def __init__(
+        self,
+        comm: Any,
+        n_params: int,
+        straggle_s: float = 0.0,
+        nccl: Any = None,
+        window: tuple[float, float] = (0.0, float("inf")),
+    ) -> None:
+        super().__init__(straggle_s, window)
         self.comm, self.nccl = comm, nccl
         self.send = np.zeros(n_params + 1, np.float32)
         self.recv = np.zeros_like(self.send)
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
-        if self.straggle_s:
-            time.sleep(self.straggle_s)
+        self.straggle()
         n = float(td.shape[0])
         if self.nccl is not None:
             self._step_nccl(trainer, n)
@@ -125,13 +142,14 @@ class SubmitSync(LocalSync):
     """async / gba: no step here; the gradient is kept (``taken()``) for the lead's aggregator
     or a worker's GRAD."""
 
-    def __init__(self, straggle_s: float = 0.0) -> None:
-        super().__init__(straggle_s)
+    def __init__(
+        self, straggle_s: float = 0.0, window: tuple[float, float] = (0.0, float("inf"))
+    ) -> None:
+        super().__init__(straggle_s, window)
         self.grad: np.ndarray | None = None
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
-        if self.straggle_s:
-            time.sleep(self.straggle_s)
+        self.straggle()
         self.grad = flat_grads(trainer.params)
 
     def taken(self) -> np.ndarray:
@@ -185,17 +203,63 @@ def nccl_usable(devices: list[str]) -> bool:
     return all("/cuda" in d for d in devices) and len(set(devices)) == len(devices)
 
 
+def make_syncs(
+    mode: str,
+    comm: Any,
+    n_params: int,
+    device: Any,
+    straggle_s: float = 0.0,
+    window: tuple[float, float] = (0.0, float("inf")),
+) -> dict[str, LocalSync]:
+    """This learner's sync objects by the way an update is made: ``allreduce`` (synchronous)
+    and ``gba`` (the gradient goes to the lead's aggregator); ``switch`` has both.  Making the
+    allreduce one is collective over ``comm`` (every learner makes the same)."""
+    out: dict[str, LocalSync] = {}
+    if mode in ("allreduce", "switch"):
+        devices = learner_devices(comm, device)  # collective: the same verdict on every learner
+        nccl = process_group(comm, "nccl", device) if nccl_usable(devices) else None
+        out["allreduce"] = AllreduceSync(comm, n_params, straggle_s, nccl, window)
+    if mode in ("async", "gba", "switch"):
+        out["gba"] = SubmitSync(straggle_s, window)
+    return out
+
+
 def make_sync(
     mode: str, comm: Any, n_params: int, device: Any, straggle_s: float = 0.0
 ) -> LocalSync:
-    """This learner's sync object (``comm``: the learners communicator, None for K = 1)."""
+    """This learner's one sync object in a fixed mode (``comm`` None or of size 1: K = 1)."""
     if comm is None or comm.Get_size() == 1:
         return LocalSync(straggle_s)
-    if mode == "allreduce":
-        devices = learner_devices(comm, device)  # collective: the same verdict on every learner
-        nccl = process_group(comm, "nccl", device) if nccl_usable(devices) else None
-        return AllreduceSync(comm, n_params, straggle_s, nccl)
-    return SubmitSync(straggle_s)
+    syncs = make_syncs(mode, comm, n_params, device, straggle_s)
+    return syncs.get("allreduce") or syncs["gba"]
+
+
+def bcast_state(comm: Any, trainer: Any, updates: int = 0) -> int:
+    """Every learner takes the lead's networks, Adam state (both moments and step counts) and
+    update count (collective): synchronous training starts from one state on every learner.
+    Returns the update count."""
+    tensors = [*trainer.online.parameters(), *trainer.target.parameters()]
+    opt = trainer.opt
+    tensors += [*opt.exp_avg, *opt.exp_avg_sq, *opt.steps]
+    for t in tensors:
+        host = np.array(t.detach().cpu().numpy(), np.float32).reshape(-1)  # (0-d: the steps)
+        comm.Bcast([host, MPI.FLOAT], root=0)
+        with trainer.torch.no_grad():
+            t.copy_(trainer.torch.from_numpy(host).reshape(t.shape).to(t.device))
+    n = np.array([updates], np.int64)
+    comm.Bcast([n, MPI.INT64_T], root=0)
+    trainer.updates = int(n[0])
+    return trainer.updates
+
+
+def state_crc(trainer: Any) -> int:
+    """crc32 of a learner's online network and Adam state: equal on every learner after
+    synchronous updates (the lead checks it at each checkpoint)."""
+    crc = 0
+    opt = trainer.opt
+    for t in [*trainer.online.parameters(), *opt.exp_avg, *opt.exp_avg_sq, *opt.steps]:
+        crc = zlib.crc32(np.ascontiguousarray(t.detach().cpu().numpy(), np.float32).data, crc)
+    return crc
 
 
 def bcast_weights(comm: Any, trainer: Any, updates: int = 0) -> int:
@@ -218,6 +282,7 @@ __all__ = [
     "bcast_weights",
     "flat_grads",
     "make_sync",
+    "make_syncs",
     "set_grads",
     "wait_polled",
 ]

@@ -44,14 +44,16 @@ DONE        actor -> buffer,      a=env steps (total), b=episodes (total)
             buffer -> learner
 CHECKPOINT  learner -> buffer     request: seq=checkpoint id; the buffer forwards it to its
             -> actors             actors
-            actor -> buffer,      ack: seq=checkpoint id, a=env steps (total) at the snapshot;
-            buffer -> learner     the sender's part is on disk.  After an ack the receiver
+            actor -> buffer,      ack: seq=checkpoint id, a=env steps (total) at the snapshot
+            buffer -> learner     (learner j -> lead: the crc32 of its network and Adam state);
+                                  the sender's part is on disk.  After an ack the receiver
                                   holds that sender's later messages until its own snapshot
                                   (a consistent cut: see mpirl.run.checkpoint, docs/reliability.md)
 ORDER       lead learner ->       (--learners K) count=B, seq=order id, a=beta, b=importance-
-            learner j             weight scale; meta i8[2] (weights version carried, -1: none;
-                                  1 = a relayed BATCH follows), body u1[...]: [online f4[P],
-                                  target f4[P]] [the buffer's BATCH message as it came]
+            learner j             weight scale; meta i8[3] (weights version carried, -1: none;
+                                  1 = a relayed BATCH follows; how: 0 all-reduce, 1 submit the
+                                  gradient, 2 take the lead's state, no batch), body u1[...]:
+                                  [online f4[P], target f4[P]] [the buffer's BATCH as it came]
 SHARD       lead -> learner j     (replay_at=learner) body u1[...]: a buffer's FORWARD message
 GRAD        learner j -> lead     count=n, seq=order id, a=loss, b=compute seconds; meta i8[2]
                                   (weights version used, 1 = a gradient follows), max_weight
@@ -138,6 +140,10 @@ class Tag(IntEnum):
 RECORD_KINDS = (Tag.EXPERIENCE, Tag.FORWARD, Tag.BATCH)
 _TAGS = {int(t): t for t in Tag}
 COMPRESSED_KINDS = (Tag.FORWARD, Tag.BATCH)
+
+
+#: how a learner makes the update of an ORDER (its ``how``)
+ALLREDUCE, SUBMIT, RESYNC = 0, 1, 2
 
 
 class WireError(RuntimeError):
@@ -318,6 +324,10 @@ class Order(Message):
     scale = _slot("b", doc="the importance-weight scale of a relayed batch")
     version = property(lambda m: int(m.arrays["meta"][0]), doc="weights version carried, or -1")
     relayed = property(lambda m: bool(m.arrays["meta"][1]), doc="a buffer's BATCH follows")
+    how = property(
+        lambda m: int(m.arrays["meta"][2]),
+        doc="ALLREDUCE, SUBMIT (the gradient to the lead) or RESYNC (take the lead's state)",
+    )
 
     def weights(self, n_params: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(online, target) float32 (copies: aligned), or None when the order carries none."""
@@ -480,7 +490,7 @@ class Wire:
         if kind == Tag.STATS:
             return [("returns", f8, count), ("acting", i8, -1)]
         if kind in (Tag.ORDER, Tag.GRAD):
-            meta: list[tuple[str, np.dtype, int]] = [("meta", i8, 2)]
+            meta: list[tuple[str, np.dtype, int]] = [("meta", i8, 3 if kind == Tag.ORDER else 2)]
             if kind == Tag.GRAD:
                 meta += [("max_weight", f8, 1), ("td_abs", f4, count)]
             return meta + [("body", np.dtype("u1"), -1)]
@@ -770,14 +780,16 @@ class Wire:
         weights: tuple[np.ndarray, np.ndarray] | None = None,
         version: int = -1,
         batch_buf: np.ndarray | None = None,
+        how: int = SUBMIT,
     ) -> np.ndarray:
         """A learner-group ORDER: ``weights`` (online, target) of ``version`` when the learner's
         copy is older, ``batch_buf`` a buffer's BATCH relayed as it came (else: sample your
-        shard)."""
+        shard); ``how`` the update: ALLREDUCE, SUBMIT or RESYNC."""
         body = [] if weights is None else [np.asarray(w, "<f4") for w in weights]
         if batch_buf is not None:
             body.append(batch_buf)
-        meta = np.array([version if weights is not None else -1, batch_buf is not None], "<i8")
+        carried = version if weights is not None else -1
+        meta = np.array([carried, batch_buf is not None, how], "<i8")
         return pack(Tag.ORDER, [meta, *body], count=n, seq=order_id, a=beta, b=scale)
 
     @staticmethod
