@@ -9,16 +9,19 @@ messages are delayed and paced; nothing is simulated away, and the real network'
 on top (with profile ``none`` it is all there is).
 
 **Latest-wins messages** (``LinkEnd.post_latest``; the learner's weights): at most one is on
-the wire (serializing, or in MPI until its send completes) and at most one waits in a slot that
-a newer one replaces.  The slot enters the wire only when the wire has drained, and the bytes
-held for the kind never exceed two messages.  On the wire a latest-wins message goes in
-**pieces** of ``piece_s`` seconds of link time (at least `MIN_PIECE` bytes; at the emulated
-rate, else at the rate measured for the last one): one piece at a time, each after the messages
-posted while the one before it was on the wire.  So a control message (priorities, credits,
+the wire and at most one waits in a slot that a newer one replaces.  The slot enters the wire
+only when the wire has drained, and the bytes held for the kind never exceed two messages.  On
+the wire a latest-wins message goes in **pieces** of ``piece_s`` seconds of link time (at least
+`MIN_PIECE` bytes; at the emulated rate, else at the rate measured from acknowledgements,
+`AckRate`; `MIN_PIECE` until one is measured): one piece at a time, each after the messages
+posted while the one before it was on the wire.  A piece is on the wire under emulation until
+the model has serialized it and its MPI send completed; on a real network (no emulation) until
+the receiver has **acknowledged** it (an empty `ACK` message, sent by the receiving end when it
+takes the piece off MPI): a send completing there only means MPI or TCP buffered the bytes.  So a control message (priorities, credits,
 STOP) waits behind one piece, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s,
 which starved the buffer of credits for as long).  Every piece but the last carries
-``PIECE + tag``; the receiving end joins them, and the message is delivered when its last piece
-is.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
+``PIECE + tag``, the last ``LAST + tag``; the receiving end acknowledges each, joins them, and
+delivers the message under ``tag`` when its last piece arrives.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
 
 ``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
 communicator with uppercase mpi4py calls.
@@ -37,7 +40,57 @@ import numpy as np
 from mpirl.run.errors import ConfigError
 
 PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
+LAST = 2000  # tag offset of a latest-wins message's last piece (link-internal; acknowledged)
+ACK = 3000  # tag of the receiver's acknowledgement of latest-wins pieces (link-internal): int64,
+#             how many pieces it has received
+
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
+RATE_SAMPLES = 9  # acknowledged pieces the measured rate is taken over (`AckRate`)
+
+
+class AckRate:
+    """The link rate for latest-wins messages, measured from the receiver's acknowledgements.
+
+    Each acknowledged piece gives a sample ``(bytes, dt)``, ``dt`` = from the piece's hand-over
+    to MPI to its ACK arriving here: its transfer time plus a per-piece overhead ``c`` (round
+    trip, both loops' poll delays).  An MPI send completing says nothing on a real network (an
+    eager one completes at once, into MPI's and TCP's buffers), an acknowledgement does.
+
+    The estimate is robust to a stalled receiver (one long ``dt``) and to acknowledgements that
+    arrive bunched (one short ``dt``) by taking medians over the last `RATE_SAMPLES` pieces:
+
+    * ``raw`` = the median of ``8 bytes / dt`` over the large pieces (at least a quarter of the
+      largest kept; all when fewer than 2): the rate a piece actually got, ``c`` included;
+    * when small pieces are among them too (a message's last piece; at most a quarter of the
+      large ones' median size), the overhead cancels in the two-point slope
+      ``8 (median large bytes - median small bytes) / (median large dt - median small dt)``;
+      it is taken if it lies in ``[raw, 2 raw]`` (else ``raw``: noise, not a rate).
+    """
+
+    def __init__(self, n: int = RATE_SAMPLES):
+        self.samples: deque = deque(maxlen=n)
+
+    def add(self, nbytes: int, dt: float) -> None:
+        if nbytes > 0 and dt > 0:
+            self.samples.append((nbytes, dt))
+
+    @property
+    def bps(self) -> float:
+        if not self.samples:
+            return float("nan")
+        top = max(n for n, _ in self.samples)
+        large = [(n, d) for n, d in self.samples if n >= top / 4]
+        if len(large) < 2:
+            large = list(self.samples)
+        raw = float(np.median([8.0 * n / d for n, d in large]))
+        nl = float(np.median([n for n, _ in large]))
+        small = [(n, d) for n, d in self.samples if n <= nl / 4]
+        if len(small) >= 2:
+            dn = nl - float(np.median([n for n, _ in small]))
+            dd = float(np.median([d for _, d in large])) - float(np.median([d for _, d in small]))
+            if dd > 0 and raw <= (slope := 8.0 * dn / dd) <= 2 * raw:
+                return slope
+        return raw
 
 
 @dataclass(frozen=True)
@@ -165,12 +218,14 @@ class LinkEnd:
         self.piece_s = piece_s
         self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
         self._pieces: deque = deque()  # (tag, view) of the one on the wire, not handed over yet
-        self._latest_buf = None  # the piece handed to the wire (until its send completes)
-        self._latest_t0 = 0.0  # when the message's first piece entered the wire
-        self._latest_bytes = 0
+        self._latest_buf = None  # the piece on the wire (until sent, or acknowledged: real link)
+        self._unacked: deque = deque()  # (number, t handed to MPI, bytes): real link, not acked
+        self._pieces_sent = self._pieces_got = 0  # latest-wins pieces sent and received, ever
+        self._ack_in = np.zeros(1, np.int64)
         self._parts: dict[int, list] = {}  # received pieces of a latest-wins message, by tag
         self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
-        self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
+        self.acked = AckRate()  # the rate measured from acknowledged pieces
+        self.acks_sent = 0  # ACKs this end sent (link-internal, not counted in `sent`)
 
     # ---- sending -----------------------------------------------------------------------------
     def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
@@ -217,16 +272,28 @@ class LinkEnd:
         wire not handed over yet (the peer has left: its DONE)."""
         self._slot = None
         self._pieces.clear()
+        if not self.profile.emulated:  # no acknowledgement will come for the one on the wire
+            self._latest_buf = None
 
     @property
     def latest_waiting_bytes(self) -> int:
         """Bytes of the latest-wins message waiting in the slot (0 or one message)."""
         return 0 if self._slot is None else self._slot[1].nbytes
 
+    @property
+    def latest_rate_bps(self) -> float:
+        """The rate latest-wins messages get: the modelled one under emulation, else the one
+        measured from the receiver's acknowledgements (`AckRate`; nan before the first)."""
+        return self.profile.rate_bps if self.profile.emulated else self.acked.bps
+
     def piece_bytes(self) -> int:
         """Bytes of a piece now (0: the message goes whole)."""
-        rate = self.profile.rate_bps if self.profile.emulated else self.latest_rate_bps
-        if self.piece_s <= 0 or not 0 < rate < float("inf"):
+        if self.piece_s <= 0:
+            return 0
+        rate = self.latest_rate_bps
+        if rate != rate:  # nothing acknowledged yet: the smallest pieces, never a whole message
+            return MIN_PIECE
+        if not 0 < rate < float("inf"):
             return 0
         return max(MIN_PIECE, int(rate * self.piece_s / 8))
 
@@ -243,11 +310,10 @@ class LinkEnd:
             self._slot = None
             if on_commit is not None:
                 on_commit()
-            self._latest_t0, self._latest_bytes = now, buf.nbytes
             c = self.piece_bytes() or max(1, buf.nbytes)  # an empty message goes as one
             k = max(1, -(-buf.nbytes // c))
             self._pieces.extend((PIECE + tag, buf[i * c : (i + 1) * c]) for i in range(k - 1))
-            self._pieces.append((tag, buf[(k - 1) * c :]))
+            self._pieces.append((LAST + tag, buf[(k - 1) * c :]))
         else:
             handed = now
         tag, piece = self._pieces.popleft()
@@ -261,15 +327,23 @@ class LinkEnd:
         else:
             self._isend(piece, tag, now - handed)
 
-    def _piece_left(self, now: float) -> None:
-        self._latest_buf = None
-        if self._pieces:
-            return
-        dt = now - self._latest_t0
-        if self.profile.emulated:  # the model's time on the wire, not the loop's poll delay
-            dt = self._latest_bytes * 8.0 / self.profile.rate_bps
-        if dt > 0:
-            self.latest_rate_bps = self._latest_bytes * 8.0 / dt
+    def _on_ack(self, k: int, now: float) -> None:
+        """The receiver has received ``k`` latest-wins pieces: those up to the ``k``-th have
+        arrived (a piece sent under emulation, before a --link-change, is not tracked)."""
+        while self._unacked and self._unacked[0][0] <= k:
+            i, t0, n = self._unacked.popleft()
+            if i == k:
+                self.acked.add(n, now - t0)
+        if not self.profile.emulated and not self._unacked:
+            self._latest_buf = None  # on a real link the piece has left when it has arrived
+
+    def _take_acks(self, now: float) -> None:
+        while self._unacked:
+            msg = self.comm.Improbe(source=self.peer, tag=ACK, status=self._status)
+            if msg is None:
+                return
+            msg.Recv([self._ack_in, self._MPI.BYTE])
+            self._on_ack(int(self._ack_in[0]), now)
 
     def set_profile(self, profile: LinkProfile) -> None:
         """Change the emulated link from now on (messages already queued keep their times, and
@@ -282,19 +356,25 @@ class LinkEnd:
         req = self.comm.Isend([buf, self._MPI.BYTE], dest=self.peer, tag=tag)
         self._pending.append((req, buf))
         self.sent.count(buf.nbytes, queue_s)
+        if tag >= PIECE:
+            self._pieces_sent += 1
+            if not self.profile.emulated:
+                self._unacked.append((self._pieces_sent, time.monotonic(), buf.nbytes))
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         while self._queue and self._queue[0][0] <= now:
             dep, handed, tag, buf = self._queue.popleft()
             self._isend(buf, tag, max(0.0, dep - handed))
+        if self._unacked:
+            self._take_acks(time.monotonic())
         if self._pending:
             still = []
             for r, b in self._pending:
                 if not r.Test():
                     still.append((r, b))
-                elif b is self._latest_buf:
-                    self._piece_left(now)
+                elif b is self._latest_buf and self.profile.emulated:
+                    self._latest_buf = None  # the model serialized it and MPI took it
             self._pending = still
         if self._slot is not None or self._pieces:
             self._advance_latest(now)
@@ -323,10 +403,20 @@ class LinkEnd:
                 break
             _, tag, buf = got
             t = time.monotonic()
-            self.received.count(buf.nbytes)
-            if tag >= PIECE:  # a piece of a latest-wins message: its last one delivers it
-                self._parts.setdefault(tag - PIECE, []).append(buf)
+            if tag == ACK:  # (taken here when it came before poll looked for it)
+                self._on_ack(int(buf.view(np.int64)[0]), t)
                 continue
+            self.received.count(buf.nbytes)
+            if tag >= PIECE:  # a piece of a latest-wins message: acknowledged; the last delivers
+                self._pieces_got += 1
+                ack = np.array([self._pieces_got], np.int64)
+                req = self.comm.Isend([ack, self._MPI.BYTE], dest=self.peer, tag=ACK)
+                self._pending.append((req, ack))
+                self.acks_sent += 1
+                if tag < LAST:
+                    self._parts.setdefault(tag - PIECE, []).append(buf)
+                    continue
+                tag -= LAST
             if self._parts.get(tag):
                 buf = np.concatenate([*self._parts.pop(tag), buf])
             if self.profile.emulated:
