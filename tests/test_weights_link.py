@@ -64,9 +64,9 @@ def test_on_commit_runs_when_it_enters_the_wire():
     assert log == [1, 3]
 
 
-def test_unemulated_link_holds_one_weight_send_in_mpi():
-    """Until the receiver acknowledges it (tests/test_link_acks.py: an eager send completes at
-    once, an acknowledgement only when the bytes have arrived)."""
+def test_unemulated_link_holds_two_weight_sends_in_mpi():
+    """Until the receiver acknowledges them (link.WINDOW; tests/test_link_acks.py: an eager send
+    completes at once, an acknowledgement only when the bytes have arrived)."""
     import types
 
     class _Slow(_Comm):
@@ -78,7 +78,8 @@ def test_unemulated_link_holds_one_weight_send_in_mpi():
             if not self.done:
                 return None
             self.done = False
-            return types.SimpleNamespace(Recv=lambda spec: spec[0].__setitem__(0, 1))
+            k = sum(t >= 1000 for t, _, _ in self.sent)
+            return types.SimpleNamespace(Recv=lambda spec: spec[0].__setitem__(0, k))
 
     comm = _Slow()
     end = LinkEnd(comm, 1, LinkProfile())
@@ -86,11 +87,11 @@ def test_unemulated_link_holds_one_weight_send_in_mpi():
     for i in range(2, 6):
         end.post_latest(Tag.WEIGHTS, lambda i=i: (_weights(i), None), 0.01 * i)
     end.post(np.full(8, 9, np.uint8), Tag.STOP, 0.1)  # goes to MPI at once
-    assert [b for _, b, _ in comm.sent] == [1, 9]
+    assert [b for _, b, _ in comm.sent] == [1, 2, 9]
     comm.done = True
     end.poll(0.2)
     end.poll(0.2)
-    assert [b for _, b, _ in comm.sent] == [1, 9, 5] and end.latest_replaced == 3
+    assert [b for _, b, _ in comm.sent] == [1, 2, 9, 5] and end.latest_replaced == 2
 
 
 @pytest.mark.mpi

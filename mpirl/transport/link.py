@@ -41,8 +41,9 @@ from mpirl.run.errors import ConfigError
 
 PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
 LAST = 2000  # tag offset of a latest-wins message's last piece (link-internal; acknowledged)
-ACK = 3000  # tag of the receiver's acknowledgement of latest-wins pieces (link-internal): int64,
-#             how many pieces it has received
+ACK = 3000  # tag of the receiver's acknowledgement of a latest-wins piece (link-internal): two
+#             float64, how many pieces it has received and the time since it received the one before
+WINDOW = 2  # latest-wins pieces unacknowledged at once on a real link: one arriving, one behind it
 
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
 RATE_SAMPLES = 9  # acknowledged pieces the measured rate is taken over (`AckRate`)
@@ -51,13 +52,21 @@ RATE_SAMPLES = 9  # acknowledged pieces the measured rate is taken over (`AckRat
 class AckRate:
     """The link rate for latest-wins messages, measured from the receiver's acknowledgements.
 
-    Each acknowledged piece gives a sample ``(bytes, dt)``, ``dt`` = from the piece's hand-over
-    to MPI to its ACK arriving here: its transfer time plus a per-piece overhead ``c`` (round
-    trip, both loops' poll delays).  An MPI send completing says nothing on a real network (an
-    eager one completes at once, into MPI's and TCP's buffers), an acknowledgement does.
+    An MPI send completing says nothing on a real network (an eager one completes at once, into
+    MPI's and TCP's buffers); an acknowledgement does.  Two kinds of sample:
 
-    The estimate is robust to a stalled receiver (one long ``dt``) and to acknowledgements that
-    arrive bunched (one short ``dt``) by taking medians over the last `RATE_SAMPLES` pieces:
+    * **gap** (`add_gap`), the one used when there is any: a piece sent while the one before it
+      was still unacknowledged follows it on the wire, so the receiver takes it off MPI
+      ``8 bytes / rate`` after that one.  The receiver measures that gap on its own clock and
+      sends it in the ACK, so neither the way back (ACKs queue behind the edge's experiences
+      on a saturated link) nor any clock offset enters.  The estimate is the median of
+      ``8 bytes / gap`` over the last `RATE_SAMPLES` such pieces: one receiver stall (one long
+      gap) or two pieces read in one poll (one short gap) do not move it.
+    * **round trip** (`add`), until a gap sample exists (single-piece messages after an idle
+      wire): ``dt`` from the piece's hand-over to MPI to its ACK read here, its transfer time
+      plus an overhead ``c`` (round trip, poll delays, queueing on the way back).
+
+    Round-trip samples, medians over the last `RATE_SAMPLES` pieces:
 
     * ``raw`` = the median of ``8 bytes / dt`` over the large pieces (at least a quarter of the
       largest kept; all when fewer than 2): the rate a piece actually got, ``c`` included;
@@ -69,13 +78,20 @@ class AckRate:
 
     def __init__(self, n: int = RATE_SAMPLES):
         self.samples: deque = deque(maxlen=n)
+        self.gaps: deque = deque(maxlen=n)
 
     def add(self, nbytes: int, dt: float) -> None:
         if nbytes > 0 and dt > 0:
             self.samples.append((nbytes, dt))
 
+    def add_gap(self, nbytes: int, gap: float) -> None:
+        if nbytes > 0 and gap > 0:
+            self.gaps.append(8.0 * nbytes / gap)
+
     @property
     def bps(self) -> float:
+        if self.gaps:
+            return float(np.median(self.gaps))
         if not self.samples:
             return float("nan")
         top = max(n for n, _ in self.samples)
@@ -218,10 +234,11 @@ class LinkEnd:
         self.piece_s = piece_s
         self._slot = None  # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
         self._pieces: deque = deque()  # (tag, view) of the one on the wire, not handed over yet
-        self._latest_buf = None  # the piece on the wire (until sent, or acknowledged: real link)
-        self._unacked: deque = deque()  # (number, t handed to MPI, bytes): real link, not acked
+        self._latest_buf = None  # emulated: the piece on the wire until its send completes
+        self._unacked: deque = deque()  # real link: (number, t handed, bytes, behind another)
         self._pieces_sent = self._pieces_got = 0  # latest-wins pieces sent and received, ever
-        self._ack_in = np.zeros(1, np.int64)
+        self._t_got = float("nan")  # when the last latest-wins piece was received
+        self._ack_in = np.zeros(2, np.float64)
         self._parts: dict[int, list] = {}  # received pieces of a latest-wins message, by tag
         self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
         self.acked = AckRate()  # the rate measured from acknowledged pieces
@@ -272,8 +289,7 @@ class LinkEnd:
         wire not handed over yet (the peer has left: its DONE)."""
         self._slot = None
         self._pieces.clear()
-        if not self.profile.emulated:  # no acknowledgement will come for the one on the wire
-            self._latest_buf = None
+        self._unacked.clear()  # no acknowledgement will come for the ones on the wire
 
     @property
     def latest_waiting_bytes(self) -> int:
@@ -301,7 +317,7 @@ class LinkEnd:
         """Hand the next piece of the message on the wire, or the slot's message, to the wire:
         once the last piece has left (its send completed) and every message queued before it
         has departed."""
-        if self._latest_buf is not None or self._queue:
+        if self._queue or self._wire_full():
             return
         if not self._pieces:
             if self._slot is None:
@@ -327,15 +343,22 @@ class LinkEnd:
         else:
             self._isend(piece, tag, now - handed)
 
-    def _on_ack(self, k: int, now: float) -> None:
-        """The receiver has received ``k`` latest-wins pieces: those up to the ``k``-th have
-        arrived (a piece sent under emulation, before a --link-change, is not tracked)."""
+    def _wire_full(self) -> bool:
+        """No further latest-wins piece may enter the wire now: under emulation one is there
+        (serializing, or in MPI); on a real link `WINDOW` are unacknowledged."""
+        if self.profile.emulated:
+            return self._latest_buf is not None
+        return len(self._unacked) >= WINDOW
+
+    def _on_ack(self, k: int, gap: float, now: float) -> None:
+        """The receiver has received ``k`` latest-wins pieces, the ``k``-th ``gap`` seconds after
+        the one before (pieces sent under emulation, before a --link-change, are not tracked)."""
         while self._unacked and self._unacked[0][0] <= k:
-            i, t0, n = self._unacked.popleft()
+            i, t0, n, behind = self._unacked.popleft()
             if i == k:
                 self.acked.add(n, now - t0)
-        if not self.profile.emulated and not self._unacked:
-            self._latest_buf = None  # on a real link the piece has left when it has arrived
+                if behind:
+                    self.acked.add_gap(n, gap)
 
     def _take_acks(self, now: float) -> None:
         while self._unacked:
@@ -343,7 +366,7 @@ class LinkEnd:
             if msg is None:
                 return
             msg.Recv([self._ack_in, self._MPI.BYTE])
-            self._on_ack(int(self._ack_in[0]), now)
+            self._on_ack(int(self._ack_in[0]), float(self._ack_in[1]), now)
 
     def set_profile(self, profile: LinkProfile) -> None:
         """Change the emulated link from now on (messages already queued keep their times, and
@@ -359,7 +382,8 @@ class LinkEnd:
         if tag >= PIECE:
             self._pieces_sent += 1
             if not self.profile.emulated:
-                self._unacked.append((self._pieces_sent, time.monotonic(), buf.nbytes))
+                behind = bool(self._unacked)  # it follows an unacknowledged one on the wire
+                self._unacked.append((self._pieces_sent, time.monotonic(), buf.nbytes, behind))
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -373,7 +397,7 @@ class LinkEnd:
             for r, b in self._pending:
                 if not r.Test():
                     still.append((r, b))
-                elif b is self._latest_buf and self.profile.emulated:
+                elif b is self._latest_buf:
                     self._latest_buf = None  # the model serialized it and MPI took it
             self._pending = still
         if self._slot is not None or self._pieces:
@@ -389,7 +413,7 @@ class LinkEnd:
         """When the next queued message leaves (the loop sleeps until then at most)."""
         if self._queue:
             return self._queue[0][0]
-        if (self._slot is not None or self._pieces) and self._latest_buf is None:
+        if (self._slot is not None or self._pieces) and not self._wire_full():
             return time.monotonic()
         return None
 
@@ -404,12 +428,14 @@ class LinkEnd:
             _, tag, buf = got
             t = time.monotonic()
             if tag == ACK:  # (taken here when it came before poll looked for it)
-                self._on_ack(int(buf.view(np.int64)[0]), t)
+                a = buf.view(np.float64)
+                self._on_ack(int(a[0]), float(a[1]), t)
                 continue
             self.received.count(buf.nbytes)
             if tag >= PIECE:  # a piece of a latest-wins message: acknowledged; the last delivers
                 self._pieces_got += 1
-                ack = np.array([self._pieces_got], np.int64)
+                ack = np.array([self._pieces_got, t - self._t_got], np.float64)  # nan: first
+                self._t_got = t
                 req = self.comm.Isend([ack, self._MPI.BYTE], dest=self.peer, tag=ACK)
                 self._pending.append((req, ack))
                 self.acks_sent += 1
