@@ -74,7 +74,8 @@ def test_real_link_holds_two_unacknowledged_pieces_and_measures_the_rate(clock):
         end.poll(clock[0])
         assert comm.pieces() - comm.acked <= 2, comm.sent
         clock[0] += 0.01
-    assert comm.sent[:2] == [(PIECE + Tag.WEIGHTS, MIN_PIECE)] * 2  # the first does not go whole
+    # the first does not go whole: in MIN_PIECE pieces, split evenly (7 of 14,286 bytes)
+    assert comm.sent[:2] == [(PIECE + Tag.WEIGHTS, 14_286)] * 2
     end.post(np.zeros(8, np.uint8), Tag.STOP, clock[0])
     assert comm.sent[-1] == (Tag.STOP, 8)
     while end.backlog and clock[0] < 200:

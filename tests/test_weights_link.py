@@ -169,9 +169,9 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
 
 
 def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
-    """100 kB of weights on a 1 Mb/s link (0.8 s) go in 16 KiB pieces (piece_s 50 ms gives
-    6 kB, raised to MIN_PIECE): a STOP posted just after the weights leaves after the first piece
-    (0.13 s), not after the whole broadcast; the pieces add up to the message, the last one
+    """100 kB of weights on a 1 Mb/s link (0.8 s) go in 7 pieces of 14,286 bytes (piece_s 50 ms
+    gives 6 kB, raised to MIN_PIECE, 16 KiB; then split evenly): a STOP posted just after the
+    weights leaves after the first piece (0.114 s), not after the whole broadcast; the pieces add up to the message, the last one
     under LAST + tag, the others under PIECE + tag."""
     from mpirl.transport.link import MIN_PIECE, PIECE
 
@@ -187,7 +187,7 @@ def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
             stop_at = k * 0.01
     tags = [t for t, _, _ in comm.sent]
     assert tags == [PIECE + Tag.WEIGHTS, Tag.STOP, *[PIECE + Tag.WEIGHTS] * 5, W]
-    assert stop_at == pytest.approx(0.14)  # the first piece leaves at 0.131 s
+    assert stop_at == pytest.approx(0.12)  # the first piece leaves at 0.114 s
     assert sum(n for t, _, n in comm.sent if t != Tag.STOP) == 100_000
     assert end.backlog == 0 and end.latest_rate_bps == pytest.approx(1e6)
 

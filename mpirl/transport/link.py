@@ -29,6 +29,8 @@ communicator with uppercase mpi4py calls.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import time
 from collections import deque
@@ -47,6 +49,9 @@ WINDOW = 2  # latest-wins pieces unacknowledged at once on a real link: one arri
 
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
 RATE_SAMPLES = 9  # acknowledged pieces the measured rate is taken over (`AckRate`)
+#: test and bench hook: a folder where each link end appends its measured rate, at most once a
+#: second, as JSON lines to ``link-<world rank>-<peer>.jsonl`` (tests/test_real_link.py)
+TRACE_ENV = "MPIRL_LINK_TRACE"
 
 
 class AckRate:
@@ -59,9 +64,12 @@ class AckRate:
       was still unacknowledged follows it on the wire, so the receiver takes it off MPI
       ``8 bytes / rate`` after that one.  The receiver measures that gap on its own clock and
       sends it in the ACK, so neither the way back (ACKs queue behind the edge's experiences
-      on a saturated link) nor any clock offset enters.  The estimate is the median of
-      ``8 bytes / gap`` over the last `RATE_SAMPLES` such pieces: one receiver stall (one long
-      gap) or two pieces read in one poll (one short gap) do not move it.
+      on a saturated link) nor any clock offset enters.  A piece taken in the same `receive`
+      call as the one before has no gap (it may have waited there: when it arrived is not
+      known).  The estimate is the median of ``8 bytes / gap`` over the large ones (at least a
+      quarter of the largest: a small last piece's gap is mostly the receiver's poll delay)
+      of the last `RATE_SAMPLES` such pieces: one receiver stall (one long gap) or a late
+      poll followed by a prompt one (one short gap) do not move it.
     * **round trip** (`add`), until a gap sample exists (single-piece messages after an idle
       wire): ``dt`` from the piece's hand-over to MPI to its ACK read here, its transfer time
       plus an overhead ``c`` (round trip, poll delays, queueing on the way back).
@@ -86,12 +94,13 @@ class AckRate:
 
     def add_gap(self, nbytes: int, gap: float) -> None:
         if nbytes > 0 and gap > 0:
-            self.gaps.append(8.0 * nbytes / gap)
+            self.gaps.append((nbytes, gap))
 
     @property
     def bps(self) -> float:
         if self.gaps:
-            return float(np.median(self.gaps))
+            top = max(n for n, _ in self.gaps)
+            return float(np.median([8.0 * n / g for n, g in self.gaps if n >= top / 4]))
         if not self.samples:
             return float("nan")
         top = max(n for n, _ in self.samples)
@@ -243,6 +252,7 @@ class LinkEnd:
         self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
         self.acked = AckRate()  # the rate measured from acknowledged pieces
         self.acks_sent = 0  # ACKs this end sent (link-internal, not counted in `sent`)
+        self._trace, self._t_trace = os.environ.get(TRACE_ENV), -1.0
 
     # ---- sending -----------------------------------------------------------------------------
     def post(self, buf: np.ndarray, tag: int, now: float | None = None) -> float:
@@ -328,6 +338,7 @@ class LinkEnd:
                 on_commit()
             c = self.piece_bytes() or max(1, buf.nbytes)  # an empty message goes as one
             k = max(1, -(-buf.nbytes // c))
+            c = max(1, -(-buf.nbytes // k))  # k pieces of (nearly) one size: no tiny last one
             self._pieces.extend((PIECE + tag, buf[i * c : (i + 1) * c]) for i in range(k - 1))
             self._pieces.append((LAST + tag, buf[(k - 1) * c :]))
         else:
@@ -359,6 +370,24 @@ class LinkEnd:
                 self.acked.add(n, now - t0)
                 if behind:
                     self.acked.add_gap(n, gap)
+                if self._trace and now - self._t_trace >= 1.0:
+                    self._write_trace(now)
+
+    def _write_trace(self, now: float) -> None:
+        self._t_trace = now
+        me = self._MPI.COMM_WORLD.Get_rank()
+        row = {
+            "t": now,
+            "rate_bps": self.latest_rate_bps,
+            "gap_samples": len(self.acked.gaps),
+            "rtt_samples": [[n, round(d, 4)] for n, d in self.acked.samples],
+            "gaps": [[n, round(g, 4)] for n, g in self.acked.gaps],
+            "pieces_sent": self._pieces_sent,
+            "replaced": self.latest_replaced,
+        }
+        path = os.path.join(self._trace, f"link-{me}-{self.peer}.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def _take_acks(self, now: float) -> None:
         while self._unacked:
@@ -421,6 +450,7 @@ class LinkEnd:
     def receive(self, now: float | None = None, limit: int = 64) -> list[tuple[int, np.ndarray]]:
         """The ``(tag, buf)`` messages whose delivery time has come, in order; takes at most
         ``limit`` off MPI (`mpirl.transport.inbox.take`) and holds each for the latency."""
+        first = True  # the first piece taken in this call (a gap is known for it only)
         for _ in range(limit):
             got = self._take(self.comm, self.peer, self._status)
             if got is None:
@@ -434,8 +464,9 @@ class LinkEnd:
             self.received.count(buf.nbytes)
             if tag >= PIECE:  # a piece of a latest-wins message: acknowledged; the last delivers
                 self._pieces_got += 1
-                ack = np.array([self._pieces_got, t - self._t_got], np.float64)  # nan: first
-                self._t_got = t
+                gap = t - self._t_got if first else float("nan")  # nan: none (or the first)
+                ack = np.array([self._pieces_got, gap], np.float64)
+                self._t_got, first = t, False
                 req = self.comm.Isend([ack, self._MPI.BYTE], dest=self.peer, tag=ACK)
                 self._pending.append((req, ack))
                 self.acks_sent += 1
