@@ -75,8 +75,8 @@ class RealLink:
     def __init__(
         self,
         rate_mbps: float,
-        burst_bytes: int = 4096,
-        queue_ms: float = 50.0,
+        burst_bytes: int = 1600,
+        queue_ms: float = 400.0,
         tag: str | None = None,
     ):
         tag = tag or f"{os.getpid()}{int(time.monotonic_ns()) % 10_000:04d}"
@@ -113,6 +113,17 @@ class RealLink:
             _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
             _run("ip", "-n", ns, "link", "set", dev, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+            # one MSS per packet (no GSO: tbf would take a 64 kB super-packet apart on enqueue
+            # and drop what its queue cannot hold), so the shaper delays and never drops: no
+            # byte crosses twice and no ACK carries SACK blocks (`HEADER_BYTES` per packet)
+            _run("ip", "-n", ns, "link", "set", "dev", dev, "gso_max_segs", "1")
+            _run("ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size", "1514")
+            # and TCP keeps at most 12 kB per socket in the qdisc (TCP small queues), under
+            # tbf's queue (`queue_ms` of the rate) for the few sockets MPI and Hydra open
+            _run(
+                "ip", "netns", "exec", ns,
+                "sysctl", "-qw", "net.ipv4.tcp_limit_output_bytes=12000",
+            )  # fmt: skip
             _run(
                 "tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
                 "rate", f"{int(self.rate_mbps * 1e6)}bit",
@@ -148,6 +159,16 @@ class RealLink:
             self.dir = None
 
     # ---- use -------------------------------------------------------------------------------------
+    def set_rate(self, rate_mbps: float) -> None:
+        """Reshape both ends to ``rate_mbps`` (tc qdisc change)."""
+        for side in ("edge", "cloud"):
+            _run(
+                "tc", "-n", self.ns[side], "qdisc", "change", "dev", self.dev[side], "root",
+                "tbf", "rate", f"{int(rate_mbps * 1e6)}bit", "burst", str(self.burst),
+                "latency", f"{self.queue_ms:g}ms",
+            )  # fmt: skip
+        self.rate_mbps = rate_mbps
+
     def enter(self, side: str) -> list[str]:
         """The command prefix that runs a program on ``side`` ('edge' or 'cloud')."""
         return ["ip", "netns", "exec", self.ns[side]]
@@ -168,6 +189,14 @@ class RealLink:
             "-genv", "FI_PROVIDER", "tcp",
             "-n", str(n),
         ]  # fmt: skip
+
+    def drops(self) -> int:
+        """Packets the shapers dropped (both ends), since the link was made."""
+        n = 0
+        for side in ("edge", "cloud"):
+            out = _run("tc", "-n", self.ns[side], "-s", "-j", "qdisc", "show", "dev", self.dev[side])
+            n += sum(q.get("drops", 0) for q in json.loads(out.stdout))
+        return n
 
     def counters(self) -> dict[str, int]:
         """The edge end's interface counters: ``tx_bytes``/``tx_packets`` toward the cloud,

@@ -323,15 +323,15 @@ class LinkEnd:
             return 0
         return max(MIN_PIECE, int(rate * self.piece_s / 8))
 
-    def _advance_latest(self, now: float) -> None:
+    def _advance_latest(self, now: float) -> bool:
         """Hand the next piece of the message on the wire, or the slot's message, to the wire:
-        once the last piece has left (its send completed) and every message queued before it
-        has departed."""
+        once the wire has room (`_wire_full`) and every message queued before it has departed.
+        True: a piece went."""
         if self._queue or self._wire_full():
-            return
+            return False
         if not self._pieces:
             if self._slot is None:
-                return
+                return False
             tag, buf, on_commit, handed = self._slot
             self._slot = None
             if on_commit is not None:
@@ -353,6 +353,7 @@ class LinkEnd:
                 self._isend(piece, tag, max(0.0, dep - handed))
         else:
             self._isend(piece, tag, now - handed)
+        return True
 
     def _wire_full(self) -> bool:
         """No further latest-wins piece may enter the wire now: under emulation one is there
@@ -411,8 +412,15 @@ class LinkEnd:
         if tag >= PIECE:
             self._pieces_sent += 1
             if not self.profile.emulated:
-                behind = bool(self._unacked)  # it follows an unacknowledged one on the wire
-                self._unacked.append((self._pieces_sent, time.monotonic(), buf.nbytes, behind))
+                t = time.monotonic()
+                behind = False  # sure to follow the one before on the wire: a gap sample
+                if self._unacked:  # sent within half the one before's transfer time (1 ms
+                    # before any rate is known): that one cannot have arrived yet
+                    _, t_prev, n_prev, _ = self._unacked[-1]
+                    rate = self.acked.bps
+                    most = 0.5 * 8 * n_prev / rate if 0 < rate < float("inf") else 0.0
+                    behind = t - t_prev <= max(1e-3, most)
+                self._unacked.append((self._pieces_sent, t, buf.nbytes, behind))
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -429,14 +437,21 @@ class LinkEnd:
                 elif b is self._latest_buf:
                     self._latest_buf = None  # the model serialized it and MPI took it
             self._pending = still
-        if self._slot is not None or self._pieces:
-            self._advance_latest(now)
+        while (self._slot is not None or self._pieces) and not self._wire_full():
+            if not self._advance_latest(now):
+                break
 
     @property
     def backlog(self) -> int:
         """Messages handed to the link that have not completed yet (the slot's and the pieces
         not handed over yet included)."""
-        return len(self._queue) + len(self._pending) + len(self._pieces) + (self._slot is not None)
+        return (
+            len(self._queue)
+            + len(self._pending)
+            + len(self._pieces)
+            + (self._slot is not None)
+            + len(self._unacked)  # real link: not arrived yet (and no ACK left unreceived)
+        )
 
     def next_departure(self) -> float | None:
         """When the next queued message leaves (the loop sleeps until then at most)."""
