@@ -293,14 +293,9 @@ def _configure(world, argv) -> _Setup | int:
                 f"--resume {resume}`"
             )
     else:
-        cfg = parse(argv)
+        cfg = _parse_shared(world, argv)
     cfg.validate(world.Get_size())
-    from mpirl.agent import device
-
-    if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
-        err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
-        if err:
-            raise ConfigError(err)
+    # --device: a host check of every learner rank, in the gathered verdict (resources)
     spec, record = _check_resources(world, cfg, resumed=manifest is not None)
     refset = None
     if cfg.reference_set and cfg.reference_set != "auto":  # a bad file: before any folder
@@ -324,9 +319,47 @@ def _configure(world, argv) -> _Setup | int:
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 
+def _parse_shared(world, argv):
+    """`mpirl.run.config.parse` on every rank, with ``--config`` read by rank 0 only and its
+    text sent to every rank: the file may exist on the learner's host alone (a rank that could
+    not read it would exit while the others wait for it), and every rank must run the same
+    configuration, not each its own host's copy of the file."""
+    import dataclasses
+    import tempfile
+
+    from mpirl.run.config import ConfigError, build_parser, parse
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        path = vars(build_parser().parse_args(argv)).get("config")  # (usage errors: resume_dir)
+    if not path:
+        return parse(argv)
+    text = None
+    if world.Get_rank() == 0:
+        try:
+            text = "T" + Path(path).read_text()
+        except FileNotFoundError:
+            text = f"Econfig={path!r}: no such file; pass an existing TOML file"
+        except (OSError, UnicodeDecodeError) as e:
+            text = f"Econfig={path!r} cannot be read ({type(e).__name__}: {e}); pass a TOML file"
+    got = _bcast_text(world, text)
+    if got[:1] != "T":
+        raise ConfigError(got[1:])
+    fd, copy = tempfile.mkstemp(prefix="mpirl-config-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(got[1:])
+        # the last --config wins (argparse); the run records the path it was given
+        cfg = parse([*(sys.argv[1:] if argv is None else argv), "--config", copy])
+    except ConfigError as e:  # named as the user gave it
+        raise ConfigError(str(e).replace(repr(copy), repr(path))) from None
+    finally:
+        os.unlink(copy)
+    return dataclasses.replace(cfg, config=path)
+
+
 def _check_resources(world, cfg, resumed: bool):
     """Each rank checks on its host what its role uses (the env, replay memory summed per host,
-    tensorboard, zstandard), and every rank gets the same verdict (mpirl.run.resources.check);
+    tensorboard, zstandard, the learners' device), and every rank gets the same verdict (mpirl.run.resources.check);
     then image runs must be able to start learning.  Returns the env spec and the transition
     record dtype."""
     from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
