@@ -151,7 +151,8 @@ def _bcast_text(world, text: str | None) -> str:
 def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
     """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
     run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
-    ``(path, sha256)`` or the same ConfigError."""
+    ``(path, sha256)`` or the same ConfigError, whatever rank 0 met (this runs before failure
+    handling is installed: an exception escaping here would leave the others in the Bcast)."""
     from mpirl.run.config import ConfigError
 
     text = None
@@ -163,6 +164,16 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
             text = f"P{path}\n{sha}"
         except (ValueError, OSError) as e:
             text = f"E{e}"
+        except Exception as e:  # noqa: BLE001 - a corrupt file (BadZipFile), the user's env code
+            # while an `auto` set is collected: every rank must get it, never wait in the Bcast
+            if cfg.reference_set == "auto":
+                what, fix = "collecting the set on the run's env", "fix the env (or its wrappers)"
+            else:
+                what, fix = "reading the file", "pass a set written by mpirl.refloss, or auto"
+            text = (
+                f"Ereference_set={cfg.reference_set!r}: {what} failed with "
+                f"{type(e).__name__}: {e}; {fix}"
+            )
     got = _bcast_text(world, text)
     if got[:1] != "P":
         raise ConfigError(got[1:])
