@@ -162,8 +162,13 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
         try:
             path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir, spec)
             text = f"P{path}\n{sha}"
-        except (ValueError, OSError) as e:
-            text = f"E{e}"
+        except (ValueError, OSError) as e:  # refloss names the value; numpy, the OS may not
+            text = f"E{e}" if "reference_set=" in str(e) else None
+            if text is None:
+                text = (
+                    f"Ereference_set={cfg.reference_set!r} cannot be used: "
+                    f"{type(e).__name__}: {e}"
+                )
         except Exception as e:  # noqa: BLE001 - a corrupt file (BadZipFile), the user's env code
             # while an `auto` set is collected: every rank must get it, never wait in the Bcast
             if cfg.reference_set == "auto":
