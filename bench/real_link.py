@@ -62,9 +62,7 @@ def one(prefix: list[str], extra: list[str], run: Path, placement: str, seconds:
         raise SystemExit(f"run {run} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     s = json.loads((run / "summary.json").read_text())
     rates = trace / "link-0-1.jsonl"
-    rate = (
-        json.loads(rates.read_text().splitlines()[-1])["rate_bps"] if rates.exists() else None
-    )
+    rate = json.loads(rates.read_text().splitlines()[-1])["rate_bps"] if rates.exists() else None
     nbytes = s["link_bytes_in"] + s["link_bytes_out"]
     return {
         "updates_per_s": s["updates"] / s["wall_s"],

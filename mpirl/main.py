@@ -166,8 +166,7 @@ def _reference_set(world, cfg, run_dir: Path | None, spec) -> tuple[str, str]:
             text = f"E{e}" if "reference_set=" in str(e) else None
             if text is None:
                 text = (
-                    f"Ereference_set={cfg.reference_set!r} cannot be used: "
-                    f"{type(e).__name__}: {e}"
+                    f"Ereference_set={cfg.reference_set!r} cannot be used: {type(e).__name__}: {e}"
                 )
         except Exception as e:  # noqa: BLE001 - a corrupt file (BadZipFile), the user's env code
             # while an `auto` set is collected: every rank must get it, never wait in the Bcast
@@ -375,9 +374,9 @@ def _parse_shared(world, argv):
 
 def _check_resources(world, cfg, resumed: bool):
     """Each rank checks on its host what its role uses (the env, replay memory summed per host,
-    tensorboard, zstandard, the learners' device), and every rank gets the same verdict (mpirl.run.resources.check);
-    then image runs must be able to start learning.  Returns the env spec and the transition
-    record dtype."""
+    tensorboard, zstandard, the learners' device), and every rank gets the same verdict
+    (mpirl.run.resources.check); then image runs must be able to start learning.  Returns the
+    env spec and the transition record dtype."""
     from mpirl.replay.build import FRAME_HEADROOM, max_learning_starts, record_dtype
     from mpirl.run import resources
     from mpirl.run.config import ConfigError

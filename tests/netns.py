@@ -194,7 +194,9 @@ class RealLink:
         """Packets the shapers dropped (both ends), since the link was made."""
         n = 0
         for side in ("edge", "cloud"):
-            out = _run("tc", "-n", self.ns[side], "-s", "-j", "qdisc", "show", "dev", self.dev[side])
+            out = _run(
+                "tc", "-n", self.ns[side], "-s", "-j", "qdisc", "show", "dev", self.dev[side]
+            )
             n += sum(q.get("drops", 0) for q in json.loads(out.stdout))
         return n
 
@@ -237,9 +239,7 @@ class RealLink:
             "    except OSError: time.sleep(0.05)\n"
             f"s.sendall(bytes({total}));s.close()\n"
         )
-        subprocess.run(
-            [*self.enter("edge"), sys.executable, "-c", client], check=True, timeout=120
-        )
+        subprocess.run([*self.enter("edge"), sys.executable, "-c", client], check=True, timeout=120)
         out, _ = server.communicate(timeout=60)
         n, dt = out.split()
         return int(n) * 8 / float(dt)

@@ -1,8 +1,9 @@
 """Run under `mpirun -n 3` across a real link (tests/netns.py): rank 0 (cloud) and rank 1 (edge)
 each send the other ``count`` messages of 16 bytes, as mpirl's small control messages go, rank 0
-sends rank 1 ``large`` messages of ``size`` bytes (as weight pieces go), then every rank stops.  tests/test_real_link.py runs it with 0 and with N messages: the first gives the
-bytes a job carries to start and stop (Hydra's launch, PMI, UCX wire-up), the difference MPI's
-own bytes per small message on this link."""
+sends rank 1 ``large`` messages of ``size`` bytes (as weight pieces go), then every rank stops.
+tests/test_real_link.py runs it with 0 and with N small messages: the first gives the bytes a
+job carries to start and stop (Hydra's launch, PMI, UCX wire-up), the difference MPI's own bytes
+per small message on this link."""
 
 import sys
 
@@ -16,12 +17,12 @@ rank = comm.Get_rank()
 x = np.zeros(16, np.uint8)
 if rank in (0, 1):
     peer = 1 - rank
-    for i in range(count):
+    for _ in range(count):
         req = comm.Isend([x, MPI.BYTE], dest=peer, tag=1)
         comm.Recv([np.empty(16, np.uint8), MPI.BYTE], source=peer, tag=1)
         req.Wait()
     big = np.zeros(size, np.uint8)
-    for i in range(large):  # cloud -> edge, as weight pieces go
+    for _ in range(large):  # cloud -> edge, as weight pieces go
         if rank == 0:
             comm.Send([big, MPI.BYTE], dest=1, tag=2)
         else:

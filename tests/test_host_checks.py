@@ -26,7 +26,9 @@ def _no_zstandard(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setitem(sys.modules, "zstandard", None)
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "zstandard" else real(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "zstandard" else real(name, *a),
     )
 
 
@@ -34,9 +36,9 @@ def _verdict(cfg: Config, n: int, forced: dict[int, set] | None = None, host=lam
     places = topology.layout(n, cfg.buffers, cfg.learners)
     rows = np.stack(
         [
-            resources.local_row(cfg, p.role, host(p.rank), frozenset((forced or {}).get(p.rank, ())))[
-                0
-            ]
+            resources.local_row(
+                cfg, p.role, host(p.rank), frozenset((forced or {}).get(p.rank, ()))
+            )[0]
             for p in places
         ]
     )

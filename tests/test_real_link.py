@@ -53,6 +53,12 @@ SECONDS = 20  # --max-seconds of each run
 SHUTDOWN_MARGIN_S = 10.0
 
 
+def _env(**extra: str) -> dict:
+    """This checkout's mpirl first on every rank's path (the venv may hold another)."""
+    path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def _payload(d: dict, way: str) -> int:
     return d[f"{way}_bytes"] - HEADER_BYTES * d[f"{way}_packets"]
 
@@ -78,7 +84,7 @@ def overhead(link) -> dict:
         before = link.counters()
         p = subprocess.run(
             [*link.mpirun_cmd(3), sys.executable, "tests/real_link_calibrate.py", str(count)],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env(),
         )  # fmt: skip
         assert p.returncode == 0, p.stderr[-2000:]
         d = _delta(link, before)
@@ -100,7 +106,7 @@ def test_weights_stay_latest_wins_on_the_real_link(link, rate_mbps):
     p = subprocess.run(
         [*link.mpirun_cmd(2), sys.executable, "tests/real_link_latest.py", str(size),
          str(seconds), "50"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env(),
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads([x for x in p.stdout.splitlines() if x.startswith("{")][-1])
@@ -118,7 +124,7 @@ def run_over(link: RealLink, tmp: Path, rate_mbps: float, placement: str, *extra
     link.set_rate(rate_mbps)
     run, trace = tmp / "run", tmp / "trace"
     trace.mkdir()
-    env = dict(os.environ, MPIRL_LINK_TRACE=str(trace), PYTHONPATH=str(ROOT))
+    env = _env(MPIRL_LINK_TRACE=str(trace))
     cmd = [
         *link.mpirun_cmd(3),
         sys.executable, "-m", "mpirl.main",

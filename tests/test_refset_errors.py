@@ -12,9 +12,7 @@ from mpirun import one_error, run_mpirl
 def test_a_corrupt_reference_set_file_is_one_error(tmp_path):
     bad = tmp_path / "set.npz"
     bad.write_bytes(b"PK\x03\x04 not a zip file at all" * 10)
-    p = run_mpirl(
-        3, "--reference-set", str(bad), "--run-dir", str(tmp_path / "run"), timeout=60
-    )
+    p = run_mpirl(3, "--reference-set", str(bad), "--run-dir", str(tmp_path / "run"), timeout=60)
     err = one_error(p)
     assert f"reference_set={str(bad)!r}" in err and "BadZipFile" in err, err
     assert not (tmp_path / "run").exists()  # before the run folder is made

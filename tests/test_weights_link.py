@@ -171,8 +171,8 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
 def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
     """100 kB of weights on a 1 Mb/s link (0.8 s) go in 7 pieces of 14,286 bytes (piece_s 50 ms
     gives 6 kB, raised to MIN_PIECE, 16 KiB; then split evenly): a STOP posted just after the
-    weights leaves after the first piece (0.114 s), not after the whole broadcast; the pieces add up to the message, the last one
-    under LAST + tag, the others under PIECE + tag."""
+    weights leaves after the first piece (0.114 s), not after the whole broadcast; the pieces
+    add up to the message, the last one under LAST + tag, the others under PIECE + tag."""
     from mpirl.transport.link import MIN_PIECE, PIECE
 
     comm = _Comm()

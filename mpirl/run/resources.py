@@ -68,8 +68,6 @@ def holds_replay(role: str, cfg: Config) -> bool:
 
 def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
     """The checks a rank of ``role`` runs (see the module docstring)."""
-    from mpirl.agent import envs
-
     out = []
     if role in ("learner", "actor"):
         out.append("env")

@@ -14,14 +14,16 @@ only when the wire has drained, and the bytes held for the kind never exceed two
 the wire a latest-wins message goes in **pieces** of ``piece_s`` seconds of link time (at least
 `MIN_PIECE` bytes; at the emulated rate, else at the rate measured from acknowledgements,
 `AckRate`; `MIN_PIECE` until one is measured): one piece at a time, each after the messages
-posted while the one before it was on the wire.  A piece is on the wire under emulation until
-the model has serialized it and its MPI send completed; on a real network (no emulation) until
-the receiver has **acknowledged** it (an empty `ACK` message, sent by the receiving end when it
-takes the piece off MPI): a send completing there only means MPI or TCP buffered the bytes.  So a control message (priorities, credits,
-STOP) waits behind one piece, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s,
-which starved the buffer of credits for as long).  Every piece but the last carries
-``PIECE + tag``, the last ``LAST + tag``; the receiving end acknowledges each, joins them, and
-delivers the message under ``tag`` when its last piece arrives.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
+posted while the one before it was on the wire.  Under emulation one piece is on the wire,
+until the model has serialized it and its MPI send completed; on a real network (no emulation)
+at most `WINDOW` (two), each until the receiver has **acknowledged** it (an `ACK` message the
+receiving end sends when it takes the piece off MPI): a send completing there only means MPI or
+TCP buffered the bytes.  So a control message (priorities, credits, STOP) waits behind one or
+two pieces, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s, which starved the
+buffer of credits for as long).  A message is cut into pieces of one size; every piece but the
+last carries ``PIECE + tag``, the last ``LAST + tag``; the receiving end acknowledges each,
+joins them, and delivers the message under ``tag`` when its last piece arrives.
+docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
 
 ``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
 communicator with uppercase mpi4py calls.
