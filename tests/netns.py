@@ -56,6 +56,8 @@ def unavailable() -> str:
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (iproute2, util-linux)"
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        return "`unshare --uts` is refused here (needs CAP_SYS_ADMIN)"
     from mpirl.launch import launcher
 
     if launcher() != "mpich":
