@@ -8,10 +8,10 @@ What it shows (docs/running.md, "A real shaped link"):
 * weights stay latest-wins on it at 0.5 and 2 Mb/s (tests/real_link_latest.py: a link end
   posting a broadcast every 5 ms): the sender never hands MPI more weight bytes than the link
   carries, and a STOP arrives within the two pieces in transit;
-* both placements learn across the link, with `--weights-every 1` (a broadcast per update, far
-  more than the link carries): the learner hands the link no more weight bytes than it
-  carries, newer broadcasts replace waiting ones, and STOP ends the job within the pieces in
-  transit plus a start-up/shut-down margin;
+* both placements learn across the link (a greedy mean of 50 on CartPole), with
+  `--weights-every 1` (a broadcast per update, far more than the link carries): the learner
+  hands the link no more weight bytes than it carries, newer broadcasts replace waiting ones,
+  and STOP ends the job within the pieces in transit plus a start-up/shut-down margin;
 * the rate the program measures for the weights (`mpirl.transport.link.AckRate`, read through
   ``MPIRL_LINK_TRACE``) is within 20% of the shaped rate, in both;
 * the bytes the program counts (`/link` rows) match what the interface carried: TCP payload
@@ -47,7 +47,8 @@ if _WHY:
     pytest.skip(f"no shaped namespace link: {_WHY}", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-SECONDS = 20  # --max-seconds of each run
+TARGET = 50  # --target-return of each run: a greedy mean of 50 (CartPole's random policy: ~22)
+SECONDS = 90  # --max-seconds: the cap (they reach the target in 15-25 s at a load of 4)
 #: from the learner's "stopping" line to the job's exit, beyond the pieces in transit: the final
 #: checkpoint, the DONE handshake and MPI_Finalize of 3 ranks, at a load average of 4 on 2 cores
 SHUTDOWN_MARGIN_S = 10.0
@@ -129,7 +130,7 @@ def run_over(link: RealLink, tmp: Path, rate_mbps: float, placement: str, *extra
         *link.mpirun_cmd(3),
         sys.executable, "-m", "mpirl.main",
         "--link", "none", "--replay-at", placement,
-        "--max-seconds", str(SECONDS), "--target-return", "none",
+        "--max-seconds", str(SECONDS), "--target-return", str(TARGET),
         "--checkpoint-seconds", "0", "--progress-seconds", "1",
         "--eval-every", "250", "--eval-episodes", "5", "--evaluator", "thread",
         "--run-dir", str(run), *extra,
@@ -177,15 +178,13 @@ def test_a_run_across_the_shaped_link(link, overhead, tmp_path, placement, rate_
 
     # the ranks are on two hosts and MPI went over the veth
     assert "mpirl-cloud" in r["out"] and "mpirl-edge" in r["out"]
-    assert r["counters"]["tx_bytes"] > 0.5 * rate_mbps * 1e6 / 8 * SECONDS * 0.5
+    assert r["counters"]["tx_bytes"] > 0.5 * rate_mbps * 1e6 / 8 * s["wall_s"]
 
-    # it learns: updates over the link, a finite loss, greedy returns above the random policy's
-    updates = learner["updates/update"]
-    assert s["stop_reason"] == "max_seconds" and updates.size >= 200, updates.size
-    assert np.isfinite(learner["updates/loss"]).all()
+    # it learns: the greedy evaluation reaches the target over the link, the loss stays finite
     evals = learner["evals/ret_mean"]
-    print("evals", evals, "recent", learner["progress/recent_return"], "updates", updates.size)
-    assert evals.size >= 2 and evals.max() >= 40, evals  # a random policy: ~22; greedy at 0: ~9
+    print("evals", evals, "updates", s["updates"])
+    assert s["stop_reason"] == "target_return" and evals.max() >= TARGET, (s, evals)
+    assert np.isfinite(learner["updates/loss"]).all()
 
     # latest-wins: --weights-every 1 makes a broadcast per update; the learner hands the link no
     # more weight bytes than it carries (the rest are replaced in the slot, never queued in MPI)
