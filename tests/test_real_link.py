@@ -18,12 +18,9 @@ What it shows (docs/running.md, "A real shaped link"):
   (interface bytes minus 66 header bytes per packet; the rig drops nothing, so nothing is sent
   twice), less what a job that only starts MPI and stops carries on the same link (Hydra's
   launch, PMI, UCX wire-up), less MPI's header on each message (measured on the same link for
-  small messages).  Within 5% for both directions together and toward the cloud; toward the
-  edge (the weights, credits, priorities) within 8%: MPI's rendezvous handshakes for the weight
-  pieces (~55 bytes each, measured with tests/real_link_calibrate.py) and the link's ACKs
-  (16 bytes each, one per piece, the other way) are not in the program's counts.
-
-Skipped, with the reason, where namespaces cannot be made (not root, no ``ip``/``tc``).
+  small messages).  Within 5% both ways (0.2-2% seen at 1 and 2 Mb/s).  Not in the program's
+  counts, and left in the comparison: MPI's rendezvous handshake for each weight piece (~55
+  bytes, tests/real_link_calibrate.py) and the link's ACKs (16 bytes a piece, the other way).
 """
 
 from __future__ import annotations
@@ -212,4 +209,4 @@ def test_a_run_across_the_shaped_link(link, overhead, tmp_path, placement, rate_
     print("program + headers out/in", out, into, "interface payload tx/rx", tx, rx)
     assert abs(tx + rx - out - into) <= 0.05 * (out + into), (tx, rx, out, into)
     assert abs(tx - out) <= 0.05 * out, (tx, out)
-    assert abs(rx - into) <= 0.08 * into, (rx, into)
+    assert abs(rx - into) <= 0.05 * into, (rx, into)
