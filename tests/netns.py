@@ -25,14 +25,15 @@ namespaces or tbf refused), for a skip.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from mpirl.launch import mpirun_path
@@ -41,6 +42,19 @@ EDGE_IP, CLOUD_IP = "10.77.0.1", "10.77.0.2"
 HOSTS = {"edge": "mpirl-edge", "cloud": "mpirl-cloud"}
 #: bytes of headers per packet on the veth: Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12
 HEADER_BYTES = 66
+_SERIAL = itertools.count()
+_OURS = re.compile(r"^mpirl-(?:edge|cloud)-(\d+)-\d+$")
+
+
+def remove_stale() -> None:
+    """Remove the namespaces (and their /etc/netns folders) a killed session left behind: ours
+    are named after the creating process, which no longer exists."""
+    out = _run("ip", "netns", "list", check=False).stdout
+    for name in (line.split()[0] for line in out.splitlines() if line.strip()):
+        m = _OURS.match(name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            _run("ip", "netns", "del", name, check=False)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -81,7 +95,7 @@ class RealLink:
         queue_ms: float = 400.0,
         tag: str | None = None,
     ):
-        tag = tag or f"{os.getpid()}{int(time.monotonic_ns()) % 10_000:04d}"
+        tag = tag or f"{os.getpid()}-{next(_SERIAL)}"
         self.rate_mbps, self.burst, self.queue_ms = rate_mbps, burst_bytes, queue_ms
         self.ns = {"edge": f"mpirl-edge-{tag}", "cloud": f"mpirl-cloud-{tag}"}
         # interface names: at most 15 characters
@@ -102,6 +116,7 @@ class RealLink:
         self.close()
 
     def _create(self) -> None:
+        remove_stale()
         e, c = self.ns["edge"], self.ns["cloud"]
         de, dc = self.dev["edge"], self.dev["cloud"]
         for ns in (e, c):
