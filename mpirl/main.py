@@ -35,10 +35,10 @@ flow control::
                                                        |<-----------------------DONE-|
 
 Rank 0 is the learner, then each site's buffer followed by its actors (see
-mpirl.transport.topology).  Configuration is parsed and validated once on every rank (no
-communication needed: every rank reaches the same verdict); what depends on the host (the env,
-memory, optional packages) is checked by the ranks that use it and gathered into one verdict
-(mpirl.run.resources); errors are printed by rank 0 only and every rank exits non-zero.
+mpirl.transport.topology).  Configuration is parsed and validated once on every rank, every
+rank reaching the same verdict (``--config`` is read by rank 0 and its text sent to every rank);
+what depends on the host (the env, memory, optional packages, the learners' device) is checked
+by the ranks that use it and gathered into one verdict (mpirl.run.resources); errors are printed by rank 0 only and every rank exits non-zero.
 ``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
 manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
 becomes one error on rank 0 (gathered), so every rank reaches the same verdict there too.
@@ -54,10 +54,12 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import contextlib  # noqa: E402
 import cProfile  # noqa: E402
+import dataclasses  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -66,7 +68,6 @@ from typing import TYPE_CHECKING, Any, cast  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mpirl import play, refloss, seeds  # noqa: E402
-from mpirl.agent import device  # noqa: E402
 from mpirl.logs.dashboard import TensorBoardMirror  # noqa: E402
 from mpirl.logs.runlog import RunLog  # noqa: E402
 from mpirl.placement import slurm_info  # noqa: E402
@@ -83,7 +84,13 @@ from mpirl.run.checkpoint import (  # noqa: E402
     part_name,
     write_allowance_s,
 )
-from mpirl.run.config import ConfigError, parse, resume_dir, to_dict  # noqa: E402
+from mpirl.run.config import (  # noqa: E402
+    ConfigError,
+    build_parser,
+    parse,
+    resume_dir,
+    to_dict,
+)
 from mpirl.transport import topology  # noqa: E402
 from mpirl.transport.link import resolve_profile  # noqa: E402
 
@@ -177,7 +184,8 @@ def _reference_set(
 ) -> tuple[str, str]:
     """Rank 0 (the learner) resolves --reference-set (collecting an ``auto`` set once on the
     run's env, see mpirl.refloss.resolve, and checking it fits ``spec``); every rank gets
-    ``(path, sha256)`` or the same ConfigError."""
+    ``(path, sha256)`` or the same ConfigError, whatever rank 0 met (this runs before failure
+    handling is installed: an exception escaping here would leave the others in the Bcast)."""
     assert cfg.reference_set  # the callers ask only when it is set
     text = None
     path: Path | str
@@ -185,8 +193,22 @@ def _reference_set(
         try:
             path, sha = refloss.resolve(cfg.reference_set, cfg, run_dir, spec)
             text = f"P{path}\n{sha}"
-        except (ValueError, OSError) as e:
-            text = f"E{e}"
+        except (ValueError, OSError) as e:  # refloss names the value; numpy, the OS may not
+            text = f"E{e}" if "reference_set=" in str(e) else None
+            if text is None:
+                text = (
+                    f"Ereference_set={cfg.reference_set!r} cannot be used: {type(e).__name__}: {e}"
+                )
+        except Exception as e:  # noqa: BLE001 - a corrupt file (BadZipFile), the user's env code
+            # while an `auto` set is collected: every rank must get it, never wait in the Bcast
+            if cfg.reference_set == "auto":
+                what, fix = "collecting the set on the run's env", "fix the env (or its wrappers)"
+            else:
+                what, fix = "reading the file", "pass a set written by mpirl.refloss, or auto"
+            text = (
+                f"Ereference_set={cfg.reference_set!r}: {what} failed with "
+                f"{type(e).__name__}: {e}; {fix}"
+            )
     got = _bcast_text(world, text)
     if got[:1] != "P":
         raise ConfigError(got[1:])
@@ -321,12 +343,9 @@ def _configure(world: MPI.Comm, argv: list[str] | None) -> _Setup | int:
                 f"--resume {resume}`"
             )
     else:
-        cfg = parse(argv)
+        cfg = _parse_shared(world, argv)
     cfg.validate(world.Get_size())
-    if device.needs_check(cfg.device, cfg.amp):  # rank 0 (the learner) asks torch
-        err = _bcast_text(world, device.check(cfg.device, cfg.amp) if rank == 0 else None)
-        if err:
-            raise ConfigError(err)
+    # --device: a host check of every learner rank, in the gathered verdict (resources)
     spec, record = _check_resources(world, cfg, resumed=manifest is not None)
     refset = None
     if cfg.reference_set and cfg.reference_set != "auto":  # a bad file: before any folder
@@ -351,11 +370,44 @@ def _configure(world: MPI.Comm, argv: list[str] | None) -> _Setup | int:
     return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
 
 
+def _parse_shared(world: MPI.Comm, argv: list[str] | None) -> Config:
+    """`mpirl.run.config.parse` on every rank, with ``--config`` read by rank 0 only and its
+    text sent to every rank: the file may exist on the learner's host alone (a rank that could
+    not read it would exit while the others wait for it), and every rank must run the same
+    configuration, not each its own host's copy of the file."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        path = vars(build_parser().parse_args(argv)).get("config")  # (usage errors: resume_dir)
+    if not path:
+        return parse(argv)
+    text = None
+    if world.Get_rank() == 0:
+        try:
+            text = "T" + Path(path).read_text()
+        except FileNotFoundError:
+            text = f"Econfig={path!r}: no such file; pass an existing TOML file"
+        except (OSError, UnicodeDecodeError) as e:
+            text = f"Econfig={path!r} cannot be read ({type(e).__name__}: {e}); pass a TOML file"
+    got = _bcast_text(world, text)
+    if got[:1] != "T":
+        raise ConfigError(got[1:])
+    fd, copy = tempfile.mkstemp(prefix="mpirl-config-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(got[1:])
+        # the last --config wins (argparse); the run records the path it was given
+        cfg = parse([*(sys.argv[1:] if argv is None else argv), "--config", copy])
+    except ConfigError as e:  # named as the user gave it
+        raise ConfigError(str(e).replace(repr(copy), repr(path))) from None
+    finally:
+        os.unlink(copy)
+    return dataclasses.replace(cfg, config=path)
+
+
 def _check_resources(world: MPI.Comm, cfg: Config, resumed: bool) -> tuple[EnvSpec, np.dtype]:
     """Each rank checks on its host what its role uses (the env, replay memory summed per host,
-    tensorboard, zstandard), and every rank gets the same verdict (mpirl.run.resources.check);
-    then image runs must be able to start learning.  Returns the env spec and the transition
-    record dtype."""
+    tensorboard, zstandard, the learners' device), and every rank gets the same verdict
+    (mpirl.run.resources.check); then image runs must be able to start learning.  Returns the
+    env spec and the transition record dtype."""
     spec = resources.check(world, cfg)
     # (not on --resume: the restored memory holds what it had reached)
     if not resumed and cfg.learning_starts > (most := max_learning_starts(cfg, spec)):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mpirl.transport import weight_codec as wc
-from mpirl.transport.link import LinkEnd, LinkProfile
+from mpirl.transport.link import PIECE, LinkEnd, LinkProfile
 from mpirl.transport.wire import Tag, Wire
 
 
@@ -103,6 +103,16 @@ class _Comm:
 
         return _Done()
 
+    def Improbe(self, source, tag, status):
+        """The site has received (and acknowledges) every piece sent so far."""
+        k = sum(t >= PIECE for t, _ in self.sent)
+
+        class _Ack:
+            def Recv(self, spec):
+                spec[0][0] = k
+
+        return _Ack()
+
 
 class _Site:
     def __init__(self, comm, rate_bps):
@@ -138,13 +148,14 @@ def test_sync_delta_keyframes_and_receiver_follows():
     for v, w in enumerate(_walk(n, steps=7)):
         sync.broadcast(w, v, 10 * v, t)
         tag, buf = comm.sent[-1]
+        tag %= PIECE  # the last piece goes under LAST + tag (link-internal)
         m = wire.unpack(buf, tag)
         assert cache.apply(m.count, m.seq, int(m.a), m.arrays)
         assert np.abs(cache.params - w).max() < 1e-3
         if v == 4:
             sync.request_keyframe(1, held=v)
         t += 1.0
-    kinds = [wire.unpack(b, tag).count for tag, b in comm.sent]
+    kinds = [wire.unpack(b, tag % PIECE).count for tag, b in comm.sent]
     assert kinds == [wc.FULL, wc.DELTA, wc.DELTA, wc.FULL, wc.DELTA, wc.FULL, wc.DELTA]
     row = sync.take()
     assert row["weights_sent"] == 7 and row["weights_keyframes"] == 3
@@ -170,7 +181,7 @@ def test_a_stale_keyframe_request_sends_no_second_keyframe():
     sync.broadcast(walk[4], 4, 4, 4.0)
     sync.request_keyframe(1, held=4)  # a delta after the keyframe failed: a real request
     sync.broadcast(walk[5], 5, 5, 5.0)
-    kinds = [wire.unpack(b, tag).count for tag, b in comm.sent]
+    kinds = [wire.unpack(b, tag % PIECE).count for tag, b in comm.sent]
     assert kinds == [wc.FULL, wc.DELTA, wc.DELTA, wc.FULL, wc.DELTA, wc.FULL]
 
 
@@ -207,6 +218,7 @@ def test_sync_two_sites_one_version_two_vectors():
         sync.broadcast(w, v, v, float(v))
         for r, comm in comms.items():
             tag, buf = comm.sent[-1]
+            tag %= PIECE  # the last piece goes under LAST + tag (link-internal)
             m = wire.unpack(buf, tag)
             assert caches[r].apply(m.count, m.seq, int(m.a), m.arrays), (r, v)
             assert np.abs(caches[r].params - w).max() < 1e-3

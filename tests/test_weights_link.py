@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from mpirun import mpirun_cmd
 
-from mpirl.transport.link import LinkEnd, LinkProfile
+from mpirl.transport.link import LAST, LinkEnd, LinkProfile
 from mpirl.transport.wire import Tag
+
+W = LAST + Tag.WEIGHTS  # a latest-wins message's last piece (or the whole one) on the wire
 
 
 class _Comm:
@@ -42,11 +44,11 @@ def test_latest_wins_slot_and_control_overtakes():
     assert end.latest_replaced == 1 and end.latest_waiting_bytes == 25_000
     end.post(np.full(8, 9, np.uint8), Tag.STOP, 0.05)  # behind the one in transit only
     end.poll(0.3)
-    assert [(t, b) for t, b, _ in comm.sent] == [(Tag.WEIGHTS, 1), (Tag.STOP, 9)]
+    assert [(t, b) for t, b, _ in comm.sent] == [(W, 1), (Tag.STOP, 9)]
     end.poll(0.3)  # weights 3 went on the wire at 0.3: leaves at 0.5
     assert end.latest_waiting_bytes == 0 and end.backlog == 1
     end.poll(0.51)
-    assert [(t, b) for t, b, _ in comm.sent][2:] == [(Tag.WEIGHTS, 3)]
+    assert [(t, b) for t, b, _ in comm.sent][2:] == [(W, 3)]
     assert end.backlog == 0
     assert end.latest_rate_bps == pytest.approx(1e6)
 
@@ -62,21 +64,22 @@ def test_on_commit_runs_when_it_enters_the_wire():
     assert log == [1, 3]
 
 
-def test_unemulated_link_holds_one_weight_send_in_mpi():
-    class _Slow(_Comm):  # a rendezvous send: complete only when the test says so
+def test_unemulated_link_holds_two_weight_sends_in_mpi():
+    """Until the receiver acknowledges them (link.WINDOW; tests/test_link_acks.py: an eager send
+    completes at once, an acknowledgement only when the bytes have arrived)."""
+    import types
+
+    class _Slow(_Comm):
         def __init__(self):
             super().__init__()
             self.done = False
 
-        def Isend(self, spec, dest, tag):
-            super().Isend(spec, dest, tag)
-            outer = self
-
-            class _Req:
-                def Test(self):
-                    return outer.done
-
-            return _Req()
+        def Improbe(self, source, tag, status):
+            if not self.done:
+                return None
+            self.done = False
+            k = sum(t >= 1000 for t, _, _ in self.sent)
+            return types.SimpleNamespace(Recv=lambda spec: spec[0].__setitem__(0, k))
 
     comm = _Slow()
     end = LinkEnd(comm, 1, LinkProfile())
@@ -84,11 +87,11 @@ def test_unemulated_link_holds_one_weight_send_in_mpi():
     for i in range(2, 6):
         end.post_latest(Tag.WEIGHTS, lambda i=i: (_weights(i), None), 0.01 * i)
     end.post(np.full(8, 9, np.uint8), Tag.STOP, 0.1)  # goes to MPI at once
-    assert [b for _, b, _ in comm.sent] == [1, 9]
+    assert [b for _, b, _ in comm.sent] == [1, 2, 9]
     comm.done = True
     end.poll(0.2)
     end.poll(0.2)
-    assert [b for _, b, _ in comm.sent] == [1, 9, 5] and end.latest_replaced == 3
+    assert [b for _, b, _ in comm.sent] == [1, 2, 9, 5] and end.latest_replaced == 2
 
 
 @pytest.mark.mpi
@@ -166,10 +169,10 @@ def test_slow_link_run_stops_on_time_with_flat_memory(tmp_path):
 
 
 def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
-    """100 kB of weights on a 1 Mb/s link (0.8 s) go in 16 KiB pieces (piece_s 50 ms gives
-    6 kB, raised to MIN_PIECE): a STOP posted just after the weights leaves after the first piece
-    (0.13 s), not after the whole broadcast; the pieces add up to the message, the last one
-    under the message's own tag, the others under PIECE + tag."""
+    """100 kB of weights on a 1 Mb/s link (0.8 s) go in 7 pieces of 14,286 bytes (piece_s 50 ms
+    gives 6 kB, raised to MIN_PIECE, 16 KiB; then split evenly): a STOP posted just after the
+    weights leaves after the first piece (0.114 s), not after the whole broadcast; the pieces
+    add up to the message, the last one under LAST + tag, the others under PIECE + tag."""
     from mpirl.transport.link import MIN_PIECE, PIECE
 
     comm = _Comm()
@@ -183,8 +186,8 @@ def test_control_messages_wait_behind_one_piece_not_a_whole_broadcast():
         if stop_at is None and any(t == Tag.STOP for t, _, _ in comm.sent):
             stop_at = k * 0.01
     tags = [t for t, _, _ in comm.sent]
-    assert tags == [PIECE + Tag.WEIGHTS, Tag.STOP, *[PIECE + Tag.WEIGHTS] * 5, Tag.WEIGHTS]
-    assert stop_at == pytest.approx(0.14)  # the first piece leaves at 0.131 s
+    assert tags == [PIECE + Tag.WEIGHTS, Tag.STOP, *[PIECE + Tag.WEIGHTS] * 5, W]
+    assert stop_at == pytest.approx(0.12)  # the first piece leaves at 0.114 s
     assert sum(n for t, _, n in comm.sent if t != Tag.STOP) == 100_000
     assert end.backlog == 0 and end.latest_rate_bps == pytest.approx(1e6)
 

@@ -211,8 +211,9 @@ class Config:
     weights_piece_ms: float = _f(
         50.0,
         "a weight broadcast crosses the long-haul link in pieces of this many ms of link time "
-        "(at least 16 KiB; at the emulated rate, else the rate measured for the last one), so "
-        "priorities, credits and STOP wait behind one piece, not a whole broadcast; 0 = whole",
+        "(at least 16 KiB; at the emulated rate, else the rate the receiver's acknowledgements "
+        "measure), so priorities, credits and STOP wait behind a piece or two, not a whole "
+        "broadcast; 0 = whole",
     )
     weights_keyframe_every: int = _f(
         20,
@@ -490,14 +491,8 @@ class Config:
             raise ConfigError(
                 f"weights_encoding={c.weights_encoding!r} must be 'full', 'bf16' or 'delta'"
             )
-        if c.weights_encoding == "delta":
-            try:
-                import zstandard  # noqa: F401
-            except ImportError:
-                raise ConfigError(
-                    "weights_encoding='delta' compresses with zstandard: pip "
-                    'install -e ".[images]", or pass --weights-encoding bf16'
-                ) from None
+        # (delta needs zstandard on the learner's and the buffers' hosts: a host check,
+        # mpirl.run.resources, not one each rank makes here alone)
         if c.compress not in ("auto", "on", "off"):
             raise ConfigError(f"compress={c.compress!r} must be 'auto', 'on' or 'off'")
         if c.forward_overflow not in ("block", "drop-oldest"):

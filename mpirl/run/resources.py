@@ -10,8 +10,15 @@ check            ranks that run it
                  or the learner (``--replay-at learner``); summed per host (two buffers
                  on one host need two memories of that host's ``MemAvailable``)
 ``tensorboard``  with ``--tensorboard``: the learner and the buffers (they write events)
-``zstandard``    when the link compresses (``--compress``): the learner and the buffers
+``zstandard``    when the link compresses (``--compress``) or weights go as deltas
+                 (``--weights-encoding delta``): the learner and the buffers
+``device``       with ``--device cuda...`` or ``--amp bf16``: every learner rank (each
+                 trains on its own host's device; `mpirl.agent.device.check`)
 ===============  ===================================================================
+
+Nothing that can differ by host is checked by one rank alone or by each rank alone: a rank that
+failed alone would exit while the others wait for it here (``--config`` is read by rank 0 and
+sent to every rank, mpirl.main).
 
 Protocol (`check`): every rank fills one fixed-size `ROW` (host = ``MPI.Get_processor_name()``,
 its reading of available memory, its first failing check and that check's message, and the
@@ -34,7 +41,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
-from mpirl.agent import envs
+from mpirl.agent import device, envs
 from mpirl.agent.envs import EnvSpec
 from mpirl.logs.dashboard import check_installed
 from mpirl.replay.build import replay_footprint
@@ -49,7 +56,7 @@ if TYPE_CHECKING:
     from mpirl.run.config import Config
     from mpirl.transport.topology import Place
 
-CHECKS = ("env", "memory", "tensorboard", "zstandard")
+CHECKS = ("env", "memory", "tensorboard", "zstandard", "device")
 
 #: one rank's findings, gathered as bytes (no pickle)
 ROW = np.dtype(
@@ -80,9 +87,21 @@ def checks_for(role: str, cfg: Config) -> tuple[str, ...]:
         out.append("memory")
     if cfg.tensorboard and role in ("learner", "buffer"):
         out.append("tensorboard")
-    if cfg.compress_for(envs.family(cfg.env) != "vector") and role in ("learner", "buffer"):
+    if needs_zstandard(cfg) and role in ("learner", "buffer"):
         out.append("zstandard")
+    if role == "learner" and device.needs_check(cfg.device, cfg.amp):
+        out.append("device")
     return tuple(out)
+
+
+def needs_zstandard(cfg: Config) -> str:
+    """What needs zstandard at the learner and the buffers, in words ('' when nothing does)."""
+    why = []
+    if cfg.compress_for(envs.family(cfg.env) != "vector"):
+        why.append(f"compress={cfg.compress!r}")
+    if cfg.weights_encoding == "delta":
+        why.append("weights_encoding='delta'")
+    return " and ".join(why)
 
 
 def who(place: Place) -> str:
@@ -145,13 +164,28 @@ def local_row(
     if "zstandard" in mine and (
         "zstandard" in forced or importlib.util.find_spec("zstandard") is None
     ):
+        fix = f"install it (part of the images extra: {envs.IMAGES_EXTRA})"
+        if cfg.weights_encoding == "delta":
+            fix += " or pass --weights-encoding bf16"
+        if cfg.compress_for(envs.family(cfg.env) != "vector"):
+            fix += " or --compress off"
         failed.append(
             (
                 "zstandard",
-                f"compress={cfg.compress!r} needs zstandard, part of the "
-                f"images extra: {envs.IMAGES_EXTRA}" + (hook if "zstandard" in forced else ""),
+                f"{needs_zstandard(cfg)} needs zstandard on the learner's and the buffers' "
+                f"hosts; {fix}" + (hook if "zstandard" in forced else ""),
             )
         )
+    if "device" in mine:
+        if "device" in forced:
+            err = f"device={cfg.device!r} cannot be used on this host; pass --device cpu{hook}"
+        else:
+            try:
+                err = device.check(cfg.device, cfg.amp)
+            except Exception as e:  # noqa: BLE001 - torch itself: reported, never a hang
+                err = f"device={cfg.device!r}: {type(e).__name__}: {e}"
+        if err:
+            failed.append(("device", err))
     if failed:
         row["check"], row["error"] = failed[0][0].encode(), failed[0][1].encode()[:1024]
     return row, spec

@@ -9,16 +9,21 @@ messages are delayed and paced; nothing is simulated away, and the real network'
 on top (with profile ``none`` it is all there is).
 
 **Latest-wins messages** (``LinkEnd.post_latest``; the learner's weights): at most one is on
-the wire (serializing, or in MPI until its send completes) and at most one waits in a slot that
-a newer one replaces.  The slot enters the wire only when the wire has drained, and the bytes
-held for the kind never exceed two messages.  On the wire a latest-wins message goes in
-**pieces** of ``piece_s`` seconds of link time (at least `MIN_PIECE` bytes; at the emulated
-rate, else at the rate measured for the last one): one piece at a time, each after the messages
-posted while the one before it was on the wire.  So a control message (priorities, credits,
-STOP) waits behind one piece, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s,
-during which a buffer would get no credits).  Every piece but the last carries
-``PIECE + tag``; the receiving end joins them, and the message is delivered when its last piece
-is.  docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
+the wire and at most one waits in a slot that a newer one replaces.  The slot enters the wire
+only when the wire has drained, and the bytes held for the kind never exceed two messages.  On
+the wire a latest-wins message goes in **pieces** of ``piece_s`` seconds of link time (at least
+`MIN_PIECE` bytes; at the emulated rate, else at the rate measured from acknowledgements,
+`AckRate`; `MIN_PIECE` until one is measured): one piece at a time, each after the messages
+posted while the one before it was on the wire.  Under emulation one piece is on the wire,
+until the model has serialized it and its MPI send completed; on a real network (no emulation)
+at most `WINDOW` (two), each until the receiver has **acknowledged** it (an `ACK` message the
+receiving end sends when it takes the piece off MPI): a send completing there only means MPI or
+TCP buffered the bytes.  So a control message (priorities, credits, STOP) waits behind one or
+two pieces, not a whole broadcast (8.5 s for MinAtar's weights at 0.5 Mb/s, during which a
+buffer would get no credits).  A message is cut into pieces of one size; every piece but the
+last carries ``PIECE + tag``, the last ``LAST + tag``; the receiving end acknowledges each,
+joins them, and delivers the message under ``tag`` when its last piece arrives.
+docs/design.md, "Weights on slow links", maps this onto MPI's eager and rendezvous paths.
 
 ``LinkModel`` is pure (no MPI) and unit-tested; ``LinkEnd`` applies it to one peer over a
 communicator with uppercase mpi4py calls.
@@ -26,6 +31,8 @@ communicator with uppercase mpi4py calls.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import time
 from collections import deque
@@ -44,7 +51,80 @@ if TYPE_CHECKING:
     from mpirl.run.config import Config
 
 PIECE = 1000  # tag offset of a latest-wins message's pieces but its last (link-internal)
+LAST = 2000  # tag offset of a latest-wins message's last piece (link-internal; acknowledged)
+ACK = 3000  # tag of the receiver's acknowledgement of a latest-wins piece (link-internal): two
+#             float64, how many pieces it has received and the time since it received the one before
+WINDOW = 2  # latest-wins pieces unacknowledged at once on a real link: one arriving, one behind it
+
 MIN_PIECE = 16 * 1024  # bytes: smaller pieces would cost more in messages than they save
+RATE_SAMPLES = 9  # acknowledged pieces the measured rate is taken over (`AckRate`)
+#: test and bench hook: a folder where each link end appends its measured rate, at most once a
+#: second, as JSON lines to ``link-<world rank>-<peer>.jsonl`` (tests/test_real_link.py)
+TRACE_ENV = "MPIRL_LINK_TRACE"
+
+
+class AckRate:
+    """The link rate for latest-wins messages, measured from the receiver's acknowledgements.
+
+    An MPI send completing says nothing on a real network (an eager one completes at once, into
+    MPI's and TCP's buffers); an acknowledgement does.  Two kinds of sample:
+
+    * **gap** (`add_gap`), the one used when there is any: a piece sent while the one before it
+      was still unacknowledged follows it on the wire, so the receiver takes it off MPI
+      ``8 bytes / rate`` after that one.  The receiver measures that gap on its own clock and
+      sends it in the ACK, so neither the way back (ACKs queue behind the edge's experiences
+      on a saturated link) nor any clock offset enters.  A piece taken in the same `receive`
+      call as the one before has no gap (it may have waited there: when it arrived is not
+      known).  The estimate is the median of ``8 bytes / gap`` over the large ones (at least a
+      quarter of the largest: a small last piece's gap is mostly the receiver's poll delay)
+      of the last `RATE_SAMPLES` such pieces: one receiver stall (one long gap) or a late
+      poll followed by a prompt one (one short gap) do not move it.
+    * **round trip** (`add`), until a gap sample exists (single-piece messages after an idle
+      wire): ``dt`` from the piece's hand-over to MPI to its ACK read here, its transfer time
+      plus an overhead ``c`` (round trip, poll delays, queueing on the way back).
+
+    Round-trip samples, medians over the last `RATE_SAMPLES` pieces:
+
+    * ``raw`` = the median of ``8 bytes / dt`` over the large pieces (at least a quarter of the
+      largest kept; all when fewer than 2): the rate a piece actually got, ``c`` included;
+    * when small pieces are among them too (a message's last piece; at most a quarter of the
+      large ones' median size), the overhead cancels in the two-point slope
+      ``8 (median large bytes - median small bytes) / (median large dt - median small dt)``;
+      it is taken if it lies in ``[raw, 2 raw]`` (else ``raw``: noise, not a rate).
+    """
+
+    def __init__(self, n: int = RATE_SAMPLES):
+        self.samples: deque = deque(maxlen=n)
+        self.gaps: deque = deque(maxlen=n)
+
+    def add(self, nbytes: int, dt: float) -> None:
+        if nbytes > 0 and dt > 0:
+            self.samples.append((nbytes, dt))
+
+    def add_gap(self, nbytes: int, gap: float) -> None:
+        if nbytes > 0 and gap > 0:
+            self.gaps.append((nbytes, gap))
+
+    @property
+    def bps(self) -> float:
+        if self.gaps:
+            top = max(n for n, _ in self.gaps)
+            return float(np.median([8.0 * n / g for n, g in self.gaps if n >= top / 4]))
+        if not self.samples:
+            return float("nan")
+        top = max(n for n, _ in self.samples)
+        large = [(n, d) for n, d in self.samples if n >= top / 4]
+        if len(large) < 2:
+            large = list(self.samples)
+        raw = float(np.median([8.0 * n / d for n, d in large]))
+        nl = float(np.median([n for n, _ in large]))
+        small = [(n, d) for n, d in self.samples if n <= nl / 4]
+        if len(small) >= 2:
+            dn = nl - float(np.median([n for n, _ in small]))
+            dd = float(np.median([d for _, d in large])) - float(np.median([d for _, d in small]))
+            if dd > 0 and raw <= (slope := 8.0 * dn / dd) <= 2 * raw:
+                return slope
+        return raw
 
 
 @dataclass(frozen=True)
@@ -175,12 +255,16 @@ class LinkEnd:
         self._slot: tuple[int, np.ndarray, Callable[[], None] | None, float] | None = None
         # latest-wins (tag, buf, on_commit, t_handed) not on the wire yet
         self._pieces: deque = deque()  # (tag, view) of the one on the wire, not handed over yet
-        self._latest_buf = None  # the piece handed to the wire (until its send completes)
-        self._latest_t0 = 0.0  # when the message's first piece entered the wire
-        self._latest_bytes = 0
+        self._latest_buf = None  # emulated: the piece on the wire until its send completes
+        self._unacked: deque = deque()  # real link: (number, t handed, bytes, behind another)
+        self._pieces_sent = self._pieces_got = 0  # latest-wins pieces sent and received, ever
+        self._t_got = float("nan")  # when the last latest-wins piece was received
+        self._ack_in = np.zeros(2, np.float64)
         self._parts: dict[int, list] = {}  # received pieces of a latest-wins message, by tag
         self.latest_replaced = 0  # latest-wins messages a newer one replaced in the slot
-        self.latest_rate_bps = float("nan")  # bytes x 8 / time on the wire of the last one
+        self.acked = AckRate()  # the rate measured from acknowledged pieces
+        self.acks_sent = 0  # ACKs this end sent (link-internal, not counted in `sent`)
+        self._trace, self._t_trace = os.environ.get(TRACE_ENV), -1.0
 
     # ---- sending -----------------------------------------------------------------------------
     def post(self, buf: np.ndarray, tag: int | None = None, now: float | None = None) -> float:
@@ -229,37 +313,48 @@ class LinkEnd:
         wire not handed over yet (the peer has left: its DONE)."""
         self._slot = None
         self._pieces.clear()
+        self._unacked.clear()  # no acknowledgement will come for the ones on the wire
 
     @property
     def latest_waiting_bytes(self) -> int:
         """Bytes of the latest-wins message waiting in the slot (0 or one message)."""
         return 0 if self._slot is None else self._slot[1].nbytes
 
+    @property
+    def latest_rate_bps(self) -> float:
+        """The rate latest-wins messages get: the modelled one under emulation, else the one
+        measured from the receiver's acknowledgements (`AckRate`; nan before the first)."""
+        return self.profile.rate_bps if self.profile.emulated else self.acked.bps
+
     def piece_bytes(self) -> int:
         """Bytes of a piece now (0: the message goes whole)."""
-        rate = self.profile.rate_bps if self.profile.emulated else self.latest_rate_bps
-        if self.piece_s <= 0 or not 0 < rate < float("inf"):
+        if self.piece_s <= 0:
+            return 0
+        rate = self.latest_rate_bps
+        if rate != rate:  # nothing acknowledged yet: the smallest pieces, never a whole message
+            return MIN_PIECE
+        if not 0 < rate < float("inf"):
             return 0
         return max(MIN_PIECE, int(rate * self.piece_s / 8))
 
-    def _advance_latest(self, now: float) -> None:
+    def _advance_latest(self, now: float) -> bool:
         """Hand the next piece of the message on the wire, or the slot's message, to the wire:
-        once the last piece has left (its send completed) and every message queued before it
-        has departed."""
-        if self._latest_buf is not None or self._queue:
-            return
+        once the wire has room (`_wire_full`) and every message queued before it has departed.
+        True: a piece went."""
+        if self._queue or self._wire_full():
+            return False
         if not self._pieces:
             if self._slot is None:
-                return
+                return False
             tag, buf, on_commit, handed = self._slot
             self._slot = None
             if on_commit is not None:
                 on_commit()
-            self._latest_t0, self._latest_bytes = now, buf.nbytes
             c = self.piece_bytes() or max(1, buf.nbytes)  # an empty message goes as one
             k = max(1, -(-buf.nbytes // c))
+            c = max(1, -(-buf.nbytes // k))  # k pieces of (nearly) one size: no tiny last one
             self._pieces.extend((PIECE + tag, buf[i * c : (i + 1) * c]) for i in range(k - 1))
-            self._pieces.append((tag, buf[(k - 1) * c :]))
+            self._pieces.append((LAST + tag, buf[(k - 1) * c :]))
         else:
             handed = now
         tag, piece = self._pieces.popleft()
@@ -272,16 +367,51 @@ class LinkEnd:
                 self._isend(piece, tag, max(0.0, dep - handed))
         else:
             self._isend(piece, tag, now - handed)
+        return True
 
-    def _piece_left(self, now: float) -> None:
-        self._latest_buf = None
-        if self._pieces:
-            return
-        dt = now - self._latest_t0
-        if self.profile.emulated:  # the model's time on the wire, not the loop's poll delay
-            dt = self._latest_bytes * 8.0 / self.profile.rate_bps
-        if dt > 0:
-            self.latest_rate_bps = self._latest_bytes * 8.0 / dt
+    def _wire_full(self) -> bool:
+        """No further latest-wins piece may enter the wire now: under emulation one is there
+        (serializing, or in MPI); on a real link `WINDOW` are unacknowledged."""
+        if self.profile.emulated:
+            return self._latest_buf is not None
+        return len(self._unacked) >= WINDOW
+
+    def _on_ack(self, k: int, gap: float, now: float) -> None:
+        """The receiver has received ``k`` latest-wins pieces, the ``k``-th ``gap`` seconds after
+        the one before (pieces sent under emulation, before a --link-change, are not tracked)."""
+        while self._unacked and self._unacked[0][0] <= k:
+            i, t0, n, behind = self._unacked.popleft()
+            if i == k:
+                self.acked.add(n, now - t0)
+                if behind:
+                    self.acked.add_gap(n, gap)
+                if self._trace and now - self._t_trace >= 1.0:
+                    self._write_trace(now)
+
+    def _write_trace(self, now: float) -> None:
+        self._t_trace = now
+        me = self._MPI.COMM_WORLD.Get_rank()
+        row = {
+            "t": now,
+            "rate_bps": self.latest_rate_bps,
+            "gap_samples": len(self.acked.gaps),
+            "rtt_samples": [[n, round(d, 4)] for n, d in self.acked.samples],
+            "gaps": [[n, round(g, 4)] for n, g in self.acked.gaps],
+            "pieces_sent": self._pieces_sent,
+            "replaced": self.latest_replaced,
+        }
+        assert self._trace is not None  # called only with MPIRL_LINK_TRACE set
+        path = os.path.join(self._trace, f"link-{me}-{self.peer}.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _take_acks(self, now: float) -> None:
+        while self._unacked:
+            msg = self.comm.Improbe(source=self.peer, tag=ACK, status=self._status)
+            if msg is None:
+                return
+            msg.Recv([self._ack_in, self._MPI.BYTE])
+            self._on_ack(int(self._ack_in[0]), float(self._ack_in[1]), now)
 
     def set_profile(self, profile: LinkProfile) -> None:
         """Change the emulated link from now on (messages already queued keep their times, and
@@ -294,34 +424,55 @@ class LinkEnd:
         req = self.comm.Isend([buf, self._MPI.BYTE], dest=self.peer, tag=tag)
         self._pending.append((req, buf))
         self.sent.count(buf.nbytes, queue_s)
+        if tag >= PIECE:
+            self._pieces_sent += 1
+            if not self.profile.emulated:
+                t = time.monotonic()
+                behind = False  # sure to follow the one before on the wire: a gap sample
+                if self._unacked:  # sent within half the one before's transfer time (1 ms
+                    # before any rate is known): that one cannot have arrived yet
+                    _, t_prev, n_prev, _ = self._unacked[-1]
+                    rate = self.acked.bps
+                    most = 0.5 * 8 * n_prev / rate if 0 < rate < float("inf") else 0.0
+                    behind = t - t_prev <= max(1e-3, most)
+                self._unacked.append((self._pieces_sent, t, buf.nbytes, behind))
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         while self._queue and self._queue[0][0] <= now:
             dep, handed, tag, buf = self._queue.popleft()
             self._isend(buf, tag, max(0.0, dep - handed))
+        if self._unacked:
+            self._take_acks(time.monotonic())
         if self._pending:
             still = []
             for r, b in self._pending:
                 if not r.Test():
                     still.append((r, b))
                 elif b is self._latest_buf:
-                    self._piece_left(now)
+                    self._latest_buf = None  # the model serialized it and MPI took it
             self._pending = still
-        if self._slot is not None or self._pieces:
-            self._advance_latest(now)
+        while (self._slot is not None or self._pieces) and not self._wire_full():
+            if not self._advance_latest(now):
+                break
 
     @property
     def backlog(self) -> int:
         """Messages handed to the link that have not completed yet (the slot's and the pieces
         not handed over yet included)."""
-        return len(self._queue) + len(self._pending) + len(self._pieces) + (self._slot is not None)
+        return (
+            len(self._queue)
+            + len(self._pending)
+            + len(self._pieces)
+            + (self._slot is not None)
+            + len(self._unacked)  # real link: not arrived yet (and no ACK left unreceived)
+        )
 
     def next_departure(self) -> float | None:
         """When the next queued message leaves (the loop sleeps until then at most)."""
         if self._queue:
             return self._queue[0][0]
-        if (self._slot is not None or self._pieces) and self._latest_buf is None:
+        if (self._slot is not None or self._pieces) and not self._wire_full():
             return time.monotonic()
         return None
 
@@ -329,16 +480,30 @@ class LinkEnd:
     def receive(self, now: float | None = None, limit: int = 64) -> list[tuple[int, np.ndarray]]:
         """The ``(tag, buf)`` messages whose delivery time has come, in order; takes at most
         ``limit`` off MPI (`mpirl.transport.inbox.take`) and holds each for the latency."""
+        first = True  # the first piece taken in this call (a gap is known for it only)
         for _ in range(limit):
             got = self._take(self.comm, self.peer, self._status)
             if got is None:
                 break
             _, tag, buf = got
             t = time.monotonic()
-            self.received.count(buf.nbytes)
-            if tag >= PIECE:  # a piece of a latest-wins message: its last one delivers it
-                self._parts.setdefault(tag - PIECE, []).append(buf)
+            if tag == ACK:  # (taken here when it came before poll looked for it)
+                a = buf.view(np.float64)
+                self._on_ack(int(a[0]), float(a[1]), t)
                 continue
+            self.received.count(buf.nbytes)
+            if tag >= PIECE:  # a piece of a latest-wins message: acknowledged; the last delivers
+                self._pieces_got += 1
+                gap = t - self._t_got if first else float("nan")  # nan: none (or the first)
+                ack = np.array([self._pieces_got, gap], np.float64)
+                self._t_got, first = t, False
+                req = self.comm.Isend([ack, self._MPI.BYTE], dest=self.peer, tag=ACK)
+                self._pending.append((req, ack))
+                self.acks_sent += 1
+                if tag < LAST:
+                    self._parts.setdefault(tag - PIECE, []).append(buf)
+                    continue
+                tag -= LAST
             if self._parts.get(tag):
                 buf = np.concatenate([*self._parts.pop(tag), buf])
             if self.profile.emulated:

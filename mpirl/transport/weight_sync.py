@@ -5,8 +5,9 @@ When.  ``--weights-every N`` broadcasts every N updates.  ``auto`` keeps the wei
 below ``--weights-link-share`` of the slowest site's link: a broadcast of ``n`` bytes (the last
 one's size, the largest over sites) takes ``n * 8 / rate`` on the wire, so the next one waits
 until ``now - t_last >= n * 8 / (rate * share)``, and never less than `AUTO_MIN_UPDATES` updates.
-``rate`` is the link's measured rate for the last weight message (`LinkEnd.latest_rate_bps`:
-bytes / time on the wire; the modelled rate under emulation), else the profile's.  Whatever the
+``rate`` is the link's measured rate (`LinkEnd.latest_rate_bps`: from the receiver's
+acknowledgements of weight pieces on a real link, `link.AckRate`; the modelled rate under
+emulation), else the profile's.  Whatever the
 cadence, each link end holds at most one waiting broadcast (`LinkEnd.post_latest`: latest wins).
 
 Policy lag: every EXPERIENCE carries the learner update count of the weights its actor acts
