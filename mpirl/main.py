@@ -38,7 +38,8 @@ Rank 0 is the learner, then each site's buffer followed by its actors (see
 mpirl.transport.topology).  Configuration is parsed and validated once on every rank, every
 rank reaching the same verdict (``--config`` is read by rank 0 and its text sent to every rank);
 what depends on the host (the env, memory, optional packages, the learners' device) is checked
-by the ranks that use it and gathered into one verdict (mpirl.run.resources); errors are printed by rank 0 only and every rank exits non-zero.
+by the ranks that use it and gathered into one verdict (mpirl.run.resources); errors are
+printed by rank 0 only and every rank exits non-zero.
 ``--resume RUN_DIR``: rank 0 picks and checks the newest complete checkpoint and broadcasts its
 manifest (the stored config comes from it); every rank loads its own part, and any rank's failure
 becomes one error on rank 0 (gathered), so every rank reaches the same verdict there too.
