@@ -48,13 +48,13 @@ import json
 import math
 import re
 import sys
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+import tomllib
 
 from mpirl.agent import frames as frames_mod
 from mpirl.agent.envs import inspect
@@ -322,16 +322,16 @@ def _loads(inp: Inputs) -> tuple[float, float]:
     """log2 of each placement's demand / link capacity: the map's coordinates."""
     p = predict(inp)
     cap = inp.link_mbps * 1e6 / 8
-    return math.log2(p[LEARNER].demand_Bps / cap), math.log2(p[BUFFER].demand_Bps / cap)
+    return tuple(  # type: ignore[return-value]
+        math.log2(max(p[w].demand_Bps / cap, 1e-12)) for w in (LEARNER, BUFFER)
+    )
 
 
 def nearest(cells: list[Cell], inp: Inputs, cell_bytes: Bytes) -> tuple[Cell, float, bool]:
     """The cell nearest to ``inp`` by the two link loads, its distance (log2 units) and whether
     ``inp`` lies inside the map's range of loads."""
     at = {
-        id(c): _loads(
-            Inputs(c.link_mbps, 30.0, c.production, c.updates_per_s, c.batch, cell_bytes)
-        )
+        id(c): _loads(Inputs(c.link_mbps, 30.0, c.production, c.updates_per_s, c.batch, cell_bytes))
         for c in cells
     }
     me = _loads(inp)
