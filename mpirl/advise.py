@@ -54,7 +54,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import tomllib
 
 from mpirl.agent import frames as frames_mod
 from mpirl.agent.envs import inspect
@@ -62,6 +61,11 @@ from mpirl.errors import ConfigError
 from mpirl.run.config import Config
 from mpirl.transport.link import PROFILES
 from mpirl.transport.wire import HEADER, transition_dtype
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MAP_CSV = ROOT / "docs" / "results" / "data" / "equal-time" / "runs.csv"
@@ -264,7 +268,7 @@ def _family_u(results_md: Path) -> dict[str, tuple[str, str]]:
     if "**Where should the replay memory live?**" not in text:
         return {}
     table = text.split("**Where should the replay memory live?**", 1)[1].split("\n\n", 2)[1]
-    out = {}
+    out: dict[str, tuple[str, str]] = {}
     for line in table.splitlines():
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cols) != 4 or cols[0] in ("cell", "---"):
