@@ -294,9 +294,11 @@ class _Setup:
         run_dir: Path,
         part: Part | None,
         refset: tuple[str, str] | None,
+        auto: dict[str, Any] | None = None,
     ) -> None:
         self.cfg, self.spec, self.record, self.manifest = cfg, spec, record, manifest
         self.run_dir, self.part, self.refset = run_dir, part, refset
+        self.auto = auto  # --replay-at auto: the advisor's advice (mpirl.advise), else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +348,12 @@ def _configure(world: MPI.Comm, argv: list[str] | None) -> _Setup | int:
     else:
         cfg = _parse_shared(world, argv)
     cfg.validate(world.Get_size())
+    auto = None
+    if cfg.replay_at == "auto":  # resolved once, before the resources that depend on it
+        from mpirl.wiring import resolve_replay_at
+
+        cfg, auto = resolve_replay_at(world, cfg)
+        cfg.validate(world.Get_size())
     # --device: a host check of every learner rank, in the gathered verdict (resources)
     spec, record = _check_resources(world, cfg, resumed=manifest is not None)
     refset = None
@@ -368,7 +376,7 @@ def _configure(world: MPI.Comm, argv: list[str] | None) -> _Setup | int:
         )
     if cfg.reference_set == "auto":  # cached beside the run folder: after it is known
         refset = _reference_set(world, cfg, run_dir, spec)
-    return _Setup(cfg, spec, record, manifest, run_dir, part, refset)
+    return _Setup(cfg, spec, record, manifest, run_dir, part, refset, auto)
 
 
 def _parse_shared(world: MPI.Comm, argv: list[str] | None) -> Config:
@@ -450,6 +458,8 @@ def _run(world: MPI.Comm, setup: _Setup) -> int:
         for p, h in zip(topo.places, hosts, strict=True)
     ]
     attrs = _file_attrs(world, cfg, topo, hosts, layout, profile, versions, part)
+    if setup.auto is not None:  # docs/hdf5.md: how --replay-at auto chose
+        attrs["replay_at_auto_json"] = json.dumps(setup.auto)
     name = part_name(topo.role, topo.place.site, rank)
     profiler = None
     if os.environ.get("MPIRL_PROFILE"):  # cProfile every rank: <run_dir>/profile-<name>.pstats
@@ -505,6 +515,10 @@ def _banner(
         f"mpirl: {cfg.env}, replay at {cfg.replay_at}, link {cfg.link} "
         f"({profile.describe()}), run folder {setup.run_dir}"
     )
+    if setup.auto is not None:
+        print(f"mpirl: --replay-at auto: {setup.auto['sentence']}")
+        for note in setup.auto["inputs"]["notes"]:
+            print(f"mpirl: --replay-at auto: {note}")
     print(f"mpirl: MPI library: {versions['mpi_library']}")
     if spec.image:
         assert spec.frame_shape is not None  # set for image envs

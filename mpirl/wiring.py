@@ -10,14 +10,17 @@ role.  Tests and benches build their roles with the same functions, over fake en
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from mpirl import seeds
+from mpirl import advise, seeds
 from mpirl.agent import device as device_mod
 from mpirl.agent import qnet
 from mpirl.agent.train_step import TrainStep
+from mpirl.errors import ConfigError
 from mpirl.logs import schema
 from mpirl.roles.actor import Actor
 from mpirl.roles.buffer import Buffer, BufferParts, RawBytes
@@ -33,12 +36,13 @@ from mpirl.roles.placements.common import LearnerContext, Site, SiteContext
 from mpirl.run import failure
 from mpirl.run.checkpoint import part_name, write_allowance_s
 from mpirl.run.config import parse_straggle
+from mpirl.transport import probe
 from mpirl.transport.cut import Cut
 from mpirl.transport.group import LocalSync, make_syncs
 from mpirl.transport.inbox import Inbox, SitePort
 from mpirl.transport.link import PROFILES, LinkEnd, resolve_profile
 from mpirl.transport.pacing import TokenBucket
-from mpirl.transport.topology import ACTOR, BUFFER, Ends
+from mpirl.transport.topology import ACTOR, BUFFER, Ends, layout
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.weight_sync import WeightSync
 from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire
@@ -338,6 +342,104 @@ def build_worker(
     return worker
 
 
+#: what ``--replay-at auto`` assumes for a rate the run does not pace: the committed runs'
+#: figures (docs/results.md: 3,000 env steps/s per actor; 187.5 updates/s, rho 1 at P = 12,000)
+ASSUMED_ACTOR_STEPS_PER_S = 3000.0
+ASSUMED_UPDATES_PER_S = 187.5
+
+
+def resolve_replay_at(world: MPI.Comm, cfg: Config) -> tuple[Config, dict[str, Any] | None]:
+    """``--replay-at auto``: the advisor's placement (`mpirl.advise`), the same on every rank,
+    decided once before any role is built; ``(cfg, None)`` for a fixed placement.  The link: the
+    emulated profile's rate and latency, or with ``--link none`` the real link measured between
+    rank 0 and every buffer (`mpirl.transport.probe`; the slowest site decides).  The rates:
+    ``--actor-steps-per-s`` x actors and ``--learner-updates-per-s``, or the committed runs'
+    figures where unpaced (said in the advice's notes).  Rank 0 decides and broadcasts the
+    advice as JSON (no pickle); the returned config holds the resolved placement."""
+    if cfg.replay_at != "auto":
+        return cfg, None
+    places = layout(world.Get_size(), cfg.buffers, cfg.learners)
+    buffers = [p.rank for p in places if p.role == BUFFER]
+    profile = resolve_profile(cfg)
+    probes = None if profile.emulated else probe.measure(world, buffers)
+    text = ""
+    if world.Get_rank() == 0:
+        try:
+            text = "A" + json.dumps(
+                _auto_advice(
+                    cfg,
+                    len(places) - len(buffers) - cfg.learners,
+                    profile.rate_bps,
+                    profile.latency_s,
+                    probes,
+                )
+            )
+        except Exception as e:  # noqa: BLE001 - every rank must get the verdict, not hang
+            text = f"E--replay-at auto: the advisor failed: {type(e).__name__}: {e}"
+    got = _bcast_bytes(world, text)
+    if got[:1] != "A":
+        raise ConfigError(got[1:])
+    adv = json.loads(got[1:])
+    return dataclasses.replace(cfg, replay_at=adv["replay_at"]), adv
+
+
+def _auto_advice(
+    cfg: Config,
+    actors: int,
+    rate_bps: float,
+    latency_s: float,
+    probes: list[probe.Probe] | None,
+) -> dict[str, Any]:
+    """Rank 0: the advisor's inputs from the run's flags and the link, then its advice."""
+    notes = []
+    if probes is not None:
+        slow = min(probes, key=lambda p: p.rate_bps)
+        rate_bps, latency_s = slow.rate_bps, max(p.rtt_s for p in probes) / 2
+        notes.append(
+            "link measured at start: "
+            + "; ".join(
+                f"buffer rank {p.rank}: {p.rate_bps / 1e6:.4g} Mb/s ({p.nbytes:,} B timed), "
+                f"round trip {p.rtt_s * 1e3:.3g} ms"
+                for p in probes
+            )
+            + f"; the slowest (rank {slow.rank}) decides"
+        )
+    else:
+        notes.append(f"link emulated: {cfg.link} ({resolve_profile(cfg).describe()})")
+    per_actor = cfg.actor_steps_per_s or ASSUMED_ACTOR_STEPS_PER_S
+    if not cfg.actor_steps_per_s:
+        notes.append(
+            f"actors unpaced: assumed {ASSUMED_ACTOR_STEPS_PER_S:,.0f} env steps/s per actor "
+            "(the committed runs' pace); set --actor-steps-per-s for a better choice"
+        )
+    updates = cfg.learner_updates_per_s or ASSUMED_UPDATES_PER_S
+    if not cfg.learner_updates_per_s:
+        notes.append(
+            f"learner unpaced: assumed {ASSUMED_UPDATES_PER_S:g} updates/s (the committed "
+            "runs' rate at rho 1); set --learner-updates-per-s for a better choice"
+        )
+    inp = advise.Inputs(
+        rate_bps / 1e6,
+        latency_s * 1e3,
+        per_actor * actors,
+        updates,
+        cfg.batch_size,
+        advise.env_bytes(cfg.env, cfg.batch_size, cfg.forward_chunk),
+        tuple(notes),
+    )
+    return advise.advise(inp, advise.load_map())
+
+
+def _bcast_bytes(world: MPI.Comm, text: str) -> str:
+    """Rank 0's ``text`` on every rank (length, then bytes; no pickle)."""
+    data = np.frombuffer(text.encode(), np.uint8)
+    n = np.array([data.size], np.int64)
+    world.Bcast(n, root=0)
+    buf = data.copy() if world.Get_rank() == 0 else np.empty(int(n[0]), np.uint8)
+    world.Bcast(buf, root=0)
+    return bytes(buf).decode()
+
+
 def run_role(
     topo: Topology,
     cfg: Config,
@@ -377,5 +479,6 @@ __all__ = [
     "checkpoint_timeout_s",
     "connect",
     "make_wire",
+    "resolve_replay_at",
     "run_role",
 ]

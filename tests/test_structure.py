@@ -362,6 +362,7 @@ COMMANDS = (
     "mpirl.placement",
     "mpirl.refloss",
     "mpirl.reference",
+    "mpirl.advise",
 )
 
 

@@ -50,8 +50,10 @@ class Config:
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (at the edge: only prioritized "
         "batches cross the link, priority updates come back) or 'learner' (in the cloud: every "
-        "experience crosses the link)",
-        choices=("buffer", "learner"),
+        "experience crosses the link) or 'auto' (chosen at start from the link, measured or "
+        "emulated, and the rates, by the advisor: python -m mpirl.advise; the run records the "
+        "choice)",
+        choices=("buffer", "learner", "auto"),
     )
     env_kwargs: dict | None = _f(
         None,
@@ -448,8 +450,8 @@ class Config:
 
     def _validate_choices(self) -> None:
         c = self
-        if c.replay_at not in ("buffer", "learner"):
-            raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer' or 'learner'")
+        if c.replay_at not in ("buffer", "learner", "auto"):  # auto: resolved at start
+            raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer', 'learner' or 'auto'")
         if any((not isinstance(h, int)) or h <= 0 for h in c.hidden) or not c.hidden:
             raise ConfigError(
                 f"hidden={c.hidden!r} must be one or more positive layer sizes, "
