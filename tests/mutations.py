@@ -71,8 +71,8 @@ MUTATIONS = [
     Mutation(
         "actor: Ape-X epsilons per actor, not over all envs",
         "mpirl/roles/actor.py",
-        "epsilon(self.me.index * m + j, n_total, cfg.eps_base, cfg.eps_alpha)",
-        "epsilon(j, m, cfg.eps_base, cfg.eps_alpha)",
+        "epsilon(self.me.index * n_envs + j, n_total, cfg.eps_base, cfg.eps_alpha)",
+        "epsilon(j, n_envs, cfg.eps_base, cfg.eps_alpha)",
         ("tests/test_mpi.py", "-k", "pipeline and 5-1-buffer"),
     ),
     Mutation(
