@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
 from mpirl.agent.grads import flat_grads, set_grads, set_params
+from mpirl.transport.waiting import SpinThenNap
 
 MODES = ("allreduce", "async", "gba")
 
@@ -80,6 +82,9 @@ class AllreduceSync(LocalSync):
     def __init__(self, comm: Any, n_params: int, straggle_s: float = 0.0, nccl: Any = None) -> None:
         super().__init__(straggle_s)
         self.comm, self.nccl = comm, nccl
+        #: completes the Iallreduce's request, returns the seconds waited: a bounded, adaptive
+        #: spin on ``Test`` and then naps (`mpirl.transport.waiting.SpinThenNap`)
+        self.wait: Callable[[Any], float] = SpinThenNap().wait
         self.send = np.zeros(n_params + 1, np.float32)
         self.recv = np.zeros_like(self.send)
 
@@ -95,7 +100,7 @@ class AllreduceSync(LocalSync):
         self.send[:-1] *= n
         self.send[-1] = n
         req = self.comm.Iallreduce([self.send, MPI.FLOAT], [self.recv, MPI.FLOAT], op=MPI.SUM)
-        self.wait_s = wait_polled(req)
+        self.wait_s = self.wait(req)
         set_grads(trainer.params, self.recv[:-1] / self.recv[-1])
         trainer.apply_step()
 
