@@ -1,27 +1,29 @@
 """The learner group's allreduce on its own: K learner ranks, each pinned to a core of its own,
 training `TrainStep` on scripted batches, against one learner; the cost of the sync itself.
 
-    python bench/learner_allreduce.py [--k 2] [--seconds 5] [--repeats 5] [--batch-size 64]
-                                      [--wait adaptive polled spin blocking]
+    python bench/learner_allreduce.py [--k 2] [--seconds 1] [--rounds 10] [--batch-size 64]
+        [--straggle-ms MS] [--wait none polled adaptive spin blocking adaptive:CAP_US:BURST_US]
 
-Each point is ``mpirun -n K python bench/learner_allreduce.py _rank ...``: rank r pins itself to
+One job, ``mpirun -n K python bench/learner_allreduce.py _rank ...``: rank r pins itself to
 core r (``os.sched_setaffinity``, as ``taskset -c``), one torch thread, and trains
 `mpirl.agent.train_step.TrainStep` (CartPole-v1's MLP, the default configuration) on pre-made
-random CartPole-shaped batches (64 per rank, seeded by rank, used in turn) for ``--seconds``
-after a warm-up: no actors, no buffer, no replay memory, no learner role (as
-`bench/learner_loop.py` isolates the loop).  K > 1 uses the real sync object,
-``mpirl.transport.group.make_sync('allreduce', comm, ...)``; K = 1 has no sync (the reference).
-``--wait`` picks how the allreduce's request is completed (the sync object's ``wait``):
-``adaptive`` is the default one (`mpirl.transport.waiting.SpinThenNap`), ``polled`` the former
-naps-only `group.wait_polled`, ``spin`` polls ``Test`` without ever sleeping, ``blocking`` calls
-``Wait`` (MPICH spins inside it); ``none`` trains the K ranks independently, without a sync:
-the machine's own ceiling for K cores (shared caches, other jobs), not a learner group.
+random CartPole-shaped batches (64 per rank, seeded by rank, used in turn): no actors, no
+buffer, no replay memory, no learner role (as `bench/learner_loop.py` isolates the loop).  The
+sync is the real one, ``mpirl.transport.group.make_sync('allreduce', comm, ...)``, its ``wait``
+(how the Iallreduce's request is completed) set per window by ``--wait``: ``adaptive`` is the
+default (`mpirl.transport.waiting.SpinThenNap`), ``adaptive:CAP_US:BURST_US`` the same with
+another spin cap and burst, ``polled`` the former naps-only `group.wait_polled`, ``spin`` polls
+``Test`` without ever sleeping, ``blocking`` calls ``Wait`` (MPICH spins inside it); ``none``
+trains the K ranks independently, without a sync: the machine's own ceiling for K busy cores
+(shared caches, other jobs), not a learner group.  The reference, K = 1, is rank 0 training
+alone without a sync while the other ranks nap on a barrier.  ``--straggle-ms MS`` makes the
+last learner sleep MS in every update (as ``--straggle``) outside the K = 1 windows.
 
-The runs alternate (K = 1, then each K and wait, per repeat) so that drift on the shared machine
-hits all of them.  Reported: global updates/s, global samples/s (K x batch per update), parallel
-efficiency = samples/s / (K x samples/s of K = 1 in the same repeat), CPU seconds per update of
-each rank (spinning shows there), and the mean wait per update in the sync; median and
-min..max over the repeats.
+Each round runs every variant for ``--seconds`` (K = 1 first), so drift on the shared machine
+hits them alike.  Reported: global updates/s, global samples/s (K x batch per update),
+parallel efficiency = samples/s / (K x samples/s of K = 1 in the same round), median and
+min..max over the rounds; CPU ms per update of each rank (spinning shows there) and the
+sync's wait per update (mean, and p90 in brackets), medians over the rounds.
 """
 
 from __future__ import annotations
@@ -92,7 +94,9 @@ def waiter(name: str) -> Any:
     }[name]
 
 
-def rank_main(seconds: float, rounds: int, batch: int, waits: list[str]) -> None:
+def rank_main(
+    seconds: float, rounds: int, batch: int, straggle_ms: float, waits: list[str]
+) -> None:
     """One learner rank of the job: pin, then ``rounds`` times each variant (K = 1 first) for
     ``seconds``; rank 0 prints one JSON line per window."""
     import dataclasses
@@ -104,7 +108,13 @@ def rank_main(seconds: float, rounds: int, batch: int, waits: list[str]) -> None
     from mpirl.agent import envs
     from mpirl.agent.train_step import TrainStep
     from mpirl.run.config import Config
-    from mpirl.transport.group import AllreduceSync, bcast_weights, make_sync, wait_polled
+    from mpirl.transport.group import (
+        AllreduceSync,
+        LocalSync,
+        bcast_weights,
+        make_sync,
+        wait_polled,
+    )
 
     comm = MPI.COMM_WORLD
     rank, k = comm.Get_rank(), comm.Get_size()
@@ -116,6 +126,9 @@ def rank_main(seconds: float, rounds: int, batch: int, waits: list[str]) -> None
     step = TrainStep(cfg, spec)
     sync = make_sync("allreduce", comm, sum(p.numel() for p in step.params), step.device)
     assert isinstance(sync, AllreduceSync)
+    if rank == k - 1:  # the straggler: the last learner, as bench/learner_group.py's
+        sync.straggle_s = straggle_ms / 1e3
+    alone_sync = LocalSync(sync.straggle_s)  # "none": the same sleep, no group
     waiters = {w: waiter(w) for w in waits if w != "none"}
     data = batches(spec, batch, rank)
     flag = np.zeros(1, np.int32)
@@ -127,8 +140,8 @@ def rank_main(seconds: float, rounds: int, batch: int, waits: list[str]) -> None
         if alone and rank > 0:
             wait_polled(comm.Ibarrier())
             return {}
-        step.sync = None if alone or variant == "none" else sync
-        if step.sync is not None:
+        step.sync = None if alone else alone_sync if variant == "none" else sync
+        if step.sync is sync:
             sync.wait = waiters[variant]
             bcast_weights(comm, step)  # the same network again (the K = 1 window moved rank 0's)
         spinner = getattr(sync.wait, "__self__", None)
@@ -138,12 +151,12 @@ def rank_main(seconds: float, rounds: int, batch: int, waits: list[str]) -> None
         while True:
             rec, w = data[n % len(data)]
             step.step(rec, w)
-            waited.append(sync.wait_s if step.sync is not None else 0.0)
+            waited.append(sync.wait_s if step.sync is sync else 0.0)
             n += 1
             if n % CHECK_EVERY == 0:
                 flag[0] = time.monotonic() >= t_end
-                if not alone:
-                    comm.Allreduce(MPI.IN_PLACE, [flag, MPI.INT], op=MPI.MIN)
+                if not alone:  # napping, so a rank ahead does not spin here
+                    wait_polled(comm.Iallreduce(MPI.IN_PLACE, [flag, MPI.INT], op=MPI.MIN))
                 if flag[0]:
                     break
         wall, cpu = time.monotonic() - t0, time.process_time() - c0
@@ -193,13 +206,20 @@ def spread(xs: list[float], fmt: str) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_rank":
-        rank_main(float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
+        a = sys.argv
+        rank_main(float(a[2]), int(a[3]), int(a[4]), float(a[5]), a[6:])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=2, help="learner ranks")
     ap.add_argument("--seconds", type=float, default=1.0, help="length of each window")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument(
+        "--straggle-ms",
+        type=float,
+        default=0.0,
+        help="the last learner sleeps this long in every update (not in the K = 1 windows)",
+    )
     ap.add_argument("--wait", nargs="+", default=["none", "polled", "adaptive"], help=f"of {WAITS}")
     a = ap.parse_args()
     ncpu = len(os.sched_getaffinity(0))
@@ -211,7 +231,7 @@ def main() -> None:
     from mpirl.launch import mpirun_cmd
 
     cmd = [*mpirun_cmd(a.k), sys.executable, str(Path(__file__).resolve()), "_rank"]
-    cmd += [str(a.seconds), str(a.rounds), str(a.batch_size), *a.wait]
+    cmd += [str(a.seconds), str(a.rounds), str(a.batch_size), str(a.straggle_ms), *a.wait]
     load0, t0 = os.getloadavg(), time.monotonic()
     budget = (a.rounds + 1) * (len(a.wait) + 1) * (a.seconds + 1) + 120
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -253,6 +273,7 @@ def main() -> None:
         )
     print(
         f"\n{ncpu} cores, learner rank r pinned to core r; batch {a.batch_size} per learner; "
+        f"{f'the last learner sleeps {a.straggle_ms:g} ms per update; ' if a.straggle_ms else ''}"
         f"{a.rounds} rounds of {a.seconds:g} s windows, the variants in turn in one job; "
         f"parallel efficiency = samples/s / (K x samples/s of K = 1 in the same round), median "
         f"(min..max) over rounds; load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} "
