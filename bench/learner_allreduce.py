@@ -181,23 +181,24 @@ def rank_main(
             rows = comm.gather(got)
             if rank == 0:
                 assert rows is not None
-                kk = 1 if v == "K=1" else k
-                print(
-                    json.dumps(
-                        {
-                            "round": r,
-                            "variant": v,
-                            "k": kk,
-                            "updates_per_s": got["n"] / got["wall"],
-                            "samples_per_s": kk * batch * got["n"] / got["wall"],
-                            "cpu_ms": [x["cpu_ms"] for x in rows[:kk]],
-                            "wait_ms": statistics.mean(x["wait_ms"] for x in rows[:kk]),
-                            "wait_p90_ms": max(x["wait_p90_ms"] for x in rows[:kk]),
-                            "spun_ms": statistics.mean(x["spun_ms"] for x in rows[:kk]),
-                        }
-                    ),
-                    flush=True,
-                )
+                emit(r, v, 1 if v == "K=1" else k, batch, rows)
+
+
+def emit(round_: int, variant: str, k: int, batch: int, rows: list[dict]) -> None:
+    """One window's JSON line (rank 0; ``rows``: every rank's window, the first k trained)."""
+    got, rows = rows[0], rows[:k]
+    line = {
+        "round": round_,
+        "variant": variant,
+        "k": k,
+        "updates_per_s": got["n"] / got["wall"],
+        "samples_per_s": k * batch * got["n"] / got["wall"],
+        "cpu_ms": [x["cpu_ms"] for x in rows],
+        "wait_ms": statistics.mean(x["wait_ms"] for x in rows),
+        "wait_p90_ms": max(x["wait_p90_ms"] for x in rows),
+        "spun_ms": statistics.mean(x["spun_ms"] for x in rows),
+    }
+    print(json.dumps(line), flush=True)
 
 
 def spread(xs: list[float], fmt: str) -> str:
