@@ -50,7 +50,9 @@ class Steppable(Protocol):
 
 def wait_polled(req: Any) -> float:
     """Complete a nonblocking MPI request by polling with a short sleep (a waiting rank never
-    spins a core: mpirl.transport.waiting); returns the seconds waited."""
+    spins a core: mpirl.transport.waiting); returns the seconds waited.  The allreduce's wait
+    was this until naps chained through the collective's steps made it cost 5x one learner
+    (`AllreduceSync.wait`, `SpinThenNap`); it suits waits that are long anyway."""
     t0 = time.monotonic()
     nap = 2e-5
     while not req.Test():
@@ -73,8 +75,10 @@ class LocalSync:
 
 
 class AllreduceSync(LocalSync):
-    """allreduce: ``[n * grad, n]`` summed over ``comm`` in one MPI Iallreduce (polled), the
-    gradient set to the sum / total n (the mean over the global batch), then clip and step.
+    """allreduce: ``[n * grad, n]`` summed over ``comm`` in one MPI Iallreduce, completed by
+    ``wait`` (a bounded adaptive spin on ``Test``, then naps with short ``Test`` bursts:
+    `mpirl.transport.waiting.SpinThenNap`), the gradient set to the sum / total n (the mean over
+    the global batch), then clip and step.
 
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `nccl_group`."""
