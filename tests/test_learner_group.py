@@ -147,3 +147,89 @@ def test_nccl_only_when_every_learner_has_a_gpu_of_its_own():
     assert not nccl_usable(["a/cuda:0", "a/cuda:0"])  # two learners on one GPU
     assert not nccl_usable(["a/cuda:0", "a/cpu"])  # CPU and CUDA mixed
     assert not nccl_usable(["a/cpu", "b/cpu"])
+
+
+class _Clock:
+    """A fake monotonic clock: each Test() costs 1 us, each sleep its nap."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.naps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.naps.append(s)
+        self.t += s
+
+
+class _Request:
+    """Completes on its ``after``-th Test() (or once the clock passes ``at``)."""
+
+    def __init__(self, clock: _Clock, after: int = 10**9, at: float = float("inf")) -> None:
+        self.clock, self.after, self.at, self.tests = clock, after, at, 0
+
+    def Test(self) -> bool:
+        self.tests += 1
+        self.clock.t += 1e-6
+        return self.tests >= self.after or self.clock.t >= self.at
+
+
+def test_allreduce_wait_spins_within_its_budget_then_naps_and_adapts():
+    from mpirl.transport.waiting import SpinThenNap
+
+    clock = _Clock()
+    w = SpinThenNap(spin_cap=1e-3, burst=5e-5, clock=clock, sleep=clock.sleep)
+    # a short wait (the partner arrives soon): Test in a loop, never a sleep
+    assert w.wait(_Request(clock, after=40)) == pytest.approx(40e-6)
+    assert clock.naps == [] and w.budget == 1e-3
+    # a long wait (4 ms: a straggler, or a partner off its core): spin the budget, then nap
+    t0 = clock.t
+    waited = w.wait(_Request(clock, at=t0 + 4e-3))
+    assert waited == pytest.approx(4e-3, abs=6e-4)  # within a nap and a burst of the end
+    assert w.spun_s == pytest.approx(40e-6 + 1e-3, abs=2e-6)  # the spin stopped at the budget
+    assert clock.naps[:6] == pytest.approx([2e-5, 4e-5, 8e-5, 1.6e-4, 3.2e-4, 5e-4])
+    assert max(clock.naps) == 5e-4  # naps double up to the ceiling
+    assert w.budget == 5e-4  # a wait longer than the cap halves the spin budget
+    for _ in range(10):  # long waits again and again: the spin shrinks to its floor
+        w.wait(_Request(clock, at=clock.t + 4e-3))
+    assert w.budget == w.spin_floor
+    clock.naps.clear()
+    spun = w.spun_s
+    w.wait(_Request(clock, at=clock.t + 4e-3))
+    assert w.spun_s - spun == pytest.approx(w.spin_floor, abs=2e-6)  # a long wait costs ~no spin
+    # short waits again (a quiet machine): they are past the small budget but within the cap,
+    # so the spin comes back
+    w.wait(_Request(clock, at=clock.t + 3e-4))
+    assert w.budget == 2 * w.spin_floor
+    for _ in range(8):
+        w.wait(_Request(clock, at=clock.t + 3e-4))
+    assert w.budget == 1e-3
+    naps = len(clock.naps)
+    w.wait(_Request(clock, at=clock.t + 3e-4))
+    assert len(clock.naps) == naps  # within the budget again: no sleep
+
+
+def test_allreduce_wait_polls_in_a_burst_after_each_nap():
+    """After a nap the wait polls Test for ``burst`` seconds before the next nap, so a
+    collective whose partner has arrived completes in that burst instead of a nap later."""
+    from mpirl.transport.waiting import SpinThenNap
+
+    clock = _Clock()
+    w = SpinThenNap(spin_cap=1e-4, spin_floor=1e-4, burst=5e-5, clock=clock, sleep=clock.sleep)
+    req = _Request(clock, at=1e-4 + 2e-5 + 3e-5)  # 30 us into the first burst
+    w.wait(req)
+    assert clock.naps == [2e-5]
+    assert w.napped_s == pytest.approx(2e-5 + 3e-5, abs=2e-6)
+
+
+def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
+    from mpi4py import MPI
+
+    from mpirl.transport.group import AllreduceSync, make_sync
+    from mpirl.transport.waiting import SpinThenNap
+
+    sync = AllreduceSync(MPI.COMM_SELF, 3)
+    assert isinstance(getattr(sync.wait, "__self__", None), SpinThenNap)
+    assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)

@@ -27,12 +27,14 @@ from __future__ import annotations
 import socket
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
 from mpirl.agent.grads import flat_grads, set_grads, set_params
+from mpirl.transport.waiting import SpinThenNap
 
 MODES = ("allreduce", "async", "gba", "switch")
 
@@ -49,7 +51,9 @@ class Steppable(Protocol):
 
 def wait_polled(req: Any) -> float:
     """Complete a nonblocking MPI request by polling with a short sleep (a waiting rank never
-    spins a core: mpirl.transport.waiting); returns the seconds waited."""
+    spins a core: mpirl.transport.waiting); returns the seconds waited.  The allreduce's wait
+    was this until naps chained through the collective's steps made it cost 5x one learner
+    (`AllreduceSync.wait`, `SpinThenNap`); it suits waits that are long anyway."""
     t0 = time.monotonic()
     nap = 2e-5
     while not req.Test():
@@ -82,8 +86,10 @@ class LocalSync:
 
 
 class AllreduceSync(LocalSync):
-    """allreduce: ``[n * grad, n]`` summed over ``comm`` in one MPI Iallreduce (polled), the
-    gradient set to the sum / total n (the mean over the global batch), then clip and step.
+    """allreduce: ``[n * grad, n]`` summed over ``comm`` in one MPI Iallreduce, completed by
+    ``wait`` (a bounded adaptive spin on ``Test``, then naps with short ``Test`` bursts:
+    `mpirl.transport.waiting.SpinThenNap`), the gradient set to the sum / total n (the mean over
+    the global batch), then clip and step.
 
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `process_group`."""
@@ -98,6 +104,9 @@ class AllreduceSync(LocalSync):
     ) -> None:
         super().__init__(straggle_s, window)
         self.comm, self.nccl = comm, nccl
+        #: completes the Iallreduce's request, returns the seconds waited: a bounded, adaptive
+        #: spin on ``Test`` and then naps (`mpirl.transport.waiting.SpinThenNap`)
+        self.wait: Callable[[Any], float] = SpinThenNap().wait
         self.send = np.zeros(n_params + 1, np.float32)
         self.recv = np.zeros_like(self.send)
 
@@ -112,7 +121,7 @@ class AllreduceSync(LocalSync):
         self.send[:-1] *= n
         self.send[-1] = n
         req = self.comm.Iallreduce([self.send, MPI.FLOAT], [self.recv, MPI.FLOAT], op=MPI.SUM)
-        self.wait_s = wait_polled(req)
+        self.wait_s = self.wait(req)
         set_grads(trainer.params, self.recv[:-1] / self.recv[-1])
         trainer.apply_step()
 
