@@ -110,7 +110,7 @@ class Actor:
         ckpt: Checkpointer | None = None,
         resume: Part | None = None,
     ) -> None:
-        """``site``: this actor's end of the site network (`mpirl.main.connect`)."""
+        """``site``: this actor's end of the site network (`mpirl.wiring.connect`)."""
         self.cfg, self.spec, self.wire, self.log, self.ckpt = cfg, spec, wire, log, ckpt
         self.site, self.me = site, topo.place
         n_envs = self.n_envs = cfg.envs_per_actor

@@ -135,7 +135,7 @@ def build(world: MPI.Comm, buffers: int, learners: int = 1) -> Topology:
 
 @dataclass
 class Ends:
-    """What `mpirl.main.connect` hands a role: its ends of the networks it uses and their inboxes.
+    """What `mpirl.wiring.connect` hands a role: its ends of the networks it uses and their inboxes.
 
     ``site``   actor, buffer: the site network (`mpirl.transport.inbox.SitePort`: Isend + an inbox
                that probes the site communicator)
