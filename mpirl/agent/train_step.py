@@ -236,6 +236,16 @@ class TrainStep:
             _, td = self._loss(batch)
         return td.float().cpu().numpy()
 
+    def checkpoint_tensors(self) -> dict[str, Any]:
+        """What a learner's checkpoint part holds of it: both networks, Adam's state and
+        torch's RNG state (``torch.load(..., weights_only=True)`` reads them back)."""
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "torch_rng": self.torch.get_rng_state(),
+        }
+
     def sync_target(self) -> None:
         self.target.load_state_dict(self.online.state_dict())
 

@@ -155,7 +155,7 @@ class Buffer:
             did |= self.receive_actors()
             did |= self.checkpoint(now)
             self.grant_tokens()
-            did |= self.side.send(now, self.stopping)
+            did |= self.side.ship(now, self.stopping)
             self.send_stats(now)
             self.hand_over(now)
             self.report(now)

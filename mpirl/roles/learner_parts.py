@@ -193,12 +193,7 @@ class LearnerCheckpoint:
             cid,
             meta,
             arrays,
-            {
-                "online": t.online.state_dict(),
-                "target": t.target.state_dict(),
-                "optimizer": t.opt.state_dict(),
-                "torch_rng": self.torch.get_rng_state(),
-            },
+            t.checkpoint_tensors(),
         )
         env_steps = sum(s.steps for s in ss)
         self.ckpt.manifest(

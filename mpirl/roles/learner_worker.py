@@ -168,12 +168,7 @@ class GroupWorker:
             cid,
             meta,
             arrays,
-            {
-                "online": t.online.state_dict(),
-                "target": t.target.state_dict(),
-                "optimizer": t.opt.state_dict(),
-                "torch_rng": self.torch.get_rng_state(),
-            },
+            t.checkpoint_tensors(),
         )
         self.end.post(self.wire.checkpoint(cid, state_crc(t)))  # the lead compares it
 

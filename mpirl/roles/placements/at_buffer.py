@@ -97,7 +97,7 @@ class SiteMemory:
         self.prio_applied += m.n - dropped
         self.prio_moved += abs(memory.total_priority() - total)
 
-    def send(self, now: float, stopping: bool) -> bool:
+    def ship(self, now: float, stopping: bool) -> bool:
         """Sampled batches up to the window, after the first weights (they say how many updates
         the learner has made: beta is the learner's, never this site's); the rate limiter holds
         sampling too (actors are throttled in the other direction, so one side can always

@@ -153,7 +153,7 @@ class SiteForwarding:
     def on_credit(self, m: Credit) -> None:
         self.tokens += m.tokens
 
-    def send(self, now: float, stopping: bool) -> bool:
+    def ship(self, now: float, stopping: bool) -> bool:
         """A chunk per token while a full chunk waits (all that is left once stopping)."""
         cfg, q = self.cfg, self.queue
         did = False
