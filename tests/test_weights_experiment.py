@@ -255,3 +255,27 @@ def test_a_confirmatory_cell_decides_and_its_first_stage_is_a_pilot():
     # without the confirmatory cell in the plan, the first stage decides as before
     text = wd.markdown(wd.summarize(stage1), {"cartpole": 4, "minatar": 4}).splitlines()[-1]
     assert text.startswith("**delta is not shown") and "first stage" not in text
+
+
+def test_the_load_column_is_the_highest_load_of_any_run():
+    """ "load max" is the highest load average any run of the cell saw, not the median of the
+    runs' maxima (which read 2.0 for the fixed MinAtar cell whose runs reached 7.1)."""
+    mod = importlib.util.spec_from_file_location(
+        "weights_delta", ROOT / "experiments" / "weights_delta.py"
+    )
+    wd = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(wd)
+    rows = []
+    for seed in range(5):
+        for enc in ("full", "delta"):
+            rows.append(
+                {
+                    "env": "minatar", "encoding": enc, "seed": seed, "return": 1.0,
+                    "final_return": 1.0, "return_window": 1.0, "T": 300.0, "updates": 3000,
+                    "U": 10.0, "P": 2000.0, "evals": 10, "link_mb": 15.0,
+                    "load_max": 7.1 if (seed, enc) == (3, "delta") else 1.0,
+                    "weights_bytes": 1e5, "lag_median": 100.0,
+                }
+            )  # fmt: skip
+    s = wd.summarize(rows)["minatar"]
+    assert max(s["full_load_max"], s["delta_load_max"]) == 7.1
