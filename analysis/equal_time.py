@@ -10,7 +10,6 @@ are named by the sweep folders (``cell=A``, ``cell=B``, ``cell=C``, ``cell=M``, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,11 @@ from analysis.stats import (
     PAPER_LOSS,
     PAPER_PRIORITY,
     LogRatio,
+    TimeDiff,
     figure_outcome,
     holm,
-    km_cell,
     ratio,
+    rmst_cell,
 )
 from analysis.tables import PAPER_TERM, brief, by_cell, read_rows
 
@@ -139,23 +139,6 @@ def complete(cells: dict) -> bool:
     return all(pairs(cells, c) >= PLANNED[c] for c in DECIDING)
 
 
-@dataclass(frozen=True)
-class TimeDiff:
-    """Time to target in one cell: restricted mean (censored at T), proposed - existing, in
-    seconds, its 95% interval, and the log-rank p; ``n`` is the cell's seed pairs."""
-
-    estimate: float
-    low: float
-    high: float
-    p: float
-    n: int
-
-    def text(self) -> str:
-        if self.n < 2:  # KM's variance is 0 with one run per placement: no interval (_km_line)
-            return f"{self.estimate:+.1f} s (no interval, n = {self.n})"
-        return f"{self.estimate:+.1f} [{self.low:+.1f}, {self.high:+.1f}] s"
-
-
 def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio | TimeDiff, float]]:
     """Family U, as the Plan names it: every cell but C x (return AUC, time to target where the
     cell has a target, return per MB), Holm-adjusted over all of them."""
@@ -166,10 +149,8 @@ def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio | TimeDif
         for k, _, _ in OUTCOMES:
             if k != "time_to_target":
                 tests[(c, k)] = ratio(cells[c], k)
-            elif (km := _km(cells[c])) is not None:
-                tests[(c, k)] = TimeDiff(
-                    km["diff"], km["diff_low"], km["diff_high"], km["logrank_p"], pairs(cells, c)
-                )
+            elif (td := _km(cells[c])) is not None:
+                tests[(c, k)] = td
     adj = holm([r.p for r in tests.values()])
     return {key: (r, p) for (key, r), p in zip(tests.items(), adj, strict=True)}
 
@@ -404,25 +385,24 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
     return out + [""]
 
 
-def _km_line(km: dict) -> str:
-    """One run per placement has a KM variance of 0: no interval and no test, not a certainty."""
-    n = min(km["n_learner"], km["n_buffer"])
+def _km_line(td: TimeDiff) -> str:
+    """One pair has no spread to resample: no interval and no test, not a certainty."""
     spread = (
-        f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p {brief(km['logrank_p'], 2)}"
-        if n >= 2
-        else f"s (no interval, n = {n}), log-rank p -"
+        f"[{td.low:+.1f}, {td.high:+.1f}] s, paired t p {brief(td.p, 2)}"
+        if td.n >= 2
+        else f"s (no interval, n = {td.n}), p -"
     )
     return (
-        f"Time to target (censored at T): reached {km['reached_learner']}/"
-        f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
-        f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
-        f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} {spread}."
+        f"Time to target (censored at T): reached {td.reached_learner}/{td.n} existing, "
+        f"{td.reached_buffer}/{td.n} proposed (seed pairs); restricted mean "
+        f"{td.rmst_learner:.1f} s against {td.rmst_buffer:.1f} s, difference "
+        f"{td.estimate:+.1f} {spread}."
     )
 
 
-def _km(cell: dict) -> dict | None:
-    """Time to target as survival, censored at the shortest run's T."""
-    return km_cell(cell, "T", lambda r: r["reached"] == 1)
+def _km(cell: dict) -> TimeDiff | None:
+    """Time to target, restricted at the shortest run's T (`analysis.stats.rmst_cell`)."""
+    return rmst_cell(cell, "T", lambda r: r["reached"] == 1)
 
 
 def _map(cells: dict) -> list[str]:
@@ -433,7 +413,8 @@ def _map(cells: dict) -> list[str]:
         "**Where should the replay memory live?** Family U: every cell x (return AUC, "
         "time to target where the cell has a target, return per link MB), Holm at 0.05 over "
         f"its {len(tests)} tests; a placement wins when its Holm-adjusted p < 0.05. Time to "
-        "target is the restricted mean difference proposed - existing with the log-rank p.",
+        "target is the restricted mean difference proposed - existing, its interval and p from one "
+        "paired t procedure (they agree by construction).",
         "",
         "| cell | " + " | ".join(n for _, n, _ in OUTCOMES) + " |",
         "|---|" + "---|" * len(OUTCOMES),

@@ -38,10 +38,11 @@ from analysis.stats import (
     DECIDING,
     PAPER_LOSS,
     PAPER_PRIORITY,
+    TimeDiff,
     figure_outcome,
     holm,
-    km_cell,
     ratio,
+    rmst_cell,
 )
 from analysis.tables import brief, by_cell, read_rows
 
@@ -96,10 +97,10 @@ def confound(rows: list[dict]) -> dict[str, float]:
 # --- time to target on the common horizon --------------------------------------------------------
 
 
-def survival(cell: dict[str, dict]) -> dict[str, float] | None:
-    """KM restricted mean time to target up to the shortest run's wall time (a blank time:
-    not reached)."""
-    return km_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
+def survival(cell: dict[str, dict]) -> TimeDiff | None:
+    """Restricted mean time to target up to the shortest run's wall time, paired by seed (a
+    blank time: not reached)."""
+    return rmst_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
 
 
 # --- the section ---------------------------------------------------------------------------------
@@ -206,12 +207,13 @@ def _survival_table(cs: dict) -> list[str]:
     out = [
         "**Time to eval 475 on the horizon both placements ran** (CartPole): each seed is "
         "censored at tau, the shortest run of its cell, in both placements, so neither "
-        "placement is credited with the other's longer run. Kaplan-Meier restricted mean "
-        "time to target up to tau (lifelines), its difference proposed - existing with a "
-        "95% interval, and the log-rank p:",
+        "placement is credited with the other's longer run. Restricted mean time to target up "
+        "to tau per placement over the seed pairs, their difference proposed - existing with "
+        "its 95% t-interval and the paired t p (`analysis.stats.rmst_paired`: the "
+        "interval excludes 0 exactly when p < 0.05):",
         "",
         "| cell | tau | reached (existing / proposed) | RMST existing | RMST proposed | "
-        "difference [95% CI] | log-rank p |",
+        "difference [95% CI] | paired t p |",
         "|---|---|---|---|---|---|---|",
     ]
     short = []
@@ -220,13 +222,11 @@ def _survival_table(cs: dict) -> list[str]:
         if s is None:
             continue
         longest = max(r["wall_s"] for v in cell.values() for r in v.values())
-        if s["tau"] < 0.5 * longest:
-            short.append(f"{c} ({s['tau']:.0f} of {longest:.0f} s)")
+        if s.tau < 0.5 * longest:
+            short.append(f"{c} ({s.tau:.0f} of {longest:.0f} s)")
         out.append(
-            f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
-            f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
-            f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
-            f"{s['diff_high']:+.1f}] s | {brief(s['logrank_p'], 2)} |"
+            f"| {c} | {s.tau:.0f} s | {s.reached_learner}/{s.n} / {s.reached_buffer}/{s.n} | "
+            f"{s.rmst_learner:.1f} s | {s.rmst_buffer:.1f} s | {s.text()} | {brief(s.p, 2)} |"
         )
     if short:
         out += [
