@@ -26,8 +26,14 @@ from analysis.stats import (
 )
 from analysis.tables import PAPER_TERM, brief, by_cell, read_rows
 
-PAPER = {"train_loss": PAPER_LOSS, "prio_td_held": PAPER_PRIORITY}
-FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
+#: the family's figures: the training loss is the unweighted TD loss (primary since issue 47; the
+#: IS-weighted one is secondary: its weights (p / p_min)^-beta take p_min over the whole memory,
+#: so it is 0.1-8% of the unweighted loss and tracks p_min and beta, not the TD error)
+PAPER = {"train_loss_unweighted": PAPER_LOSS, "prio_td_held": PAPER_PRIORITY}
+FIGURE_NAMES = {
+    "train_loss_unweighted": "training loss (unweighted TD)",
+    "prio_td_held": "transferred priority (|td|+eps)",
+}
 DECIDING = ("cell=A", "cell=B", "cell=M")
 #: the Plan's pairs per deciding cell (its power estimate); a family with a cell short of its
 #: pairs decides nothing (interim), and its Holm correction counts the tests run so far only
@@ -36,8 +42,8 @@ PLANNED = {"cell=A": 20, "cell=B": 20, "cell=M": 10}
 PLANNED_MAP = 10
 CONTROL, THINNING = "cell=C", "cell=B"
 METRICS = (
-    ("train_loss", "training loss (IS-weighted)"),
-    ("train_loss_unweighted", "training loss, unweighted"),
+    ("train_loss_unweighted", "training loss, unweighted TD (primary)"),
+    ("train_loss", "training loss, IS-weighted (secondary)"),
     ("prio_td_held", "priority held, \\|td\\|+eps"),
     ("prio_held", "priority held, p^alpha"),
     ("arrival_td", "\\|td\\| on arrival"),
@@ -268,20 +274,26 @@ def _family_table(fam: list) -> list[str]:
 
 
 def _control(cells: dict) -> list[str]:
-    """Cell B against cell C in both readings of the loss; the Plan's rule reads the primary
-    (IS-weighted) one, the unweighted one is shown beside it. The IS-weighted one depends on beta,
-    which anneals with learner updates (``beta_steps``); C's existing arm makes fewer updates
-    than B's proposed arm, so its weights use a smaller beta. The unweighted loss has no beta."""
+    """Cell B against cell C in both readings of the loss; the rule reads the primary
+    (unweighted TD) one, the IS-weighted one is shown beside it. The IS-weighted one depends on
+    beta, which anneals with learner updates (``beta_steps``), and on p_min over the whole memory;
+    C's existing arm makes fewer updates than B's proposed arm, so its weights use a smaller beta.
+    The unweighted loss has neither."""
     if CONTROL not in cells or THINNING not in cells:
         return ["The replay-ratio matched control (cell C) has no data yet.", ""]
     parts, in_c = [], []
-    for key, name in (("train_loss", "IS-weighted"), ("train_loss_unweighted", "unweighted")):
+    consistent: bool | None = None
+    for key, name in (("train_loss_unweighted", "unweighted TD"), ("train_loss", "IS-weighted")):
         b, c = ratio(cells[THINNING], key), ratio(cells[CONTROL], key)
+        if not (b.n and c.n):
+            parts.append(f"{name} not logged in these runs")
+            in_c.append(0)
+            continue
         parts.append(
             f"{name} {b.text()} in cell B (unequal replay per delivered transition), "
             f"{c.text()} in cell C (equal)"
         )
-        if key == "train_loss":  # the Plan's rule reads the primary, IS-weighted loss
+        if key == "train_loss_unweighted":  # the rule reads the primary, unweighted loss
             consistent = b.high < 1 and c.low <= 1 <= c.high
         in_c.append(-1 if c.high < 1 else 1 if c.low > 1 else 0)
     out = [
@@ -289,7 +301,9 @@ def _control(cells: dict) -> list[str]:
         + "; ".join(parts)
         + ". "
         + (
-            "The data are consistent with a replay-ratio effect."
+            "The rule reads the unweighted loss, not logged in these runs: no reading."
+            if consistent is None
+            else "The data are consistent with a replay-ratio effect."
             if consistent
             else "The data do not show that the loss difference is a replay-ratio effect."
         )

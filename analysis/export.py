@@ -12,8 +12,9 @@ Definitions (docs/results.md, "Plan for the equal-wall-time experiment"), on the
 clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
 
 - window W = [T/2, T]: ``train_loss`` (importance-weighted ``/updates/loss``),
-  ``train_loss_unweighted``, ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by
-  ``n``: PER's |td|+eps as held by the sender), ``prio_held`` (the same after the exponent,
+  ``train_loss_unweighted`` (``/updates/loss_unweighted``, the primary loss of docs/results.md),
+  ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by ``n``: PER's |td|+eps as held by
+  the sender), ``prio_held`` (the same after the exponent,
   p^alpha), ``arrival_td`` (weighted by ``arrival_n``), ``ref_loss`` (mean over W's evaluations)
   and ``ref_loss_norm`` (the same of reference loss / mean Q^2 on the set: the Q scale out);
 - the return curve R(t): the latest finished greedy evaluation's mean return (the first one's

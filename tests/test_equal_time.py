@@ -122,21 +122,24 @@ def page(tmp_path):
     return E.section(data), data
 
 
+LOSS = "training loss (unweighted TD)"
+
+
 def test_the_rule_gives_each_outcome(page):
     text, _ = page
 
     def line(prefix):
         return next(ln for ln in text.splitlines() if ln.startswith(prefix))
 
-    assert line("| cell=A | training loss (0.26)").endswith("| matches the paper |")
+    assert line(f"| cell=A | {LOSS} (0.26)").endswith("| matches the paper |")
     assert line("| cell=A | transferred priority").endswith(
         "| same direction, smaller than the paper |"
     )
-    assert line("| cell=B | training loss (0.26)").endswith("| opposite direction |")
+    assert line(f"| cell=B | {LOSS} (0.26)").endswith("| opposite direction |")
     assert line("| cell=B | transferred priority").endswith("| matches the paper |")
-    assert line("| cell=M | training loss (0.26)").endswith("| inconclusive at n = 10 |")
+    assert line(f"| cell=M | {LOSS} (0.26)").endswith("| inconclusive at n = 10 |")
     assert "Confirmatory family F: 6 tests" in text
-    assert text.startswith("**training loss (paper 0.26x): reproduced.**")
+    assert text.startswith("**training loss (unweighted TD) (paper 0.26x): reproduced.**")
     assert "**transferred priority (|td|+eps) (paper 3.92x): not reproduced (same direction" in text
     # descriptive: the cells whose simultaneous interval excludes the paper's value
     outside = "lies outside the simultaneous interval in 2 of 3 cells"
@@ -194,7 +197,7 @@ def test_control_shows_both_loss_readings_and_says_when_they_disagree(tmp_path):
     )
     text = E.section(_write(tmp_path, rows))
     control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
-    weighted, unweighted = control.split("; unweighted ")
+    unweighted, weighted = control.split("; IS-weighted ")
     c_weighted = float(weighted.split("transition), ")[1].split()[0])
     c_unweighted = float(unweighted.split("transition), ")[1].split()[0])
     assert 0.5 < c_weighted < 0.6 and 1.2 < c_unweighted < 1.4  # 1.0 / 1.8 and 1.3 / 1.0
@@ -242,26 +245,45 @@ def test_an_incomplete_family_decides_nothing(tmp_path):
         "cell=A", "buffer", rng, loss=0.26, prio=1.5, seeds=seeds
     )
     text = E.section(_write(tmp_path, rows))
-    assert text.startswith("**training loss (paper 0.26x): not decided yet (interim")
+    assert text.startswith(f"**{LOSS} (paper 0.26x): not decided yet (interim")
     assert "reproduced" not in text.split("Pairs per cell")[0]
-    row = next(x for x in text.splitlines() if x.startswith("| cell=A | training loss (0.26)"))
+    row = next(x for x in text.splitlines() if x.startswith(f"| cell=A | {LOSS} (0.26)"))
     assert row.endswith(
         "| interim, not decided (pairs: cell=A 12 of 20, cell=B 0 of 20, cell=M 0 of 10) |"
     )
 
 
 def test_control_rule_reads_the_primary_loss(tmp_path):
-    # the Plan's mechanism rule is on the IS-weighted (primary) loss: B below 1 and C's interval
-    # containing 1 is "consistent", whatever the unweighted reading shows beside it
+    # the mechanism rule is on the unweighted TD loss (primary since issue 47): B below 1 and C's
+    # interval containing 1 is "consistent", whatever the IS-weighted reading shows beside it
+    # (here 1 in B: the old rule, on the IS-weighted loss, said "do not show")
     rng = np.random.default_rng(4)
     rows = (
         _rows("cell=B", "learner", rng, U=46.875)
-        + _rows("cell=B", "buffer", rng, loss=0.5, loss_unweighted=1.0, U=46.875)
-        + _rows("cell=C", "learner", rng, loss=0.5, U=23.4)
+        + _rows("cell=B", "buffer", rng, loss=1.0, loss_unweighted=0.5, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=1.0, loss_unweighted=0.5, U=23.4)
     )
     text = E.section(_write(tmp_path, rows))
     assert "The data are consistent with a replay-ratio effect." in text
     assert "opposite directions" not in text
+    control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
+    assert control.index("unweighted TD") < control.index("IS-weighted")
+
+
+def test_control_without_the_unweighted_loss_says_not_logged(tmp_path):
+    # rows exported before /updates/loss_unweighted was logged: no reading, no zeros
+    rng = np.random.default_rng(4)
+    rows = (
+        _rows("cell=B", "learner", rng, U=46.875)
+        + _rows("cell=B", "buffer", rng, loss=0.5, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=0.5, U=23.4)
+    )
+    for r in rows:
+        r["train_loss_unweighted"] = ""
+    text = E.section(_write(tmp_path, rows))
+    control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
+    assert "unweighted TD not logged in these runs" in control
+    assert "The rule reads the unweighted loss, not logged in these runs: no reading." in control
 
 
 def test_flattened_curves_say_so(tmp_path):
