@@ -10,6 +10,7 @@ are named by the sweep folders (``cell=A``, ``cell=B``, ``cell=C``, ``cell=M``, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,7 @@ def section(data: Path) -> str:
     out = [_verdict(cells, fam), ""]
     out += _family_table(fam)
     out += _control(cells)
+    out += _trained_on(cells)
     for c, cell in cells.items():
         out += _cell_block(c, cell, curves)
     out += _map(cells)
@@ -318,6 +320,82 @@ def _control(cells: dict) -> list[str]:
             "compares them without it."
         )
     return [" ".join(out), ""]
+
+
+QUARTERS = (1, 2, 3, 4)
+#: the within-placement null of each placement's trained |td| (`analysis.export.trained_on`)
+NULL_NAME = {"learner": "arrived", "buffer": "stored"}
+
+
+def within_null(cell: dict, arm: str, k: int) -> float:
+    """Geometric mean over the placement's runs of trained |td| / null |td| in quarter ``k``
+    (NaN when no run has both: the null is not logged in that placement)."""
+    x = np.array(
+        [
+            r.get(f"batch_td_q{k}", math.nan) / r.get(f"null_td_q{k}", math.nan)
+            for r in cell[arm].values()
+        ],
+        float,
+    )
+    x = x[np.isfinite(x) & (x > 0)]
+    return float(np.exp(np.mean(np.log(x)))) if x.size else math.nan
+
+
+def _maybe(key: str) -> Callable[[dict], float]:
+    """A row's ``key``, NaN in rows exported before the column existed."""
+    return lambda r: r.get(key, math.nan)
+
+
+def _trained_on(cells: dict) -> list[str]:
+    """What the learner trains on: the placement ratio of trained-batch |td| over [0, T] and by
+    quarter of T (paired t, as every ratio), and within each placement trained / null by quarter
+    (descriptive: what prioritized sampling adds to what arrived in, or was stored at, the
+    memory). Rows exported before issue 47 have none of these columns: a line says so."""
+    head = "**What the learner trains on** (descriptive, not in F or U)"
+    has = [
+        c
+        for c, cell in cells.items()
+        if c != CONTROL and seed_pairs(cell) and ratio(cell, _maybe("batch_td")).n
+    ]
+    if not has:
+        return [
+            f"{head}: the \\|td\\| of trained batches (`/updates/td_abs_mean`) is not logged in "
+            "these runs' rows (they were exported before `batch_td` and `null_td` existed; the "
+            "HDF5 files are not committed), so the placement ratio on what the learner trains "
+            "on cannot be shown yet; `python -m analysis.export` writes it for new runs.",
+            "",
+        ]
+    out = [
+        f"{head}: trained-batch \\|td\\|, proposed / existing, over [0, T] and by quarter of T "
+        "(paired t-intervals); beside it, within each placement, trained / arrived (existing: "
+        "\\|td\\| on arrival of what was forwarded into the learner's memory) and trained / "
+        "stored (proposed), geometric mean over runs, Q1 to Q4. A ratio above 1 within a "
+        "placement is what prioritized sampling concentrates, which the transferred-priority "
+        "figure of F mixes with the placement.",
+        "",
+        "| cell | n | [0, T] | Q1 | Q2 | Q3 | Q4 | existing: trained / arrived | proposed: "
+        "trained / stored |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in has:
+        cell = cells[c]
+        rs = [ratio(cell, _maybe(f"batch_td{q}")) for q in ("", *(f"_q{k}" for k in QUARTERS))]
+        nulls = []
+        for arm in ("learner", "buffer"):
+            q = [within_null(cell, arm, k) for k in QUARTERS]
+            nulls.append(
+                ", ".join(brief(v) for v in q)
+                if any(math.isfinite(v) for v in q)
+                else f"not logged (nothing {NULL_NAME[arm]} is measured in this placement)"
+            )
+        out.append(
+            f"| {c} | {rs[0].n} | "
+            + " | ".join(r.text() for r in rs)
+            + " | "
+            + " | ".join(nulls)
+            + " |"
+        )
+    return out + [""]
 
 
 def rising(cell: dict, curves: dict, arm: str) -> tuple[float, int, int]:

@@ -360,3 +360,33 @@ def test_time_to_target_of_one_seed_has_no_interval(tmp_path):
     assert "(no interval, n = 1), p -" in one and "[" not in one
     many = next(x for x in text.split("#### cell=A")[1].splitlines() if "Time to target" in x)
     assert "[" in many and "no interval" not in many
+
+
+def test_what_the_learner_trains_on_by_quarter(tmp_path):
+    # issue 47: trained-batch |td| proposed / existing by quarter (3x early, 1.5x late), and the
+    # within-placement null: the existing placement trains on 2x the |td| that arrived; the
+    # proposed one has no null logged (nothing it stores is measured): said, not a zero
+    rng = np.random.default_rng(10)
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng)
+    for r in rows:
+        j = math.exp(0.05 * rng.standard_normal())
+        prop = r["replay_at"] == "buffer"
+        for k, f in zip(E.QUARTERS, (3.0, 2.5, 2.0, 1.5), strict=True):
+            r[f"batch_td_q{k}"] = (f if prop else 1.0) * j
+            r[f"null_td_q{k}"] = "" if prop else 0.5 * j
+        r["batch_td"] = (2.25 if prop else 1.0) * j
+    text = E.section(_write(tmp_path, rows))
+    line = next(x for x in text.splitlines() if x.startswith("| cell=A | 20 |"))
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    assert [float(c.split()[0]) for c in cols[2:7]] == pytest.approx(
+        [2.25, 3.0, 2.5, 2.0, 1.5], rel=0.03
+    )
+    assert cols[7] == "2, 2, 2, 2"
+    assert cols[8].startswith("not logged") and "0" not in cols[8]
+    # rows exported before the columns existed: one line, no table, no zeros
+    (tmp_path / "old").mkdir()
+    old = E.section(
+        _write(tmp_path / "old", _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng))
+    )
+    said = next(x for x in old.splitlines() if x.startswith("**What the learner trains on**"))
+    assert "not logged in these runs" in said and "| Q1 |" not in old
