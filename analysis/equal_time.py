@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.plots import ForestRow, plot_forest
 from analysis.stats import (
     PAPER_LOSS,
     PAPER_PRIORITY,
@@ -585,7 +586,8 @@ def slug(cell: str) -> str:
 
 def figures(data: Path, out: Path) -> list[Path]:
     """Per cell: return against wall time and against cumulative link MB (median and IQR over
-    seeds per placement), and the Kaplan-Meier curves of time to target."""
+    seeds per placement), and the Kaplan-Meier curves of time to target; per family (F, U) a
+    forest plot (`forest_figures`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -623,7 +625,43 @@ def figures(data: Path, out: Path) -> list[Path]:
         fig.savefig(p, dpi=90)
         plt.close(fig)
         paths.append(p)
-    return paths
+    return paths + forest_figures(cells, out)
+
+
+def forest_rows(cells: dict) -> dict[str, list[ForestRow]]:
+    """The forest plot's rows of each family: F (deciding cells x the two figures, the paper's
+    value marked) and U (every cell but C x its outcomes; time to target in seconds); each
+    row's interval is the one its table shows (95%, paired t)."""
+    fam = [
+        ForestRow(f"{c}: {FIGURE_NAMES[k]}", r.estimate, r.low, r.high, PAPER[k], "ratio")
+        for c, k, r, _, _ in family_tests(cells)
+    ]
+    names = {k: name for k, name, _ in OUTCOMES}
+    u = [
+        ForestRow(
+            f"{c}: {names[k]}",
+            r.estimate,
+            r.low,
+            r.high,
+            None,
+            "s" if isinstance(r, TimeDiff) else "ratio",
+        )
+        for (c, k), (r, _) in outcome_tests(cells).items()
+    ]
+    return {"F": fam, "U": u}
+
+
+def forest_figures(cells: dict, out: Path) -> list[Path]:
+    """``forest-F.png`` and ``forest-U.png`` in ``out`` (`analysis.plots.plot_forest`)."""
+    titles = {
+        "F": "Family F: proposed / existing per deciding cell (x: the paper's value)",
+        "U": "Family U: user outcomes per cell",
+    }
+    return [
+        plot_forest(rows, out / f"forest-{fam}.png", titles[fam])
+        for fam, rows in forest_rows(cells).items()
+        if rows
+    ]
 
 
 def _km_plot(ax, rows: list[dict], color: str, label: str) -> None:

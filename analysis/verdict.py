@@ -10,8 +10,10 @@ Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
     The equal-wall-time design from ``docs/results/data/equal-time/`` (`analysis.export`
     writes it, the sweep after every run): the family F with Holm's decisions, the matched
     control, each cell's achieved rates (marked when off by more than 10%), ratios with
-    t-intervals, IQM and probability of improvement, time to target as survival, and the
-    crossover map (`analysis.equal_time`); the figures go to ``docs/results/equal-time/``.
+    t-intervals, IQM and probability of improvement, time to target (restricted mean, paired t),
+    what the learner trains on, and the crossover map (`analysis.equal_time`); the figures (per
+    cell, and a forest plot per family: ``forest-F.png``, ``forest-U.png``) go to
+    ``docs/results/equal-time/``.
 
 ``reanalysis``
     The withdrawn fixed-update design re-analysed from its committed per-run rows
@@ -249,6 +251,10 @@ def equal_time() -> str:
     if (DATA / "runs.csv").exists():
         cells = E.plan_cells(E.read(DATA)[0])
         body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)" for c in cells)
+        body += "\n\nForest plots, one row per cell and outcome (point, 95% interval, the line "
+        body += "at no effect, the paper's value where it gives one):\n\n"
+        body += "![family F](results/equal-time/forest-F.png)\n![family U]"
+        body += "(results/equal-time/forest-U.png)"
     return body
 
 

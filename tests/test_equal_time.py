@@ -210,7 +210,14 @@ def test_figures_are_written(page, tmp_path):
     pytest.importorskip("matplotlib")
     _, data = page
     paths = E.figures(data, tmp_path / "fig")
-    assert {p.name for p in paths} == {"cell-A.png", "cell-B.png", "cell-C.png", "cell-M.png"}
+    assert {p.name for p in paths} == {
+        "cell-A.png",
+        "cell-B.png",
+        "cell-C.png",
+        "cell-M.png",
+        "forest-F.png",
+        "forest-U.png",
+    }
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
@@ -390,3 +397,46 @@ def test_what_the_learner_trains_on_by_quarter(tmp_path):
     )
     said = next(x for x in old.splitlines() if x.startswith("**What the learner trains on**"))
     assert "not logged in these runs" in said and "| Q1 |" not in old
+
+
+def test_forest_rows_are_the_tables_numbers(page):
+    # issue 47 item 4: one row per (cell, outcome) of each family, the interval its table shows,
+    # the paper's value on F's rows only, time to target in seconds
+    _, data = page
+    cells = E.plan_cells(E.read(data)[0])
+    rows = E.forest_rows(cells)
+    fam = {r.label: r for r in rows["F"]}
+    assert len(fam) == 6 and {r.paper for r in fam.values()} == {0.26, 3.92}
+    a = fam["cell=A: training loss (unweighted TD)"]
+    want = next(
+        r
+        for c, k, r, _, _ in E.family_tests(cells)
+        if c == "cell=A" and k == "train_loss_unweighted"
+    )
+    assert (a.estimate, a.low, a.high, a.unit) == (want.estimate, want.low, want.high, "ratio")
+    u = {r.label: r for r in rows["U"]}
+    assert len(u) == 8 and all(r.paper is None for r in u.values())
+    assert u["cell=B: time to target"].unit == "s" and u["cell=B: time to target"].estimate < 0
+    assert u["cell=M: return AUC"].unit == "ratio"
+
+
+def test_forest_plot_renders_from_synthetic_rows(tmp_path):
+    """analysis.plots.plot_forest: ratios and differences in seconds in one figure (two panels),
+    a row without an interval, the paper's value on some rows; a PNG comes out."""
+    pytest.importorskip("matplotlib")
+    from analysis.plots import ForestRow, plot_forest
+
+    rows = [
+        ForestRow("cell=A: training loss", 1.15, 0.89, 1.47, 0.26),
+        ForestRow("cell=A: transferred priority", 9.4, 7.5, 11.6, 3.92),
+        ForestRow("cell=B: return AUC", 0.95, float("nan"), float("nan")),
+        ForestRow("cell=B: time to target", -30.2, -69.7, 9.3, None, "s"),
+    ]
+    path = plot_forest(rows, tmp_path / "forest.png", "synthetic")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    w, h = Image.open(path).size
+    assert w > 2 * h  # two panels side by side
+    one = plot_forest(rows[:2], tmp_path / "one.png")
+    assert Image.open(one).size[0] < w  # one unit, one panel
