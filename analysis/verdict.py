@@ -152,7 +152,9 @@ def _cell_table(cs: dict) -> list[str]:
     out = [
         "Proposed / existing per cell, ratio of geometric means over paired seeds with its "
         "95% t-interval on log ratios (n pairs). The wall-time ratio shows the confound: "
-        "every run had 10,000 updates, not the same time.",
+        "every run had 10,000 updates, not the same time. The training loss here is the "
+        "IS-weighted one: the unweighted TD loss, primary in the equal-wall-time design, was "
+        "not logged in these runs.",
         "",
         "| cell | n | existing delivers | wall time | training loss | \\|td\\| on arrival "
         "(paper's unit) | p^0.6 held (mpirl's old unit) | reference loss |",
