@@ -238,7 +238,6 @@ class Learner:
         if cut.complete:
             self.save(cut.id, "periodic", cut.t0)
             cut.end(time.monotonic())
-            self.commit()
             return True
         if (err := cut.overdue(now)) is not None:
             raise RuntimeError(err)
@@ -249,10 +248,14 @@ class Learner:
                 s.link.post(self.wire.checkpoint(cid), now=now)
         return did
 
-    def save(self, cid: int, reason: str, t0: float) -> None:
+    def save(self, cid: int, reason: str, t0: float | None = None) -> None:
+        """The learner's part of checkpoint ``cid`` (started at ``t0``, default now), the other
+        learners asked for theirs; its manifest at once if every part is in (no group)."""
+        t0 = time.monotonic() if t0 is None else t0
         self.checkpoints.save(
             cid, reason, self.state, self.evaluation, self.sites, self.source, self.group, t0
         )
+        self.commit()
 
     def commit(self) -> bool:
         """The manifests of the checkpoints whose parts are all in, each said in a line."""
@@ -450,7 +453,7 @@ class Learner:
         st = self.state
         self.reached(self.evaluation.drain(st.updates))
         if st.final_ckpt >= 0:  # complete before the job ends: the one wait for the group
-            self.save(st.final_ckpt, st.stop_reason or "stop", time.monotonic())
+            self.save(st.final_ckpt, st.stop_reason or "stop")
             self.group.await_written(st.final_ckpt, self.say)
             self.commit()
         self.group.close(CKPT_TIMEOUT_S)  # the other learners stop after the final checkpoint
