@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from mpirun import mpirun_cmd
@@ -233,3 +234,105 @@ def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
     sync = AllreduceSync(MPI.COMM_SELF, 3)
     assert isinstance(getattr(sync.wait, "__self__", None), SpinThenNap)
     assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)
+
+
+class _End:
+    """A lead's end toward another learner: what the lead posts, what the test delivers."""
+
+    def __init__(self):
+        self.posted, self.inbox = [], []
+
+    def post(self, buf):
+        self.posted.append(buf)
+
+    def poll(self, now):
+        pass
+
+    def receive(self, now):
+        out, self.inbox = self.inbox, []
+        return out
+
+
+def _lead(sync):
+    """A LeadGroup of K = 2 on a real train step, its other learner behind an `_End`."""
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.roles.group_lead import LeadGroup
+    from mpirl.run.config import Config
+    from mpirl.transport.group import LocalSync
+    from mpirl.transport.inbox import Inbox
+    from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire, transition_dtype
+
+    cfg = Config(hidden=(8,), learners=2, learner_sync=sync)
+    spec = inspect(cfg.env)
+    trainer = TrainStep(cfg, spec)
+    n_params = sum(p.numel() for p in trainer.params)
+    wire = Wire(transition_dtype(spec.obs_shape, spec.obs_dtype), n_params=n_params)
+
+    class Comm:
+        def Get_size(self):
+            return 2
+
+    end = _End()
+    lead = LeadGroup(
+        cfg, Comm(), {1: end}, Inbox(wire, "lead", lambda r: f"learner {r}"), trainer,
+        {ALLREDUCE: LocalSync(), SUBMIT: LocalSync()}, wire, None, None,
+    )  # fmt: skip
+    return lead, end, wire, trainer
+
+
+def test_the_lead_does_not_wait_for_another_learners_checkpoint_part():
+    """The lead asks for the other learner's part and returns at once; the checkpoint is
+    written (its parts all in) only when the acknowledgement comes, however late, and an
+    acknowledgement whose crc32 differs from the lead's state at the request (synchronous
+    updates) fails the run, as does one for a checkpoint never asked."""
+    from mpirl.transport.group import state_crc
+    from mpirl.transport.wire import Tag, kind_of
+
+    lead, end, wire, trainer = _lead("allreduce")
+    t0 = time.monotonic()
+    assert lead.checkpoint(3) == {"group_shards": [0]}
+    assert time.monotonic() - t0 < 1.0 and [kind_of(b) for b in end.posted] == [Tag.CHECKPOINT]
+    crc = state_crc(trainer)
+    for _ in range(3):  # no acknowledgement yet: nothing waits, nothing times out
+        lead._receive(lead.handlers, time.monotonic())
+        assert not lead.written(3)
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(3, crc)))
+    lead._receive(lead.handlers, time.monotonic())
+    assert lead.written(3)
+    lead.checkpoint(4)
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(4, crc ^ 1)))
+    with pytest.raises(RuntimeError, match="diverged"):
+        lead._receive(lead.handlers, time.monotonic())
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(9, crc)))
+    with pytest.raises(RuntimeError, match="unexpected CHECKPOINT 9"):
+        lead._receive(lead.handlers, time.monotonic())
+
+
+def test_a_manifest_waits_for_every_learners_part_in_order(tmp_path):
+    """LearnerCheckpoint.commit writes a checkpoint's manifest only once the group says every
+    other learner's part is written, oldest first; a checkpoint without its manifest is not
+    one a resume can take."""
+    from mpirl.roles.learner_parts import LearnerCheckpoint, Unfinished
+    from mpirl.run import checkpoint as ck
+
+    class Group:
+        done: set = set()
+
+        def written(self, cid):
+            return cid in self.done
+
+    c = ck.Checkpointer(tmp_path, "learner", info={"config": {}, "world_size": 2, "layout": []})
+    parts = LearnerCheckpoint(c, None, ["learner"], None, None, None)
+    for cid in (1, 2):
+        c.write(cid, {"updates": cid})
+        parts.pending.append(Unfinished(cid, "periodic", {"updates": cid}, 0.0, 0.0))
+    group = Group()
+    assert parts.commit(group) == [] and ck.ids(tmp_path)[0] == []
+    with pytest.raises(ck.CheckpointError, match="no complete checkpoint"):
+        ck.select(tmp_path)
+    group.done = {2}  # acknowledgements come in order: 1 before 2
+    assert parts.commit(group) == [] and ck.ids(tmp_path)[0] == []
+    group.done = {1, 2}
+    assert [u.id for u in parts.commit(group)] == [1, 2] and not parts.pending
+    assert ck.select(tmp_path)[0]["id"] == 2

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from mpirl.transport.link import LinkEnd
     from mpirl.transport.wire import Done, Forward, Grad, Message, Wire
 
+#: the final checkpoint waits for the other learners' parts; after this long it says for whom
+AWAIT_NOTICE_S = 10.0
+
 
 class Applied(NamedTuple):
     """A global update the group applied: its number, loss and the |td| it trained on."""
@@ -63,7 +66,10 @@ class Group(Protocol):
     def before_update(self, state: LearnerState) -> None: ...
     def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None: ...
     def serve(self, now: float, state: LearnerState) -> list[Applied]: ...
-    def checkpoint(self, cid: int, timeout: float) -> None: ...
+    def checkpoint(self, cid: int) -> dict[str, Any]: ...
+    def written(self, cid: int) -> bool: ...
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None: ...
+    def restore(self, meta: dict[str, Any]) -> None: ...
     def close(self, timeout: float) -> None: ...
 
 
@@ -93,7 +99,16 @@ class NoGroup:
     def serve(self, now: float, state: LearnerState) -> list[Applied]:
         return []
 
-    def checkpoint(self, cid: int, timeout: float) -> None:
+    def checkpoint(self, cid: int) -> dict[str, Any]:
+        return {}
+
+    def written(self, cid: int) -> bool:
+        return True
+
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None:
+        pass
+
+    def restore(self, meta: dict[str, Any]) -> None:
         pass
 
     def close(self, timeout: float) -> None:
@@ -138,7 +153,12 @@ class LeadGroup:
         self.handlers: dict[Tag, Callable[[Any], None]] = {
             Tag.GRAD: self._on_grad,
             Tag.DONE: self._on_done,
+            Tag.CHECKPOINT: self._on_checkpoint,
         }
+        #: checkpoints asked of the other learners and not yet written by all: id -> the
+        #: learners still to write their part, and the lead's crc32 their state must have
+        #: (None: updates were not synchronous when it was asked)
+        self.asked: dict[int, tuple[set[int], int | None]] = {}
         self.n_params = sum(p.numel() for p in trainer.params)
         mode = cfg.learner_sync
         self.how = ALLREDUCE if mode in ("allreduce", "switch") else SUBMIT
@@ -392,21 +412,66 @@ class LeadGroup:
             )
         return out
 
-    def checkpoint(self, cid: int, timeout: float) -> None:
-        """Every other learner writes its part of checkpoint ``cid`` (before the manifest).
-        While updates are synchronous every learner must hold the lead's network and Adam state:
-        each acknowledgement carries its crc32, checked against the lead's."""
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint(self, cid: int) -> dict[str, Any]:
+        """Ask every other learner for its part of checkpoint ``cid`` and return at once.
+
+        Each writes its part when it reaches the request, after the order it is on: its link
+        delivers SHARD, ORDER and CHECKPOINT in the order they were posted, so its part holds
+        exactly what the lead had sent it by now, whenever it gets there.  Its acknowledgement
+        (`_on_checkpoint`) comes with the replies `serve` takes; `written` says when every part
+        is in.  While updates are synchronous every learner must hold the lead's network and
+        Adam state as of now: each acknowledgement carries its crc32, checked against the
+        lead's, taken here.  Returns what the lead's own part keeps of the group: the
+        transitions sent to each other learner's shard (`restore`)."""
         for o in self.others:
             o.end.post(self.wire.checkpoint(cid))
-        crcs = self._await(Tag.CHECKPOINT, cid, timeout, f"write their part of checkpoint {cid}")
-        if self.how == ALLREDUCE and self.draining is None:
-            mine = state_crc(self.trainer)
-            differ = sorted(j for j, c in crcs.items() if c != mine)
-            if differ:
-                raise RuntimeError(
-                    f"learner(s) {differ} hold another network or Adam state than the lead "
-                    f"after synchronous updates (checkpoint {cid}): the learner group diverged"
+        mine = state_crc(self.trainer) if self.how == ALLREDUCE and self.draining is None else None
+        self.asked[cid] = ({o.index for o in self.others}, mine)
+        return {"group_shards": [o.shard for o in self.others]}
+
+    def _on_checkpoint(self, m: Message) -> None:
+        """Learner ``m.rank`` wrote its part of checkpoint ``m.seq`` (``m.a``: its crc32)."""
+        asked = self.asked.get(m.seq)
+        if asked is None or m.rank not in asked[0]:
+            raise RuntimeError(f"learner: unexpected CHECKPOINT {m.seq} from learner {m.rank}")
+        waiting, mine = asked
+        if mine is not None and int(m.a) != mine:
+            raise RuntimeError(
+                f"learner {m.rank} holds another network or Adam state than the lead after "
+                f"synchronous updates (checkpoint {m.seq}): the learner group diverged"
+            )
+        waiting.discard(m.rank)
+        if not waiting:
+            del self.asked[m.seq]
+
+    def written(self, cid: int) -> bool:
+        """Every other learner has written its part of checkpoint ``cid``."""
+        return cid not in self.asked
+
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None:
+        """Serve the replies until every other learner's part of checkpoint ``cid`` is written:
+        the final checkpoint, which the run waits for.  No time limit: a slow learner only
+        delays the end, and one that died ends the job (`mpirl.run.failure`); ``notice`` says
+        once, after ``AWAIT_NOTICE_S``, which learners it waits for."""
+        handlers = {Tag.CHECKPOINT: self._on_checkpoint, Tag.GRAD: self._on_grad}
+        t0, told = time.monotonic(), False
+        while not self.written(cid):
+            now = time.monotonic()
+            if not told and now - t0 > AWAIT_NOTICE_S:
+                notice(
+                    f"mpirl: checkpoint {cid} waits for learner(s) "
+                    f"{sorted(self.asked[cid][0])} to write their part"
                 )
+                told = True
+            self._receive(handlers, now)
+            time.sleep(2e-4)
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """From the lead's part of the checkpoint a resume continues: the transitions each other
+        learner's shard holds (its own part restores the shard)."""
+        for o, n in zip(self.others, meta.get("group_shards", []), strict=False):
+            o.shard = int(n)
 
     def close(self, timeout: float) -> None:
         """STOP to every other learner (after the final checkpoint; it answers its orders
@@ -421,8 +486,7 @@ class LeadGroup:
 
     def _await(self, kind: Tag, id_: int | None, timeout: float, what: str) -> dict[int, int]:
         """Serve the replies until each other learner has sent ``kind`` (with id ``id_``);
-        RuntimeError after ``timeout`` s.  Returns each one's header ``a`` (a CHECKPOINT
-        acknowledgement's crc32)."""
+        RuntimeError after ``timeout`` s.  Returns each one's header ``a``."""
         waiting = {o.index for o in self.others}
         got: dict[int, int] = {}
 
@@ -442,6 +506,8 @@ class LeadGroup:
                 raise RuntimeError(
                     f"learner(s) {sorted(waiting)} did not {what} within {timeout:.0f} s"
                 )
-            self._receive({kind: arrived, Tag.GRAD: self._on_grad}, now)
+            self._receive(
+                {Tag.CHECKPOINT: self._on_checkpoint, kind: arrived, Tag.GRAD: self._on_grad}, now
+            )
             time.sleep(2e-4)
         return got
