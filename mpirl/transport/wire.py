@@ -20,9 +20,13 @@ WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
                                   rebuilt f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
                                   (FLAG_ZSTD).  Buffer -> actors: always full
 KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
-FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
-                                  td_abs f4[n], records[n], [frames]  (td_abs: the actors'
-                                  initial priorities); may be compressed (FLAG_ZSTD)
+FORWARD     buffer -> learner     (replay_at=learner, thinned) count=n, seq=msg no, a=the
+                                  transitions the site produced that it stands for (0: n; more
+                                  when some were thinned out), b=1 when keep follows td_abs;
+                                  [nframes i8[1]], td_abs f4[n], [keep f4[n]], records[n],
+                                  [frames]  (td_abs: the actors' initial priorities; keep: each
+                                  one's probability of being forwarded, --replay-at thinned);
+                                  may be compressed (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
                                   clock), b=the memory's max weight (weights' normaliser, see
                                   PrioritizedReplay.max_weight; at most 1e9);
@@ -101,7 +105,7 @@ if TYPE_CHECKING:
     from mpirl.replay.memory import Sample
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 7  # every rank of a run must speak the same version
+VERSION = 8  # every rank of a run must speak the same version
 
 HEADER = np.dtype(
     [
@@ -249,10 +253,17 @@ class Keyframe(Message):
 class Forward(Message):
     __slots__ = ()
     td_abs = _array("td_abs", "the actors' initial |td|, f4")
+    keep = _array("keep", "each one's probability of being forwarded, f4 (None: all 1)")
     records = _array("records")
     frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="transitions")
     msg_no = _slot("seq")
+
+    @property
+    def produced(self) -> int:
+        """The transitions the site produced that this message stands for (its own and those
+        thinned out since the site's previous FORWARD)."""
+        return int(self.a) or self.n
 
 
 class Batch(Message):
@@ -468,7 +479,8 @@ class Wire:
                 ("records", rec, count),
             ]
         if kind == Tag.FORWARD:
-            return [("td_abs", f4, count), ("records", rec, count)]
+            keep = [("keep", f4, count)] if b else []
+            return [("td_abs", f4, count), *keep, ("records", rec, count)]
         if kind == Tag.BATCH:
             return [
                 ("window", i8, 1),
@@ -515,8 +527,9 @@ class Wire:
     def _layout(self, kind: Tag, count: int, b: float, nframes: int) -> _Layout:
         """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
         building them per message was a third of `unpack`."""
-        key = (kind, count, b if kind == Tag.EXPERIENCE else 0.0, nframes)  # b sizes only
-        # EXPERIENCE; in other kinds it is a value that changes per message
+        # b sizes only EXPERIENCE (returns) and FORWARD (keep or not); in other kinds it is a
+        # value that changes per message
+        key = (kind, count, b if kind in (Tag.EXPERIENCE, Tag.FORWARD) else 0.0, nframes)
         lay = self._layouts.get(key)
         if lay is None:
             parts: list[tuple[str, tuple[np.dtype, Any], int, Any]] = []
@@ -671,15 +684,27 @@ class Wire:
         )
 
     def forward(
-        self, records: np.ndarray, td_abs: ArrayLike, seq: int, frames: np.ndarray | None = None
+        self,
+        records: np.ndarray,
+        td_abs: ArrayLike,
+        seq: int,
+        frames: np.ndarray | None = None,
+        keep: ArrayLike | None = None,
+        produced: int = 0,
     ) -> np.ndarray:
+        """``keep``: each transition's probability of being forwarded (None: all 1, not sent);
+        ``produced``: the transitions the site produced that the message stands for (0: its
+        own)."""
         pre, post = self._frames_arrays(frames, len(records))
+        kept = [] if keep is None else [np.asarray(keep, "<f4")]
         return self._maybe_compress(
             pack(
                 Tag.FORWARD,
-                pre + [np.asarray(td_abs, "<f4"), records] + post,
+                pre + [np.asarray(td_abs, "<f4"), *kept, records] + post,
                 count=len(records),
                 seq=seq,
+                a=produced,
+                b=float(keep is not None),
             )
         )
 
