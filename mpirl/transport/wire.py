@@ -22,11 +22,12 @@ WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
 KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
 FORWARD     buffer -> learner     (replay_at=learner, thinned) count=n, seq=msg no, a=the
                                   transitions the site produced that it stands for (0: n; more
-                                  when some were thinned out), b=1 when keep follows td_abs;
-                                  [nframes i8[1]], td_abs f4[n], [keep f4[n]], records[n],
+                                  when some were thinned out), b=1 when keep follows records;
+                                  [nframes i8[1]], td_abs f4[n], records[n], [keep u1[n]],
                                   [frames]  (td_abs: the actors' initial priorities; keep: each
-                                  one's probability of being forwarded, --replay-at thinned);
-                                  may be compressed (FLAG_ZSTD)
+                                  one's probability of being forwarded, --replay-at thinned, as
+                                  code k for exp(-k / 16): `keep_code`); may be compressed
+                                  (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
                                   clock), b=the memory's max weight (weights' normaliser, see
                                   PrioritizedReplay.max_weight; at most 1e9);
@@ -160,6 +161,22 @@ def kind_of(buf: np.ndarray) -> Tag:
     return Tag(int(buf[4:6].view("<u2")[0]) & KIND_MASK)
 
 
+#: FORWARD's keep: probability exp(-k / KEEP_STEPS) as a byte k (6% apart, down to 1.2e-7); the
+#: thinned placement draws with the value a code stands for, so the learner's f is exact
+KEEP_STEPS = 16.0
+
+
+def keep_code(f: np.ndarray) -> np.ndarray:
+    """The byte that stands for probability ``f`` (the nearest code)."""
+    k = np.rint(-KEEP_STEPS * np.log(np.maximum(f, 1e-30)))
+    return np.clip(k, 0, 255).astype(np.uint8)
+
+
+def keep_value(code: np.ndarray) -> np.ndarray:
+    """The probability (float32) a code stands for."""
+    return np.exp(np.asarray(code, np.float32) / np.float32(-KEEP_STEPS)).astype(np.float32)
+
+
 def transition_dtype(obs_shape: tuple[int, ...], obs_dtype: DTypeLike) -> np.dtype:
     return np.dtype(
         [
@@ -253,7 +270,6 @@ class Keyframe(Message):
 class Forward(Message):
     __slots__ = ()
     td_abs = _array("td_abs", "the actors' initial |td|, f4")
-    keep = _array("keep", "each one's probability of being forwarded, f4 (None: all 1)")
     records = _array("records")
     frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="transitions")
@@ -264,6 +280,12 @@ class Forward(Message):
         """The transitions the site produced that this message stands for (its own and those
         thinned out since the site's previous FORWARD)."""
         return int(self.a) or self.n
+
+    @property
+    def keep(self) -> np.ndarray | None:
+        """Each one's probability of being forwarded, float32 (None: all 1)."""
+        codes = self.arrays.get("keep")
+        return None if codes is None else keep_value(codes)
 
 
 class Batch(Message):
@@ -479,8 +501,8 @@ class Wire:
                 ("records", rec, count),
             ]
         if kind == Tag.FORWARD:
-            keep = [("keep", f4, count)] if b else []
-            return [("td_abs", f4, count), *keep, ("records", rec, count)]
+            keep = [("keep", np.dtype("u1"), count)] if b else []
+            return [("td_abs", f4, count), ("records", rec, count), *keep]
         if kind == Tag.BATCH:
             return [
                 ("window", i8, 1),
@@ -696,11 +718,11 @@ class Wire:
         ``produced``: the transitions the site produced that the message stands for (0: its
         own)."""
         pre, post = self._frames_arrays(frames, len(records))
-        kept = [] if keep is None else [np.asarray(keep, "<f4")]
+        kept = [] if keep is None else [keep_code(np.asarray(keep, np.float32))]
         return self._maybe_compress(
             pack(
                 Tag.FORWARD,
-                pre + [np.asarray(td_abs, "<f4"), *kept, records] + post,
+                pre + [np.asarray(td_abs, "<f4"), records, *kept] + post,
                 count=len(records),
                 seq=seq,
                 a=produced,

@@ -9,14 +9,15 @@ priority as PER stores it:
 
     f_i = clip(q_i / tau, FLOOR * b, 1)
 
-where the budget ``b = min(1, RHO_SHARE * rho, link share)`` is the fraction to forward and
-``tau`` is solved (`solve_threshold`) so that the mean of ``f`` over the last `WINDOW`
-priorities is ``b``.  ``b = 1`` forwards everything: the placement is then
-``--replay-at learner`` exactly (no ``keep`` array on the wire).  The rho-budget ships about what
-the learner will sample (rho per produced transition, when the run sets rho: ``--replay-ratio``,
-or ``--learner-updates-per-s`` with ``--actor-steps-per-s``); the link-budget keeps the forwarded
-bytes within `LINK_SHARE` of an emulated link's rate, from the production rate and the bytes of
-the last FORWARD (a real link, whose rate this direction does not measure: 1).
+(rounded to the byte FORWARD carries it in, `wire.keep_code`), where the budget
+``b = min(1, RHO_SHARE * rho, link share)`` is the fraction to forward and ``tau`` is solved
+(`solve_threshold`) so that the mean of ``f`` over the last `WINDOW` priorities is ``b``.
+``b = 1`` forwards everything: the placement is then ``--replay-at learner`` exactly (no ``keep``
+array on the wire).  The rho-budget ships about what the learner will sample (rho per produced
+transition, when the run sets rho: ``--replay-ratio``, or ``--learner-updates-per-s`` with
+``--actor-steps-per-s``); the link-budget keeps the forwarded bytes within `LINK_SHARE` of an
+emulated link's rate, from the production rate and the bytes of the last FORWARD (a real link,
+whose rate this direction does not measure: 1).
 
 `SiteThinning` is the buffer's side (`at_learner.SiteForwarding`, with the rule at ``add``);
 `ThinnedMemory` the learner's (`at_learner.LocalMemory`, with ``f_i`` kept per slot).  The
@@ -41,6 +42,7 @@ from mpirl.agent.frames import compact
 from mpirl.errors import ConfigError
 from mpirl.replay.build import make_replay
 from mpirl.roles.placements.at_learner import LocalMemory, SiteForwarding
+from mpirl.transport.wire import keep_code, keep_value
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,8 +60,10 @@ RHO_SHARE = 1.0
 #: the share of a budget every transition gets whatever its priority: ``f_i >= FLOOR * b``, which
 #: bounds the importance weights' spread (the variance of the estimate) by ``1 / (FLOOR * b)``
 FLOOR = 0.1
-#: the link-budget's share of an emulated link's rate (the rest: STATS, DONE, the headers' noise)
-LINK_SHARE = 0.9
+#: the link-budget's share of an emulated link's rate (the rest: STATS, DONE, CHECKPOINT); the
+#: advisor counts a placement that keeps this much of its demand as not capped
+#: (`advise.CAPPED_BELOW`)
+LINK_SHARE = 0.95
 #: recent priorities the threshold is solved over
 WINDOW = 4096
 #: transitions received between two solves of the threshold (also solved when the budget moves
@@ -127,7 +131,8 @@ class Thinner:
         self.since += len(q)
 
     def probabilities(self, td_abs: np.ndarray) -> np.ndarray:
-        """``f`` of a message's transitions (float32; all 1 when the budget is 1)."""
+        """``f`` of a message's transitions (float32; all 1 when the budget is 1), each rounded
+        to what its byte on the wire stands for (`wire.keep_code`)."""
         q = (np.abs(np.asarray(td_abs, np.float64)) + self.eps) ** self.alpha
         self.remember(q)
         b = self.budget
@@ -136,7 +141,7 @@ class Thinner:
         if self.tau == 0.0 or self.since >= SOLVE_EVERY or abs(b - self.tau_budget) > RESOLVE * b:
             self.tau = solve_threshold(self.window[: self.filled], b)
             self.tau_budget, self.since = b, 0
-        return np.clip(q / self.tau, FLOOR * b, 1.0).astype(np.float32)
+        return keep_value(keep_code(np.clip(q / self.tau, FLOOR * b, 1.0)))
 
     def choose(self, td_abs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(f, kept): each transition's probability and whether it is forwarded."""
