@@ -330,6 +330,11 @@ def test_a_thinned_run_completes_and_writes_its_files(tmp_path):
     assert (learner["transfers/kind"] == int(Tag.FORWARD)).all()
     _, battrs = read_h5(run_dir / "buffer-0.h5")
     assert 0 < battrs["forwarded"] < 0.8 * battrs["inserted"]  # rho 0.5: about half went
+    # the clean stop wrote a checkpoint: both sides resume from it (each slot's f, the queue)
+    p = run_mpirl(3, "--resume", str(run_dir), "--max-updates", "90", timeout=240)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    learner, _ = read_h5(run_dir / "learner.h5")
+    assert len(learner["updates/loss"]) == 90 and np.isfinite(learner["updates/loss"]).all()
 
 
 def test_the_pilot_on_bytes_prints_what_docs_design_md_quotes():
@@ -352,3 +357,46 @@ def test_the_pilot_on_bytes_prints_what_docs_design_md_quotes():
     assert "| 100 Mb/s | 0.25 | 52.2 | 18.2 (+5.2) | 16.4 (+5.2) | 52.2 | 13.3 |" in tool.table(
         "CartPole-v1", 12_000
     )
+
+
+def test_image_runs_thin_with_the_frames_each_kept_transition_needs():
+    """MinAtar: a thinned transition goes with its own frames (the table compacted), and the
+    learner samples it with the right ones."""
+    pytest.importorskip("minatar")
+    cfg = Config(
+        env="MinAtar/Breakout-v1",
+        replay_at="thinned",
+        replay_ratio=0.25,
+        replay_capacity=4096,
+        forward_chunk=64,
+        batch_size=32,
+    )
+    spec, wire = wire_of(cfg)
+    site, _ = _site(cfg, rho=0.25)
+    rng = np.random.default_rng(8)
+    for k in range(40):  # 64 transitions, 69 frames; frame j of message k holds 100 k + j
+        table = np.zeros((69,) + spec.frame_shape, np.uint8)
+        table[:] = ((100 * k + np.arange(69)) % 256)[:, None, None, None]
+        rec = np.zeros(64, wire.record)
+        rec["frames"][:, 0], rec["frames"][:, 1] = np.arange(64), np.arange(64) + 5
+        rec["reward"] = (100 * k + np.arange(64)) % 256  # its obs frame's value
+        td = rng.lognormal(0, 1, 64).astype(np.float32)
+        m = wire.unpack(wire.experience(rec, td, [], 0, 0, frames=table), Tag.EXPERIENCE)
+        site.add(m)
+    site.tokens = 100
+    site.ship(0.0, stopping=True)
+    msgs = [wire.unpack(b, Tag.FORWARD) for b in site.link.posts]
+    n = sum(m.n for m in msgs)
+    assert 0.15 < n / (40 * 64) < 0.35 and all(m.keep is not None for m in msgs)
+    assert sum(len(m.frames) for m in msgs) <= 2 * n  # only the frames the kept ones need
+    source = _memory(cfg, wire, spec)
+    source.limiter.inserted = 10**6  # (insert alone does not count: the learner may sample)
+    for m in msgs:
+        source.insert(m)
+        obs = m.frames[m.records["frames"][:, 0], 0, 0, 0]
+        assert np.array_equal(obs, m.records["reward"].astype(np.uint8))
+    d = source.draw(1.0)
+    assert d is not None and d.frames is not None
+    obs = d.frames[d.records["frames"][:, 0], 0, 0, 0]
+    assert np.array_equal(obs, d.records["reward"].astype(np.uint8))
+    assert np.all(d.weights <= 1.0) and d.weights.min() < 1.0
