@@ -273,7 +273,9 @@ class ThinnedMemory(LocalMemory):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.keep = np.ones(self.memory.capacity, np.float32)  # f per slot
-        self.keep_min = 1.0  # the smallest f over the held slots
+        #: the smallest f over the slots written (an image memory's retired ones included: a
+        #: smaller normaliser, so weights stay at most 1)
+        self.keep_min = 1.0
         self.received = 0  # transitions that arrived (the limiter counts the produced ones)
 
     def held(self) -> int:
