@@ -193,6 +193,34 @@ def test_importance_weights_are_the_documented_formula():
     assert source.keep_min == pytest.approx(f.min()) and source.received == 40
 
 
+def test_the_learner_counts_produced_transitions_so_rho_is_per_produced_one():
+    """A FORWARD of 100 that stands for 400 produced: the rate limiter counts 400 (the learner
+    samples rho per produced transition), the delivered count 100, and a token is owed."""
+    from mpirl.roles.learner_rows import Arrivals
+    from mpirl.roles.placements.common import Site
+
+    class Rows:
+        def append(self, **row: float) -> None:
+            self.row = row
+
+    cfg = Config(replay_at="thinned", replay_ratio=0.25, learning_starts=0, batch_size=50)
+    spec, wire = wire_of(cfg)
+    arrivals = Arrivals(0, cfg.alpha, cfg.priority_eps, np.random.default_rng(0), None)
+    site = Site(1, Capture(), 1.0)
+    memory = make_replay(cfg, spec, wire.record, seed=1)
+    source = ThinnedMemory(
+        cfg, memory, {1: site}, wire, Rows(), arrivals, lambda: 0, lambda m: False, 1
+    )
+    rec = np.zeros(100, wire.record)
+    f = np.full(100, keep_value(keep_code(np.float32(0.25))))
+    buf = wire.forward(rec, np.ones(100), 0, keep=f, produced=400)
+    source.on_forward(wire.unpack(buf, Tag.FORWARD, rank=1))
+    assert source.inserted == 400 and source.delivered() == 100 and source.owed[1] == 1
+    assert site.served == 100 and len(memory) == 100
+    drawn = [source.draw(0.4) for _ in range(4)]  # while sampled <= rho x produced = 100
+    assert [d is not None for d in drawn] == [True, True, True, False]
+
+
 def test_at_beta_one_the_weighted_samples_estimate_the_mean_over_everything_produced():
     """Monte Carlo: thin 20,000 transitions to a quarter by priority, sample the learner's
     memory at beta = 1: the importance-weighted mean of a per-transition value (here log |td|,
