@@ -6,6 +6,7 @@ sides' checkpoints, the wire, the config, and a short run under mpirun."""
 import json
 import math
 
+import images_extra
 import numpy as np
 import pytest
 from mpirun import read_h5, run_mpirl
@@ -390,7 +391,7 @@ def test_the_pilot_on_bytes_prints_what_docs_design_md_quotes():
 def test_image_runs_thin_with_the_frames_each_kept_transition_needs():
     """MinAtar: a thinned transition goes with its own frames (the table compacted), and the
     learner samples it with the right ones."""
-    pytest.importorskip("minatar")
+    images_extra.require()  # skips without the images extra; fails under MPIRL_REQUIRE_IMAGES=1
     cfg = Config(
         env="MinAtar/Breakout-v1",
         replay_at="thinned",
