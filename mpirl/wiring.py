@@ -296,7 +296,9 @@ def build_buffer(
     streams = schema.open_streams(log, "buffer")
     raw, link = RawBytes(wire), ends.links[0]
     side = pick(cfg.replay_at).site_side(
-        SiteContext(cfg, spec, wire, link, streams, raw, seed["replay"])
+        SiteContext(
+            cfg, spec, wire, link, streams, raw, seed["replay"], getattr(topo, "n_actors", 0)
+        )
     )
     assert ends.site is not None and ends.inbox is not None
     return Buffer(

@@ -50,10 +50,13 @@ class Config:
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (at the edge: only prioritized "
         "batches cross the link, priority updates come back) or 'learner' (in the cloud: every "
-        "experience crosses the link) or 'auto' (chosen at start from the link, measured or "
-        "emulated, and the rates, by the advisor: python -m mpirl.advise; the run records the "
-        "choice)",
-        choices=("buffer", "learner", "auto"),
+        "experience crosses the link) or 'thinned' (in the cloud; the buffer forwards each "
+        "experience with a probability that grows with its priority, within what the learner "
+        "samples (rho) and the link carries, and the learner's importance weights undo it; "
+        "--learners 1; docs/design.md) or 'auto' (chosen at start between 'buffer' and "
+        "'learner' from the link, measured or emulated, and the rates, by the advisor: python "
+        "-m mpirl.advise; the run records the choice)",
+        choices=("buffer", "learner", "thinned", "auto"),
     )
     env_kwargs: dict | None = _f(
         None,
@@ -260,13 +263,15 @@ class Config:
     )
     forward_overflow: str = _f(
         "block",
-        "replay_at=learner, forward queue full: 'block' "
+        "replay_at=learner or thinned, forward queue full: 'block' "
         "(backpressure to the actors) or 'drop-oldest' (keeps P; the "
         "fraction delivered: /progress delivered_fraction)",
         choices=("block", "drop-oldest"),
     )
-    forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
-    forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
+    forward_chunk: int = _f(256, "replay_at=learner or thinned: transitions per forwarded message")
+    forward_credits: int = _f(
+        8, "replay_at=learner or thinned: forwarded messages in flight per buffer"
+    )
     arrival_sample: int = _f(
         64,
         "transitions per message whose |td| under the learner's "
@@ -450,8 +455,16 @@ class Config:
 
     def _validate_choices(self) -> None:
         c = self
-        if c.replay_at not in ("buffer", "learner", "auto"):  # auto: resolved at start
-            raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer', 'learner' or 'auto'")
+        if c.replay_at not in ("buffer", "learner", "thinned", "auto"):  # auto: resolved at start
+            raise ConfigError(
+                f"replay_at={c.replay_at!r} must be 'buffer', 'learner', 'thinned' or 'auto'"
+            )
+        if c.replay_at == "thinned" and c.learners != 1:
+            raise ConfigError(
+                f"replay_at='thinned' needs learners=1, not {c.learners}: a group learner's "
+                "shard would not know each slot's forwarding probability; use --replay-at "
+                "learner with --learners K"
+            )
         if any((not isinstance(h, int)) or h <= 0 for h in c.hidden) or not c.hidden:
             raise ConfigError(
                 f"hidden={c.hidden!r} must be one or more positive layer sizes, "
