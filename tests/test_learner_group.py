@@ -233,3 +233,53 @@ def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
     sync = AllreduceSync(MPI.COMM_SELF, 3)
     assert isinstance(getattr(sync.wait, "__self__", None), SpinThenNap)
     assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)
+
+
+def _lead_group(sync, k=3):
+    """A LeadGroup on fakes: a communicator of size ``k``, ends that keep what is posted."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mpirl.roles.group_lead import LeadGroup
+    from mpirl.run.config import Config
+    from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire, transition_dtype
+
+    class End:
+        def __init__(self):
+            self.posted = []
+
+        def post(self, buf):
+            self.posted.append(buf)
+
+    comm = SimpleNamespace(Get_size=lambda: k)
+    trainer = SimpleNamespace(params=[SimpleNamespace(numel=lambda: 3)], sync=None, updates=0)
+    wire = Wire(transition_dtype((4,), np.float32), n_params=3)
+    ends = {j: End() for j in range(1, k)}
+    syncs = {ALLREDUCE: object(), SUBMIT: object()}
+    cfg = Config(learners=k, learner_sync=sync)
+    return LeadGroup(cfg, comm, ends, None, trainer, syncs, wire, None, None), ends
+
+
+def test_a_resumed_lead_keeps_the_shard_counts_of_its_checkpoint():
+    """The lead gates the orders to each other learner on the transitions it sent to that
+    learner's shard; its checkpoint part keeps the counts and a resume restores them (they
+    restarted at 0, and a resumed lead held every all-reduce update until each shard had been
+    sent its start again, though every learner had restored its shard)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    lead, ends = _lead_group("allreduce")
+    for n in (30, 40, 50, 60, 70, 80):  # round robin: 0 (the lead), 1, 2, 0, 1, 2
+        lead.route(SimpleNamespace(buf=np.zeros(4, np.uint8), n=n))
+    assert [o.shard for o in lead.others] == [40 + 70, 50 + 80]
+    meta = json.loads(json.dumps(lead.saved()))  # as the checkpoint's JSON part keeps it
+    back, _ = _lead_group("allreduce")
+    source = SimpleNamespace(members_ready=lambda lens: all(n >= 100 for n in lens))
+    back.attach(source)
+    assert not back.ready()  # nothing sent to the shards yet
+    back.resume(meta)
+    assert [o.shard for o in back.others] == [110, 130] and back.ready()
+    back.resume({})  # a checkpoint from before the counts were kept: 0, as before
+    assert [o.shard for o in back.others] == [0, 0]

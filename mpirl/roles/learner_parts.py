@@ -184,6 +184,7 @@ class LearnerCheckpoint:
             "wall_s_total": state.wall_total(),
             "to_target": state.to_target,
             "weights_replaced": self.weights.replaced(),
+            **group.saved(),
             "online_sha256": params_sha256(t.online.state_dict()),
             "target_sha256": params_sha256(t.target.state_dict()),
         }
@@ -217,6 +218,7 @@ class LearnerCheckpoint:
         evaluation: Evaluation,
         sites: dict[int, Site],
         source: BatchSource,
+        group: Group,
     ) -> None:
         """Continue where checkpoint ``part`` left off."""
         ts, r, t = part.torch, part.meta, self.trainer
@@ -239,6 +241,7 @@ class LearnerCheckpoint:
         state.elapsed_before, state.to_target = r["wall_s_total"], r["to_target"]
         self.weights.replaced_before = r.get("weights_replaced", 0)  # a cumulative count
         source.restore(r, part.arrays)
+        group.resume(r)
         state.beta = beta_at(cfg, state.updates)
 
 
