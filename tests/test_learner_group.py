@@ -253,7 +253,10 @@ def _lead_group(sync, k=3):
             self.posted.append(buf)
 
     comm = SimpleNamespace(Get_size=lambda: k)
-    trainer = SimpleNamespace(params=[SimpleNamespace(numel=lambda: 3)], sync=None, updates=0)
+    net = SimpleNamespace(flat_params=lambda: np.arange(3, dtype=np.float32))
+    trainer = SimpleNamespace(
+        params=[SimpleNamespace(numel=lambda: 3)], sync=None, updates=0, online=net, target=net
+    )
     wire = Wire(transition_dtype((4,), np.float32), n_params=3)
     ends = {j: End() for j in range(1, k)}
     syncs = {ALLREDUCE: object(), SUBMIT: object()}
@@ -283,3 +286,25 @@ def test_a_resumed_lead_keeps_the_shard_counts_of_its_checkpoint():
     assert [o.shard for o in back.others] == [110, 130] and back.ready()
     back.resume({})  # a checkpoint from before the counts were kept: 0, as before
     assert [o.shard for o in back.others] == [0, 0]
+
+
+def test_an_order_is_labelled_with_the_version_of_the_weights_it_carries():
+    """Orders handed out in `serve` right after it applied updates carry the trainer's
+    weights: their version is the trainer's update count, not the learner loop's, which
+    catches up only when `serve` returns (labelled with it, a gradient was logged 1-2 updates
+    staler than it was).  Each takes a token of the current step (gba), and another learner
+    holds two orders (pipelining)."""
+    from types import SimpleNamespace
+
+    from mpirl.roles.placements.common import Drawn
+    from mpirl.transport.wire import Tag
+
+    lead, ends = _lead_group("gba", k=2)
+    lead.attach(SimpleNamespace(for_member=lambda j, n: Drawn(None, member=j)))
+    lead.trainer.updates = 5  # two updates applied in this serve
+    state = SimpleNamespace(updates=3, beta=0.4, stop_reason=None)
+    assert lead._hand_out(state)
+    orders = [lead.wire.unpack(b, Tag.ORDER) for b in ends[1].posted]
+    assert orders[0].version == 5 and orders[0].weights(3) is not None
+    assert orders[1].weights(3) is None  # the learner's copy is current: no weights again
+    assert [t for *_, t in lead.others[0].orders] == [5, 5]  # tokens of step 5 (K = 2)
