@@ -131,6 +131,8 @@ def test_group_checkpoint_resumes_with_every_learners_part(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     part = json.loads(next(run_dir.glob("checkpoint/*/learner-1.json")).read_text())
     assert part["meta"]["updates"] == 120 and part["meta"]["replay"]["inserted"] > 0
+    lead = json.loads(next(run_dir.glob("checkpoint/*/learner.json")).read_text())
+    assert lead["meta"]["group_shards"]["1"] > 0  # the lead's count of learner 1's shard
     with h5py.File(run_dir / "learner.h5", "r") as f:  # allreduce: both learners in every update
         assert len(f["group/learner"]) == 120 and (f["group/learner"][()] == -1).all()
         assert (f["group/samples"][()] == 128).all()
@@ -257,7 +259,7 @@ def test_a_run_killed_while_a_learner_straggles_resumes_consistently(tmp_path):
     other = json.loads((ck / f"{newest:06d}/learner-1.json").read_text())
     assert other["written_unix"] > lead["written_unix"]  # the lead did not wait for it
     assert (
-        lead["meta"]["group_shards"] == [other["meta"]["replay"]["inserted"]]
+        lead["meta"]["group_shards"] == {"1": other["meta"]["replay"]["inserted"]}
         and other["meta"]["replay"]["inserted"] > 0
     )
     p = run_mpirl(5, "--resume", str(run_dir), "--max-seconds", "8", timeout=180)

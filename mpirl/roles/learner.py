@@ -166,9 +166,8 @@ class Learner:
         p = self.parts
         if p.resume is not None:
             self.checkpoints.restore(
-                p.resume, self.cfg, self.state, self.evaluation, self.sites, self.source
+                p.resume, self.cfg, self.state, self.evaluation, self.sites, self.source, self.group
             )
-            self.group.restore(p.resume.meta)
         self.group.start(self.state.updates)  # every learner starts from the lead's networks
         self.report.mark(self.state)
         self.send_weights()

@@ -240,6 +240,7 @@ class LearnerCheckpoint:
         evaluation: Evaluation,
         sites: dict[int, Site],
         source: BatchSource,
+        group: Group,
     ) -> None:
         """Continue where checkpoint ``part`` left off."""
         ts, r, t = part.torch, part.meta, self.trainer
@@ -262,6 +263,7 @@ class LearnerCheckpoint:
         state.elapsed_before, state.to_target = r["wall_s_total"], r["to_target"]
         self.weights.replaced_before = r.get("weights_replaced", 0)  # a cumulative count
         source.restore(r, part.arrays)
+        group.resume(r)
         state.beta = beta_at(cfg, state.updates)
 
 

@@ -157,14 +157,21 @@ class Config:
     )
     max_grad_staleness: int = _f(
         4,
-        "--learner-sync gba: drop a gradient computed on weights more than this many updates "
-        "old; inside the bound it is scaled by 1/(1+staleness) (0 = no bound)",
+        "--learner-sync gba: drop a gradient whose token (the update it was meant for) is more "
+        "than this many updates old (0 = no bound); see --severe-staleness for its weight",
+    )
+    severe_staleness: int = _f(
+        2,
+        "--learner-sync gba: a gradient up to this many updates stale (by its token) counts "
+        "in full; beyond, it is scaled by 1/(1+staleness-this) (GBA decays only severe "
+        "staleness; 0 = 1/(1+staleness) for every stale gradient)",
     )
     straggle: str | None = _f(
         None,
         "test / bench hook: 'RANK:MS' makes learner RANK sleep MS milliseconds in every "
         "update (a slow worker that does not steal CPU); 'RANK:MS@START-END' only from START to "
-        "END seconds after it starts (a straggler that comes and goes)",
+        "END seconds after it starts (a straggler that comes and goes); RANK '*': every "
+        "learner (learners paced at equal speed)",
     )
 
     # --- pacing (docs/design.md, "Pacing") ------------------------------------------------------
@@ -418,6 +425,7 @@ class Config:
             "seed",
             "max_staleness",
             "max_grad_staleness",
+            "severe_staleness",
             "eval_max_steps",
             "arrival_sample",
         ]:
@@ -545,31 +553,42 @@ class Config:
             try:
                 rank = parse_straggle(c.straggle)[0]
             except ValueError:
-                rank = -1
-            if not 0 <= rank < c.learners:
+                rank = -2
+            if not (0 <= rank < c.learners or rank == EVERY_LEARNER):
                 raise ConfigError(
                     f"straggle={c.straggle!r} must be 'RANK:MS' or 'RANK:MS@START-END' with "
                     f"RANK a learner (0..{c.learners - 1}), MS >= 0 and 0 <= START < END "
-                    f"seconds, e.g. --straggle {c.learners - 1}:20 or {c.learners - 1}:20@10-20"
+                    f"seconds, e.g. --straggle {c.learners - 1}:20 or {c.learners - 1}:20@10-20 "
+                    "(RANK '*': every learner)"
                 )
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+#: --straggle '*:MS': every learner (its parse_straggle rank)
+EVERY_LEARNER = -1
+
+
 def parse_straggle(text: str) -> tuple[int, float, float, float]:
     """--straggle 'RANK:MS[@START-END]' -> (learner rank, ms slept per update, start s, end s);
-    ValueError on anything else."""
+    RANK ``*``: every learner (`EVERY_LEARNER`); ValueError on anything else."""
     rank, sep, rest = text.partition(":")
     ms, at, window = rest.partition("@")
-    r, m = int(rank), float(ms)
+    r, m = (EVERY_LEARNER if rank == "*" else int(rank)), float(ms)
     start, end = (0.0, float("inf"))
     if at:
         a, dash, b = window.partition("-")
         if not dash:
             raise ValueError(text)
         start, end = float(a), float(b)
-    if not sep or r < 0 or not m >= 0 or m == float("inf") or not 0 <= start < end:
+    if (
+        not sep
+        or (r < 0 and r != EVERY_LEARNER)
+        or not m >= 0
+        or m == float("inf")
+        or not 0 <= start < end
+    ):
         raise ValueError(text)
     return r, m, start, end
 
