@@ -10,24 +10,32 @@ are named by the sweep folders (``cell=A``, ``cell=B``, ``cell=C``, ``cell=M``, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from analysis.plots import ForestRow, plot_forest
 from analysis.stats import (
     PAPER_LOSS,
     PAPER_PRIORITY,
     LogRatio,
+    TimeDiff,
     figure_outcome,
     holm,
-    km_cell,
     ratio,
+    rmst_cell,
 )
 from analysis.tables import PAPER_TERM, brief, by_cell, read_rows
 
-PAPER = {"train_loss": PAPER_LOSS, "prio_td_held": PAPER_PRIORITY}
-FIGURE_NAMES = {"train_loss": "training loss", "prio_td_held": "transferred priority (|td|+eps)"}
+#: the family's figures: the training loss is the unweighted TD loss (primary since issue 47; the
+#: IS-weighted one is secondary: its weights (p / p_min)^-beta take p_min over the whole memory,
+#: so it is 0.1-8% of the unweighted loss and tracks p_min and beta, not the TD error)
+PAPER = {"train_loss_unweighted": PAPER_LOSS, "prio_td_held": PAPER_PRIORITY}
+FIGURE_NAMES = {
+    "train_loss_unweighted": "training loss (unweighted TD)",
+    "prio_td_held": "transferred priority (|td|+eps)",
+}
 DECIDING = ("cell=A", "cell=B", "cell=M")
 #: the Plan's pairs per deciding cell (its power estimate); a family with a cell short of its
 #: pairs decides nothing (interim), and its Holm correction counts the tests run so far only
@@ -36,8 +44,8 @@ PLANNED = {"cell=A": 20, "cell=B": 20, "cell=M": 10}
 PLANNED_MAP = 10
 CONTROL, THINNING = "cell=C", "cell=B"
 METRICS = (
-    ("train_loss", "training loss (IS-weighted)"),
-    ("train_loss_unweighted", "training loss, unweighted"),
+    ("train_loss_unweighted", "training loss, unweighted TD (primary)"),
+    ("train_loss", "training loss, IS-weighted (secondary)"),
     ("prio_td_held", "priority held, \\|td\\|+eps"),
     ("prio_held", "priority held, p^alpha"),
     ("arrival_td", "\\|td\\| on arrival"),
@@ -139,23 +147,6 @@ def complete(cells: dict) -> bool:
     return all(pairs(cells, c) >= PLANNED[c] for c in DECIDING)
 
 
-@dataclass(frozen=True)
-class TimeDiff:
-    """Time to target in one cell: restricted mean (censored at T), proposed - existing, in
-    seconds, its 95% interval, and the log-rank p; ``n`` is the cell's seed pairs."""
-
-    estimate: float
-    low: float
-    high: float
-    p: float
-    n: int
-
-    def text(self) -> str:
-        if self.n < 2:  # KM's variance is 0 with one run per placement: no interval (_km_line)
-            return f"{self.estimate:+.1f} s (no interval, n = {self.n})"
-        return f"{self.estimate:+.1f} [{self.low:+.1f}, {self.high:+.1f}] s"
-
-
 def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio | TimeDiff, float]]:
     """Family U, as the Plan names it: every cell but C x (return AUC, time to target where the
     cell has a target, return per MB), Holm-adjusted over all of them."""
@@ -166,10 +157,8 @@ def outcome_tests(cells: dict) -> dict[tuple[str, str], tuple[LogRatio | TimeDif
         for k, _, _ in OUTCOMES:
             if k != "time_to_target":
                 tests[(c, k)] = ratio(cells[c], k)
-            elif (km := _km(cells[c])) is not None:
-                tests[(c, k)] = TimeDiff(
-                    km["diff"], km["diff_low"], km["diff_high"], km["logrank_p"], pairs(cells, c)
-                )
+            elif (td := _km(cells[c])) is not None:
+                tests[(c, k)] = td
     adj = holm([r.p for r in tests.values()])
     return {key: (r, p) for (key, r), p in zip(tests.items(), adj, strict=True)}
 
@@ -213,6 +202,7 @@ def section(data: Path) -> str:
     out = [_verdict(cells, fam), ""]
     out += _family_table(fam)
     out += _control(cells)
+    out += _trained_on(cells)
     for c, cell in cells.items():
         out += _cell_block(c, cell, curves)
     out += _map(cells)
@@ -287,20 +277,26 @@ def _family_table(fam: list) -> list[str]:
 
 
 def _control(cells: dict) -> list[str]:
-    """Cell B against cell C in both readings of the loss; the Plan's rule reads the primary
-    (IS-weighted) one, the unweighted one is shown beside it. The IS-weighted one depends on beta,
-    which anneals with learner updates (``beta_steps``); C's existing arm makes fewer updates
-    than B's proposed arm, so its weights use a smaller beta. The unweighted loss has no beta."""
+    """Cell B against cell C in both readings of the loss; the rule reads the primary
+    (unweighted TD) one, the IS-weighted one is shown beside it. The IS-weighted one depends on
+    beta, which anneals with learner updates (``beta_steps``), and on p_min over the whole memory;
+    C's existing arm makes fewer updates than B's proposed arm, so its weights use a smaller beta.
+    The unweighted loss has neither."""
     if CONTROL not in cells or THINNING not in cells:
         return ["The replay-ratio matched control (cell C) has no data yet.", ""]
     parts, in_c = [], []
-    for key, name in (("train_loss", "IS-weighted"), ("train_loss_unweighted", "unweighted")):
+    consistent: bool | None = None
+    for key, name in (("train_loss_unweighted", "unweighted TD"), ("train_loss", "IS-weighted")):
         b, c = ratio(cells[THINNING], key), ratio(cells[CONTROL], key)
+        if not (b.n and c.n):
+            parts.append(f"{name} not logged in these runs")
+            in_c.append(0)
+            continue
         parts.append(
             f"{name} {b.text()} in cell B (unequal replay per delivered transition), "
             f"{c.text()} in cell C (equal)"
         )
-        if key == "train_loss":  # the Plan's rule reads the primary, IS-weighted loss
+        if key == "train_loss_unweighted":  # the rule reads the primary, unweighted loss
             consistent = b.high < 1 and c.low <= 1 <= c.high
         in_c.append(-1 if c.high < 1 else 1 if c.low > 1 else 0)
     out = [
@@ -308,7 +304,9 @@ def _control(cells: dict) -> list[str]:
         + "; ".join(parts)
         + ". "
         + (
-            "The data are consistent with a replay-ratio effect."
+            "The rule reads the unweighted loss, not logged in these runs: no reading."
+            if consistent is None
+            else "The data are consistent with a replay-ratio effect."
             if consistent
             else "The data do not show that the loss difference is a replay-ratio effect."
         )
@@ -323,6 +321,82 @@ def _control(cells: dict) -> list[str]:
             "compares them without it."
         )
     return [" ".join(out), ""]
+
+
+QUARTERS = (1, 2, 3, 4)
+#: the within-placement null of each placement's trained |td| (`analysis.export.trained_on`)
+NULL_NAME = {"learner": "arrived", "buffer": "stored"}
+
+
+def within_null(cell: dict, arm: str, k: int) -> float:
+    """Geometric mean over the placement's runs of trained |td| / null |td| in quarter ``k``
+    (NaN when no run has both: the null is not logged in that placement)."""
+    x = np.array(
+        [
+            r.get(f"batch_td_q{k}", math.nan) / r.get(f"null_td_q{k}", math.nan)
+            for r in cell[arm].values()
+        ],
+        float,
+    )
+    x = x[np.isfinite(x) & (x > 0)]
+    return float(np.exp(np.mean(np.log(x)))) if x.size else math.nan
+
+
+def _maybe(key: str) -> Callable[[dict], float]:
+    """A row's ``key``, NaN in rows exported before the column existed."""
+    return lambda r: r.get(key, math.nan)
+
+
+def _trained_on(cells: dict) -> list[str]:
+    """What the learner trains on: the placement ratio of trained-batch |td| over [0, T] and by
+    quarter of T (paired t, as every ratio), and within each placement trained / null by quarter
+    (descriptive: what prioritized sampling adds to what arrived in, or was stored at, the
+    memory). Rows exported before issue 47 have none of these columns: a line says so."""
+    head = "**What the learner trains on** (descriptive, not in F or U)"
+    has = [
+        c
+        for c, cell in cells.items()
+        if c != CONTROL and seed_pairs(cell) and ratio(cell, _maybe("batch_td")).n
+    ]
+    if not has:
+        return [
+            f"{head}: the \\|td\\| of trained batches (`/updates/td_abs_mean`) is not logged in "
+            "these runs' rows (they were exported before `batch_td` and `null_td` existed; the "
+            "HDF5 files are not committed), so the placement ratio on what the learner trains "
+            "on cannot be shown yet; `python -m analysis.export` writes it for new runs.",
+            "",
+        ]
+    out = [
+        f"{head}: trained-batch \\|td\\|, proposed / existing, over [0, T] and by quarter of T "
+        "(paired t-intervals); beside it, within each placement, trained / arrived (existing: "
+        "\\|td\\| on arrival of what was forwarded into the learner's memory) and trained / "
+        "stored (proposed), geometric mean over runs, Q1 to Q4. A ratio above 1 within a "
+        "placement is what prioritized sampling concentrates, which the transferred-priority "
+        "figure of F mixes with the placement.",
+        "",
+        "| cell | n | [0, T] | Q1 | Q2 | Q3 | Q4 | existing: trained / arrived | proposed: "
+        "trained / stored |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in has:
+        cell = cells[c]
+        rs = [ratio(cell, _maybe(f"batch_td{q}")) for q in ("", *(f"_q{k}" for k in QUARTERS))]
+        nulls = []
+        for arm in ("learner", "buffer"):
+            q = [within_null(cell, arm, k) for k in QUARTERS]
+            nulls.append(
+                ", ".join(brief(v) for v in q)
+                if any(math.isfinite(v) for v in q)
+                else f"not logged (nothing {NULL_NAME[arm]} is measured in this placement)"
+            )
+        out.append(
+            f"| {c} | {rs[0].n} | "
+            + " | ".join(r.text() for r in rs)
+            + " | "
+            + " | ".join(nulls)
+            + " |"
+        )
+    return out + [""]
 
 
 def rising(cell: dict, curves: dict, arm: str) -> tuple[float, int, int]:
@@ -404,25 +478,24 @@ def _cell_block(c: str, cell: dict, curves: dict) -> list[str]:
     return out + [""]
 
 
-def _km_line(km: dict) -> str:
-    """One run per placement has a KM variance of 0: no interval and no test, not a certainty."""
-    n = min(km["n_learner"], km["n_buffer"])
+def _km_line(td: TimeDiff) -> str:
+    """One pair has no spread to resample: no interval and no test, not a certainty."""
     spread = (
-        f"[{km['diff_low']:+.1f}, {km['diff_high']:+.1f}] s, log-rank p {brief(km['logrank_p'], 2)}"
-        if n >= 2
-        else f"s (no interval, n = {n}), log-rank p -"
+        f"[{td.low:+.1f}, {td.high:+.1f}] s, paired t p {brief(td.p, 2)}"
+        if td.n >= 2
+        else f"s (no interval, n = {td.n}), p -"
     )
     return (
-        f"Time to target (censored at T): reached {km['reached_learner']}/"
-        f"{km['n_learner']} existing, {km['reached_buffer']}/{km['n_buffer']} "
-        f"proposed; restricted mean {km['rmst_learner']:.1f} s against "
-        f"{km['rmst_buffer']:.1f} s, difference {km['diff']:+.1f} {spread}."
+        f"Time to target (censored at T): reached {td.reached_learner}/{td.n} existing, "
+        f"{td.reached_buffer}/{td.n} proposed (seed pairs); restricted mean "
+        f"{td.rmst_learner:.1f} s against {td.rmst_buffer:.1f} s, difference "
+        f"{td.estimate:+.1f} {spread}."
     )
 
 
-def _km(cell: dict) -> dict | None:
-    """Time to target as survival, censored at the shortest run's T."""
-    return km_cell(cell, "T", lambda r: r["reached"] == 1)
+def _km(cell: dict) -> TimeDiff | None:
+    """Time to target, restricted at the shortest run's T (`analysis.stats.rmst_cell`)."""
+    return rmst_cell(cell, "T", lambda r: r["reached"] == 1)
 
 
 def _map(cells: dict) -> list[str]:
@@ -433,7 +506,8 @@ def _map(cells: dict) -> list[str]:
         "**Where should the replay memory live?** Family U: every cell x (return AUC, "
         "time to target where the cell has a target, return per link MB), Holm at 0.05 over "
         f"its {len(tests)} tests; a placement wins when its Holm-adjusted p < 0.05. Time to "
-        "target is the restricted mean difference proposed - existing with the log-rank p.",
+        "target is the restricted mean difference proposed - existing, its interval and p from one "
+        "paired t procedure (they agree by construction).",
         "",
         "| cell | " + " | ".join(n for _, n, _ in OUTCOMES) + " |",
         "|---|" + "---|" * len(OUTCOMES),
@@ -512,7 +586,8 @@ def slug(cell: str) -> str:
 
 def figures(data: Path, out: Path) -> list[Path]:
     """Per cell: return against wall time and against cumulative link MB (median and IQR over
-    seeds per placement), and the Kaplan-Meier curves of time to target."""
+    seeds per placement), and the Kaplan-Meier curves of time to target; per family (F, U) a
+    forest plot (`forest_figures`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -550,7 +625,43 @@ def figures(data: Path, out: Path) -> list[Path]:
         fig.savefig(p, dpi=90)
         plt.close(fig)
         paths.append(p)
-    return paths
+    return paths + forest_figures(cells, out)
+
+
+def forest_rows(cells: dict) -> dict[str, list[ForestRow]]:
+    """The forest plot's rows of each family: F (deciding cells x the two figures, the paper's
+    value marked) and U (every cell but C x its outcomes; time to target in seconds); each
+    row's interval is the one its table shows (95%, paired t)."""
+    fam = [
+        ForestRow(f"{c}: {FIGURE_NAMES[k]}", r.estimate, r.low, r.high, PAPER[k], "ratio")
+        for c, k, r, _, _ in family_tests(cells)
+    ]
+    names = {k: name for k, name, _ in OUTCOMES}
+    u = [
+        ForestRow(
+            f"{c}: {names[k]}",
+            r.estimate,
+            r.low,
+            r.high,
+            None,
+            "s" if isinstance(r, TimeDiff) else "ratio",
+        )
+        for (c, k), (r, _) in outcome_tests(cells).items()
+    ]
+    return {"F": fam, "U": u}
+
+
+def forest_figures(cells: dict, out: Path) -> list[Path]:
+    """``forest-F.png`` and ``forest-U.png`` in ``out`` (`analysis.plots.plot_forest`)."""
+    titles = {
+        "F": "Family F: proposed / existing per deciding cell (x: the paper's value)",
+        "U": "Family U: user outcomes per cell",
+    }
+    return [
+        plot_forest(rows, out / f"forest-{fam}.png", titles[fam])
+        for fam, rows in forest_rows(cells).items()
+        if rows
+    ]
 
 
 def _km_plot(ax, rows: list[dict], color: str, label: str) -> None:

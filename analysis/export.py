@@ -12,8 +12,9 @@ Definitions (docs/results.md, "Plan for the equal-wall-time experiment"), on the
 clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
 
 - window W = [T/2, T]: ``train_loss`` (importance-weighted ``/updates/loss``),
-  ``train_loss_unweighted``, ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by
-  ``n``: PER's |td|+eps as held by the sender), ``prio_held`` (the same after the exponent,
+  ``train_loss_unweighted`` (``/updates/loss_unweighted``, the primary loss of docs/results.md),
+  ``prio_td_held`` (``/transfers/priority_td_mean`` weighted by ``n``: PER's |td|+eps as held by
+  the sender), ``prio_held`` (the same after the exponent,
   p^alpha), ``arrival_td`` (weighted by ``arrival_n``), ``ref_loss`` (mean over W's evaluations)
   and ``ref_loss_norm`` (the same of reference loss / mean Q^2 on the set: the Q scale out);
 - the return curve R(t): the latest finished greedy evaluation's mean return (the first one's
@@ -28,6 +29,14 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
   ``--actor-steps-per-s`` x actor ranks, ``U_requested`` = ``--learner-updates-per-s`` (NaN:
   unpaced);
 - ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
+- what the learner trains on, over [0, T] and by quarter of it (Q_k = ((k-1) T/4, k T/4], the
+  first from 0): ``batch_td`` and ``batch_td_q1`` .. ``batch_td_q4``, the mean ``/updates/
+  td_abs_mean`` (|td| of each trained batch under the network that trained on it) in every
+  placement; ``null_td`` and ``null_td_q1`` .. ``null_td_q4``, the within-placement null: the
+  |td| on arrival (under the learner's network) of what reached the learner's memory, the
+  ``arrival_td_mean`` of the /transfers rows of kind FORWARD weighted by ``arrival_n`` (NaN in a
+  placement that forwards nothing to the learner: the buffer logs no statistic of what it
+  stores). batch / null is what prioritized sampling adds within a placement.
 
 Curves: ``GRID`` + 1 points t_k = k T / GRID: ``return`` R(t_k), ``link_mb`` at t_k, and the
 means of ``/updates/loss`` and of the held |td|+eps over (t_(k-1), t_k].
@@ -46,11 +55,12 @@ from typing import Any
 import numpy as np
 
 from analysis.cells import cell_label, cell_of
-from analysis.metrics import link_mb_at, resolve_target
+from analysis.metrics import Kind, link_mb_at, resolve_target
 from analysis.runs import Run, find_runs, load_run
 from analysis.tables import field
 
 GRID = 48
+QUARTERS = (1, 2, 3, 4)
 RUN_FIELDS = (
     "run",
     "cell",
@@ -83,6 +93,10 @@ RUN_FIELDS = (
     "return_per_mb",
     "load_mean",
     "load_max",
+    "batch_td",
+    *(f"batch_td_q{k}" for k in QUARTERS),
+    "null_td",
+    *(f"null_td_q{k}" for k in QUARTERS),
 )
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
@@ -179,6 +193,28 @@ def _eval_metrics(run: Run, big_t: float) -> dict[str, Any]:
     }
 
 
+def trained_on(run: Run, big_t: float) -> dict[str, float]:
+    """``batch_td`` and ``null_td``, over [0, T] and by quarter of it (module docstring)."""
+    upd, xf = run.learner.stream("updates"), run.learner.stream("transfers")
+    tu, td = _col(upd, "t"), _col(upd, "td_abs_mean")
+    tx, kind = _col(xf, "t"), _col(xf, "kind")
+    fwd = kind == int(Kind.FORWARD)
+    arr, an = _col(xf, "arrival_td_mean"), _col(xf, "arrival_n") if "arrival_n" in xf else None
+    an = _col(xf, "n") if an is None else an
+    edges = np.linspace(0.0, big_t, len(QUARTERS) + 1)
+    out = {
+        "batch_td": _mean(td[(tu >= 0) & (tu <= big_t)]),
+        "null_td": _mean(arr[fwd & (tx >= 0) & (tx <= big_t)], an[fwd & (tx >= 0) & (tx <= big_t)]),
+    }
+    for k in QUARTERS:
+        lo, hi = edges[k - 1], edges[k]
+        iu = ((tu > lo) | ((k == 1) & (tu >= lo))) & (tu <= hi)
+        ix = fwd & ((tx > lo) | ((k == 1) & (tx >= lo))) & (tx <= hi)
+        out[f"batch_td_q{k}"] = _mean(td[iu])
+        out[f"null_td_q{k}"] = _mean(arr[ix], an[ix])
+    return out
+
+
 def run_id(run: Run) -> str:
     """The run's folder relative to the current folder when it is under it (as the sweep's
     ``out`` names it), else as given: the key that merges rows across sittings."""
@@ -217,6 +253,7 @@ def run_row(run: Run, root: Path) -> dict[str, Any]:
         **_eval_metrics(run, big_t),
         "link_mb": float(link_mb_at(run, np.array([big_t]))[0]),
         **_load(run),
+        **trained_on(run, big_t),
     }
     row["return_per_mb"] = (
         row["auc_return"] / row["link_mb"]

@@ -19,8 +19,10 @@ drawn on the Agg canvas directly (no pyplot, no display, and the caller's backen
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +32,14 @@ from analysis.metrics import link_mb_at
 from analysis.runs import Run
 
 __all__ = [
+    "ForestRow",
     "band",
     "binned_mean",
     "common_grid",
     "counter_rate",
     "curves",
     "plot_curves",
+    "plot_forest",
     "plot_profile",
     "plot_return_vs_link",
 ]
@@ -365,4 +369,97 @@ def plot_curves(title: str, runs: list[Run], path: Path) -> Path:
     fig.suptitle(f"{title}: median and IQR across seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    return path
+
+
+# --- the forest plot of a family of tests --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One (cell, outcome) of a family: its point, its interval (NaN: none), the paper's value
+    where the paper gives one, and its unit: ``"ratio"`` (proposed / existing, no effect at 1,
+    log axis) or ``"s"`` (proposed - existing in seconds, no effect at 0)."""
+
+    label: str
+    estimate: float
+    low: float
+    high: float
+    paper: float | None = None
+    unit: str = "ratio"
+
+
+def plot_forest(rows: Sequence[ForestRow], path: Path, title: str = "") -> Path:
+    """A forest plot of ``rows``, top to bottom in their order: one panel per unit (ratios on a
+    log axis, differences in seconds on a linear one), each row's point and interval, a line at
+    no effect (1 or 0) and the paper's value as a red cross where it has one. PNG at ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    units = [u for u in ("ratio", "s") if any(r.unit == u for r in rows)] or ["ratio"]
+    per = {u: [r for r in rows if r.unit == u] for u in units}
+    tallest = max(len(v) for v in per.values())
+    label_in = 0.07 * max((len(r.label) for r in rows), default=10)
+    fig = Figure(figsize=((label_in + 4.5) * len(units), 1.3 + 0.32 * max(tallest, 1)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(units), squeeze=False)[0]
+    for ax, u in zip(axes, units, strict=True):
+        rs = per[u]
+        n = len(rs)
+        none = 1.0 if u == "ratio" else 0.0
+        if u == "ratio":
+            ax.set_xscale("log")
+        xs = [none]
+        papered = False
+        for i, r in enumerate(rs):
+            y = n - 1 - i
+            if math.isfinite(r.low) and math.isfinite(r.high):
+                ax.plot([r.low, r.high], [y, y], "-", color="C0", lw=2)
+                xs += [r.low, r.high]
+            if math.isfinite(r.estimate):
+                ax.plot([r.estimate], [y], "D", color="C0", ms=5)
+                xs.append(r.estimate)
+            if r.paper is not None and math.isfinite(r.paper):
+                ax.plot(
+                    [r.paper],
+                    [y],
+                    "x",
+                    color="tab:red",
+                    ms=8,
+                    mew=2,
+                    label=None if papered else "paper",
+                )
+                xs.append(r.paper)
+                papered = True
+        ax.axvline(none, color="k", lw=1)
+        xs = [x for x in xs if math.isfinite(x) and (u != "ratio" or x > 0)]
+        lo, hi = min(xs), max(xs)
+        if u == "ratio":
+            lo, hi = lo / 1.3, hi * 1.3
+            ax.set_xlim(lo, hi)
+            ticks = [
+                v for v in (0.01, 0.03, 0.1, 0.26, 0.5, 1, 2, 3.92, 10, 30, 100) if lo <= v <= hi
+            ]
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            pad = 0.08 * (hi - lo or 1.0)
+            ax.set_xlim(lo - pad, hi + pad)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels([r.label for r in rs][::-1], fontsize=8)
+        ax.set_ylim(-0.7, n - 0.3)
+        ax.set_xlabel(
+            "proposed / existing, 95% interval"
+            if u == "ratio"
+            else "proposed - existing (s), 95% interval"
+        )
+        if papered:
+            ax.legend(loc="best", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=90)
     return path

@@ -56,6 +56,10 @@ _COMMON = {
     "`exploration`, `envs` (one per env)",
     "reference_set": "learner, with --reference-set: path of the reference set (.npz, "
     "mpirl.refloss) behind /evals/reference_loss",
+    "replay_at_auto_json": "only with `--replay-at auto`: the advisor's advice as JSON "
+    "(`python -m mpirl.advise --json`'s fields: `replay_at` chosen, `why`, `sentence`, "
+    "`inputs`, `predictions` per placement, `confidence`, `evidence`); `config_json`'s "
+    "`replay_at` holds the resolved placement",
     "reference_set_sha256": "learner, with --reference-set: sha256 of that set's contents "
     "(mpirl.refloss.content_sha256; `refloss.load(path, sha256=...)` "
     "checks it)",

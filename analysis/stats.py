@@ -37,8 +37,17 @@ paper" when the simultaneous interval (level 1 - alpha/m) contains v, else "same
 smaller / larger than the paper"; Holm-adjusted p < alpha in the other direction -> "opposite
 direction"; otherwise "inconclusive at n = N".
 
-*Time to target as survival* (`km_compare`, `rmst`): censored at tau, Kaplan-Meier restricted
-mean time to target per placement, their difference with a 95% normal interval, the log-rank p.
+*Time to target* (`rmst_paired`, `rmst_cell`): every run is censored at tau (the shortest
+run of the cell), so a run's restricted time is min(time to target, tau), tau when it did not
+reach the target by then. With every censoring at tau, the Kaplan-Meier restricted mean time
+(RMST, `rmst`) of a placement is the plain mean of its restricted times, and the difference
+proposed - existing is the mean of the per-seed differences d_i over the seeds run in both
+placements. Its test and its interval are one paired t procedure on d, as for the ratios:
+p = two-sided one-sample t-test of mean d = 0, interval = mean d +- t(1 - a/2, n - 1) sd(d) /
+sqrt(n); p < a exactly when the interval excludes 0, so the decision and the interval shown
+cannot disagree (the KM normal interval and the log-rank p used before could: the log-rank test
+compares whole curves, not the restricted means the interval is on). Every seed having the same
+difference gives a point: p 1 when that difference is 0, else 0 (as `log_ratio_t`).
 
 The fixed-update appendix (docs/results/appendix/fixed-updates.md, its Plan)
 ---------------------------------------------------------------------------
@@ -98,19 +107,20 @@ __all__ = [
     "Decision",
     "LogRatio",
     "Ratio",
+    "TimeDiff",
     "TimeToTarget",
     "decide",
     "figure_outcome",
     "figure_status",
     "forest_plot",
     "holm",
-    "km_cell",
-    "km_compare",
     "log_ratio_t",
     "pair_by_seed",
     "ratio",
     "ratio_ci",
     "rmst",
+    "rmst_cell",
+    "rmst_paired",
     "seed_values",
     "time_to_target",
 ]
@@ -307,36 +317,87 @@ def rmst(durations: np.ndarray, events: np.ndarray, tau: float) -> tuple[float, 
     return float(pieces.sum()), float(np.sum(area_after**2 * w))
 
 
-def km_compare(
-    times: dict[str, np.ndarray], reached: dict[str, np.ndarray], tau: float
-) -> dict[str, float]:
-    """Time to target as survival, censored at ``tau``, for each placement (``times`` and
-    ``reached`` keyed by replay_at, "learner" and "buffer"): each placement's restricted mean
-    time to target (`rmst`), the difference buffer - learner
-    with a 95% normal interval, and the log-rank p (lifelines)."""
-    from lifelines.statistics import logrank_test
+@dataclass(frozen=True)
+class TimeDiff:
+    """Time to target in one cell, proposed - existing, in seconds: the difference of restricted
+    mean times to target up to ``tau`` over the seeds run in both placements (``n``), its paired
+    t-interval and p (module docstring); each placement's RMST and how many of its paired runs
+    reached the target by tau."""
 
-    out: dict[str, float] = {"tau": tau}
-    data = {}
-    for k in ("learner", "buffer"):
-        event = np.asarray(reached[k], bool) & (np.asarray(times[k]) <= tau)
-        dur = np.where(event, times[k], tau)
-        data[k] = (dur, event)
-        out[f"rmst_{k}"], out[f"var_{k}"] = rmst(dur, event, tau)
-        out[f"reached_{k}"], out[f"n_{k}"] = int(event.sum()), len(dur)
-    diff = out["rmst_buffer"] - out["rmst_learner"]
-    half = 1.96 * math.sqrt(out["var_buffer"] + out["var_learner"])
-    out.update(diff=diff, diff_low=diff - half, diff_high=diff + half)
-    (dp, ep), (de, ee) = data["buffer"], data["learner"]
-    out["logrank_p"] = float(logrank_test(dp, de, ep, ee).p_value)
-    return out
+    estimate: float
+    low: float  # 95% paired t-interval (NaN with fewer than 2 pairs)
+    high: float
+    p: float  # paired t-test of a difference of 0 (NaN with fewer than 2 pairs)
+    n: int
+    sd: float = math.nan  # SD of the per-seed differences
+    tau: float = math.nan
+    rmst_learner: float = math.nan
+    rmst_buffer: float = math.nan
+    reached_learner: int = 0
+    reached_buffer: int = 0
+    unpaired: int = 0
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The t-interval at another level (the test at 1 - confidence rejects exactly when it
+        excludes 0)."""
+        from scipy import stats
+
+        if self.n < 2 or not math.isfinite(self.sd):
+            return math.nan, math.nan
+        half = stats.t.ppf(0.5 + confidence / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        return float(self.estimate - half), float(self.estimate + half)
+
+    def text(self) -> str:
+        if self.n < 2:  # one pair has no spread: no interval, not a certainty
+            return f"{self.estimate:+.1f} s (no interval, n = {self.n})"
+        return f"{self.estimate:+.1f} [{self.low:+.1f}, {self.high:+.1f}] s"
 
 
-def km_cell(
+def rmst_paired(
+    buffer: Mapping[Any, tuple[float, bool]],
+    learner: Mapping[Any, tuple[float, bool]],
+    tau: float,
+    confidence: float = 0.95,
+) -> TimeDiff:
+    """``{seed: (time to target, reached)}`` of each placement -> `TimeDiff` (module
+    docstring): each run restricted at ``tau``, paired by seed, one paired t procedure for the
+    interval and the p."""
+    from scipy import stats
+
+    seeds = sorted(set(buffer) & set(learner))
+
+    def restricted(side: Mapping[Any, tuple[float, bool]]) -> tuple[np.ndarray, np.ndarray]:
+        t = np.array([float(side[s][0]) for s in seeds])
+        hit = np.array([bool(side[s][1]) for s in seeds], bool) & (t <= tau)
+        return np.where(hit, t, tau), hit
+
+    (tb, hb), (tl, hl) = restricted(buffer), restricted(learner)
+    d = tb - tl
+    n = len(seeds)
+    base = {
+        "tau": float(tau),
+        "rmst_learner": float(tl.mean()) if n else math.nan,
+        "rmst_buffer": float(tb.mean()) if n else math.nan,
+        "reached_learner": int(hl.sum()),
+        "reached_buffer": int(hb.sum()),
+        "unpaired": len(set(buffer) ^ set(learner)),
+    }
+    est = float(d.mean()) if n else math.nan
+    if n < 2:
+        return TimeDiff(est, math.nan, math.nan, math.nan, n, **base)
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:  # every seed the same difference: a point
+        return TimeDiff(est, est, est, 1.0 if est == 0 else 0.0, n, 0.0, **base)
+    p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    lo, hi = TimeDiff(est, math.nan, math.nan, p, n, sd).interval(confidence)
+    return TimeDiff(est, lo, hi, p, n, sd, **base)
+
+
+def rmst_cell(
     cell: Mapping[str, Mapping], horizon: str, reached: Callable[[dict], bool]
-) -> dict[str, float] | None:
-    """`km_compare` on one cell of per-run rows (as `ratio` takes it): each row's
-    ``time_to_target_s``, ``reached(row)``, censored at tau, the shortest run's ``horizon``
+) -> TimeDiff | None:
+    """`rmst_paired` on one cell of per-run rows (as `ratio` takes it): each row's
+    ``time_to_target_s`` and ``reached(row)``, censored at tau, the shortest run's ``horizon``
     column, so neither placement is credited with the other's longer run. None when a placement
     has no run or a run has no target."""
     rows = {k: list(v.values()) for k, v in cell.items()}
@@ -345,9 +406,11 @@ def km_cell(
     ):
         return None
     tau = min(r[horizon] for v in rows.values() for r in v)
-    times = {k: np.array([r["time_to_target_s"] for r in v]) for k, v in rows.items()}
-    hit = {k: np.array([bool(reached(r)) for r in v]) for k, v in rows.items()}
-    return km_compare(times, hit, tau)
+    side = {
+        k: {s: (r["time_to_target_s"], bool(reached(r))) for s, r in cell[k].items()}
+        for k in ("buffer", "learner")
+    }
+    return rmst_paired(side["buffer"], side["learner"], tau)
 
 
 # --- bootstrap ratios (the fixed-update appendix) -------------------------------------------------

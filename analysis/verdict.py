@@ -10,8 +10,10 @@ Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
     The equal-wall-time design from ``docs/results/data/equal-time/`` (`analysis.export`
     writes it, the sweep after every run): the family F with Holm's decisions, the matched
     control, each cell's achieved rates (marked when off by more than 10%), ratios with
-    t-intervals, IQM and probability of improvement, time to target as survival, and the
-    crossover map (`analysis.equal_time`); the figures go to ``docs/results/equal-time/``.
+    t-intervals, IQM and probability of improvement, time to target (restricted mean, paired t),
+    what the learner trains on, and the crossover map (`analysis.equal_time`); the figures (per
+    cell, and a forest plot per family: ``forest-F.png``, ``forest-U.png``) go to
+    ``docs/results/equal-time/``.
 
 ``reanalysis``
     The withdrawn fixed-update design re-analysed from its committed per-run rows
@@ -38,10 +40,11 @@ from analysis.stats import (
     DECIDING,
     PAPER_LOSS,
     PAPER_PRIORITY,
+    TimeDiff,
     figure_outcome,
     holm,
-    km_cell,
     ratio,
+    rmst_cell,
 )
 from analysis.tables import brief, by_cell, read_rows
 
@@ -96,10 +99,10 @@ def confound(rows: list[dict]) -> dict[str, float]:
 # --- time to target on the common horizon --------------------------------------------------------
 
 
-def survival(cell: dict[str, dict]) -> dict[str, float] | None:
-    """KM restricted mean time to target up to the shortest run's wall time (a blank time:
-    not reached)."""
-    return km_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
+def survival(cell: dict[str, dict]) -> TimeDiff | None:
+    """Restricted mean time to target up to the shortest run's wall time, paired by seed (a
+    blank time: not reached)."""
+    return rmst_cell(cell, "wall_s", lambda r: math.isfinite(r["time_to_target_s"]))
 
 
 # --- the section ---------------------------------------------------------------------------------
@@ -149,7 +152,9 @@ def _cell_table(cs: dict) -> list[str]:
     out = [
         "Proposed / existing per cell, ratio of geometric means over paired seeds with its "
         "95% t-interval on log ratios (n pairs). The wall-time ratio shows the confound: "
-        "every run had 10,000 updates, not the same time.",
+        "every run had 10,000 updates, not the same time. The training loss here is the "
+        "IS-weighted one: the unweighted TD loss, primary in the equal-wall-time design, was "
+        "not logged in these runs.",
         "",
         "| cell | n | existing delivers | wall time | training loss | \\|td\\| on arrival "
         "(paper's unit) | p^0.6 held (mpirl's old unit) | reference loss |",
@@ -206,12 +211,13 @@ def _survival_table(cs: dict) -> list[str]:
     out = [
         "**Time to eval 475 on the horizon both placements ran** (CartPole): each seed is "
         "censored at tau, the shortest run of its cell, in both placements, so neither "
-        "placement is credited with the other's longer run. Kaplan-Meier restricted mean "
-        "time to target up to tau (lifelines), its difference proposed - existing with a "
-        "95% interval, and the log-rank p:",
+        "placement is credited with the other's longer run. Restricted mean time to target up "
+        "to tau per placement over the seed pairs, their difference proposed - existing with "
+        "its 95% t-interval and the paired t p (`analysis.stats.rmst_paired`: the "
+        "interval excludes 0 exactly when p < 0.05):",
         "",
         "| cell | tau | reached (existing / proposed) | RMST existing | RMST proposed | "
-        "difference [95% CI] | log-rank p |",
+        "difference [95% CI] | paired t p |",
         "|---|---|---|---|---|---|---|",
     ]
     short = []
@@ -220,13 +226,11 @@ def _survival_table(cs: dict) -> list[str]:
         if s is None:
             continue
         longest = max(r["wall_s"] for v in cell.values() for r in v.values())
-        if s["tau"] < 0.5 * longest:
-            short.append(f"{c} ({s['tau']:.0f} of {longest:.0f} s)")
+        if s.tau < 0.5 * longest:
+            short.append(f"{c} ({s.tau:.0f} of {longest:.0f} s)")
         out.append(
-            f"| {c} | {s['tau']:.0f} s | {s['reached_learner']}/{s['n_learner']} / "
-            f"{s['reached_buffer']}/{s['n_buffer']} | {s['rmst_learner']:.1f} s | "
-            f"{s['rmst_buffer']:.1f} s | {s['diff']:+.1f} [{s['diff_low']:+.1f}, "
-            f"{s['diff_high']:+.1f}] s | {brief(s['logrank_p'], 2)} |"
+            f"| {c} | {s.tau:.0f} s | {s.reached_learner}/{s.n} / {s.reached_buffer}/{s.n} | "
+            f"{s.rmst_learner:.1f} s | {s.rmst_buffer:.1f} s | {s.text()} | {brief(s.p, 2)} |"
         )
     if short:
         out += [
@@ -249,6 +253,10 @@ def equal_time() -> str:
     if (DATA / "runs.csv").exists():
         cells = E.plan_cells(E.read(DATA)[0])
         body += "\n\n" + "\n".join(f"![{c}](results/equal-time/{E.slug(c)}.png)" for c in cells)
+        body += "\n\nForest plots, one row per cell and outcome (point, 95% interval, the line "
+        body += "at no effect, the paper's value where it gives one):\n\n"
+        body += "![family F](results/equal-time/forest-F.png)\n![family U]"
+        body += "(results/equal-time/forest-U.png)"
     return body
 
 

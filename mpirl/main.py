@@ -13,7 +13,7 @@ flow control::
     |<-------WEIGHTS--|<-----------------------WEIGHTS-|  [latest wins: one on the link, in
     |  (relayed, f4)  |                                |   pieces other kinds pass; one waiting]
     |                 |--KEYFRAME--------------------->|  [ask for the next in full]
-    |                 |--FORWARD---------------------->|  replay_at=learner
+    |                 |--FORWARD---------------------->|  replay_at=learner, thinned
     |                 |<------------------------CREDIT-|  [forward_credits unanswered FORWARDs]
     |                 |--BATCH------------------------>|  replay_at=buffer
     |                 |<--------------------PRIORITIES-|  [one per BATCH trained: the buffer's

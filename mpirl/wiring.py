@@ -35,7 +35,7 @@ from mpirl.roles.placements import pick
 from mpirl.roles.placements.common import LearnerContext, Site, SiteContext
 from mpirl.run import failure
 from mpirl.run.checkpoint import part_name, write_allowance_s
-from mpirl.run.config import parse_straggle
+from mpirl.run.config import EVERY_LEARNER, parse_straggle
 from mpirl.transport import probe
 from mpirl.transport.cut import Cut
 from mpirl.transport.group import LocalSync, make_syncs
@@ -124,11 +124,13 @@ def straggle_s(cfg: Config, learner: int) -> float:
 
 def straggle_of(cfg: Config, learner: int) -> tuple[float, tuple[float, float]]:
     """--straggle RANK:MS[@START-END]: learner ``learner``'s sleep per update in seconds and
-    its window in seconds after the learner starts (0 and always elsewhere)."""
+    its window in seconds after the learner starts (0 and always elsewhere; RANK ``*``: every
+    learner's)."""
     if not cfg.straggle:
         return 0.0, (0.0, float("inf"))
     rank, ms, start, end = parse_straggle(cfg.straggle)
-    return (ms / 1000.0 if rank == learner else 0.0), (start, end)
+    mine = rank in (learner, EVERY_LEARNER)
+    return (ms / 1000.0 if mine else 0.0), (start, end)
 
 
 def group_syncs(cfg: Config, comm: Any, trainer: TrainStep, learner: int) -> dict[int, LocalSync]:
@@ -296,7 +298,9 @@ def build_buffer(
     streams = schema.open_streams(log, "buffer")
     raw, link = RawBytes(wire), ends.links[0]
     side = pick(cfg.replay_at).site_side(
-        SiteContext(cfg, spec, wire, link, streams, raw, seed["replay"])
+        SiteContext(
+            cfg, spec, wire, link, streams, raw, seed["replay"], getattr(topo, "n_actors", 0)
+        )
     )
     assert ends.site is not None and ends.inbox is not None
     return Buffer(

@@ -122,21 +122,24 @@ def page(tmp_path):
     return E.section(data), data
 
 
+LOSS = "training loss (unweighted TD)"
+
+
 def test_the_rule_gives_each_outcome(page):
     text, _ = page
 
     def line(prefix):
         return next(ln for ln in text.splitlines() if ln.startswith(prefix))
 
-    assert line("| cell=A | training loss (0.26)").endswith("| matches the paper |")
+    assert line(f"| cell=A | {LOSS} (0.26)").endswith("| matches the paper |")
     assert line("| cell=A | transferred priority").endswith(
         "| same direction, smaller than the paper |"
     )
-    assert line("| cell=B | training loss (0.26)").endswith("| opposite direction |")
+    assert line(f"| cell=B | {LOSS} (0.26)").endswith("| opposite direction |")
     assert line("| cell=B | transferred priority").endswith("| matches the paper |")
-    assert line("| cell=M | training loss (0.26)").endswith("| inconclusive at n = 10 |")
+    assert line(f"| cell=M | {LOSS} (0.26)").endswith("| inconclusive at n = 10 |")
     assert "Confirmatory family F: 6 tests" in text
-    assert text.startswith("**training loss (paper 0.26x): reproduced.**")
+    assert text.startswith("**training loss (unweighted TD) (paper 0.26x): reproduced.**")
     assert "**transferred priority (|td|+eps) (paper 3.92x): not reproduced (same direction" in text
     # descriptive: the cells whose simultaneous interval excludes the paper's value
     outside = "lies outside the simultaneous interval in 2 of 3 cells"
@@ -155,7 +158,7 @@ def test_marks_control_survival_and_map(page):
     assert "in cell C (equal)" in text
     # time to target: B's proposed reaches at ~30 s, existing at ~50 s
     b = text.split("#### cell=B")[1].split("####")[0]
-    assert "reached 20/20 existing, 20/20 proposed" in b and "log-rank p" in b
+    assert "reached 20/20 existing, 20/20 proposed (seed pairs)" in b and "paired t p" in b
     m_block = text.split("#### cell=M")[1].split("####")[0].split("**Where")[0]
     assert "Time to target" not in m_block  # no target
     assert "| cell=B | **proposed**, 1.4" in text  # AUC 150 against 100
@@ -194,7 +197,7 @@ def test_control_shows_both_loss_readings_and_says_when_they_disagree(tmp_path):
     )
     text = E.section(_write(tmp_path, rows))
     control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
-    weighted, unweighted = control.split("; unweighted ")
+    unweighted, weighted = control.split("; IS-weighted ")
     c_weighted = float(weighted.split("transition), ")[1].split()[0])
     c_unweighted = float(unweighted.split("transition), ")[1].split()[0])
     assert 0.5 < c_weighted < 0.6 and 1.2 < c_unweighted < 1.4  # 1.0 / 1.8 and 1.3 / 1.0
@@ -207,7 +210,14 @@ def test_figures_are_written(page, tmp_path):
     pytest.importorskip("matplotlib")
     _, data = page
     paths = E.figures(data, tmp_path / "fig")
-    assert {p.name for p in paths} == {"cell-A.png", "cell-B.png", "cell-C.png", "cell-M.png"}
+    assert {p.name for p in paths} == {
+        "cell-A.png",
+        "cell-B.png",
+        "cell-C.png",
+        "cell-M.png",
+        "forest-F.png",
+        "forest-U.png",
+    }
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
@@ -242,26 +252,45 @@ def test_an_incomplete_family_decides_nothing(tmp_path):
         "cell=A", "buffer", rng, loss=0.26, prio=1.5, seeds=seeds
     )
     text = E.section(_write(tmp_path, rows))
-    assert text.startswith("**training loss (paper 0.26x): not decided yet (interim")
+    assert text.startswith(f"**{LOSS} (paper 0.26x): not decided yet (interim")
     assert "reproduced" not in text.split("Pairs per cell")[0]
-    row = next(x for x in text.splitlines() if x.startswith("| cell=A | training loss (0.26)"))
+    row = next(x for x in text.splitlines() if x.startswith(f"| cell=A | {LOSS} (0.26)"))
     assert row.endswith(
         "| interim, not decided (pairs: cell=A 12 of 20, cell=B 0 of 20, cell=M 0 of 10) |"
     )
 
 
 def test_control_rule_reads_the_primary_loss(tmp_path):
-    # the Plan's mechanism rule is on the IS-weighted (primary) loss: B below 1 and C's interval
-    # containing 1 is "consistent", whatever the unweighted reading shows beside it
+    # the mechanism rule is on the unweighted TD loss (primary since issue 47): B below 1 and C's
+    # interval containing 1 is "consistent", whatever the IS-weighted reading shows beside it
+    # (here 1 in B: the old rule, on the IS-weighted loss, said "do not show")
     rng = np.random.default_rng(4)
     rows = (
         _rows("cell=B", "learner", rng, U=46.875)
-        + _rows("cell=B", "buffer", rng, loss=0.5, loss_unweighted=1.0, U=46.875)
-        + _rows("cell=C", "learner", rng, loss=0.5, U=23.4)
+        + _rows("cell=B", "buffer", rng, loss=1.0, loss_unweighted=0.5, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=1.0, loss_unweighted=0.5, U=23.4)
     )
     text = E.section(_write(tmp_path, rows))
     assert "The data are consistent with a replay-ratio effect." in text
     assert "opposite directions" not in text
+    control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
+    assert control.index("unweighted TD") < control.index("IS-weighted")
+
+
+def test_control_without_the_unweighted_loss_says_not_logged(tmp_path):
+    # rows exported before /updates/loss_unweighted was logged: no reading, no zeros
+    rng = np.random.default_rng(4)
+    rows = (
+        _rows("cell=B", "learner", rng, U=46.875)
+        + _rows("cell=B", "buffer", rng, loss=0.5, U=46.875)
+        + _rows("cell=C", "learner", rng, loss=0.5, U=23.4)
+    )
+    for r in rows:
+        r["train_loss_unweighted"] = ""
+    text = E.section(_write(tmp_path, rows))
+    control = next(ln for ln in text.splitlines() if ln.startswith("**Matched control.**"))
+    assert "unweighted TD not logged in these runs" in control
+    assert "The rule reads the unweighted loss, not logged in these runs: no reading." in control
 
 
 def test_flattened_curves_say_so(tmp_path):
@@ -304,7 +333,7 @@ def test_a_map_cell_short_of_its_pairs_is_interim_in_family_u(tmp_path):
     line_a = next(x for x in table.splitlines() if x.startswith("| cell=A |"))
     assert "**proposed**" in line_a  # a complete cell keeps its outcome
     assert line.count("interim, n = 1 of 10") == 3  # return AUC, time to target, per MB
-    # one run per placement: KM's variance is 0, so no interval is claimed (as in the cell block)
+    # one run per placement: no spread, so no interval is claimed (as in the cell block)
     assert "s (no interval, n = 1)" in line.split(" | ")[2] and "[+" not in line.split(" | ")[2]
     assert "**In words (family U, 6 tests; complete cells only" in table
     assert (
@@ -325,7 +354,7 @@ def test_a_cell_with_one_placement_run_says_so(tmp_path):
 
 
 def test_time_to_target_of_one_seed_has_no_interval(tmp_path):
-    # one run per placement: KM's variance is 0, so "+97.8 [+97.8, +97.8]" claimed a certainty
+    # one run per placement has no spread, so "+97.8 [+97.8, +97.8]" would claim a certainty
     # the data cannot give; a cell with 2 or more runs per placement keeps its interval
     rng = np.random.default_rng(9)
     cell = "bandwidth_mbps=1.25,rho=0.25"
@@ -335,6 +364,79 @@ def test_time_to_target_of_one_seed_has_no_interval(tmp_path):
     )
     text = E.section(_write(tmp_path, rows))
     one = next(x for x in text.split(f"#### {cell}")[1].splitlines() if "Time to target" in x)
-    assert "(no interval, n = 1)" in one and "log-rank p -" in one and "[" not in one
+    assert "(no interval, n = 1), p -" in one and "[" not in one
     many = next(x for x in text.split("#### cell=A")[1].splitlines() if "Time to target" in x)
     assert "[" in many and "no interval" not in many
+
+
+def test_what_the_learner_trains_on_by_quarter(tmp_path):
+    # issue 47: trained-batch |td| proposed / existing by quarter (3x early, 1.5x late), and the
+    # within-placement null: the existing placement trains on 2x the |td| that arrived; the
+    # proposed one has no null logged (nothing it stores is measured): said, not a zero
+    rng = np.random.default_rng(10)
+    rows = _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng)
+    for r in rows:
+        j = math.exp(0.05 * rng.standard_normal())
+        prop = r["replay_at"] == "buffer"
+        for k, f in zip(E.QUARTERS, (3.0, 2.5, 2.0, 1.5), strict=True):
+            r[f"batch_td_q{k}"] = (f if prop else 1.0) * j
+            r[f"null_td_q{k}"] = "" if prop else 0.5 * j
+        r["batch_td"] = (2.25 if prop else 1.0) * j
+    text = E.section(_write(tmp_path, rows))
+    line = next(x for x in text.splitlines() if x.startswith("| cell=A | 20 |"))
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    assert [float(c.split()[0]) for c in cols[2:7]] == pytest.approx(
+        [2.25, 3.0, 2.5, 2.0, 1.5], rel=0.03
+    )
+    assert cols[7] == "2, 2, 2, 2"
+    assert cols[8].startswith("not logged") and "0" not in cols[8]
+    # rows exported before the columns existed: one line, no table, no zeros
+    (tmp_path / "old").mkdir()
+    old = E.section(
+        _write(tmp_path / "old", _rows("cell=A", "learner", rng) + _rows("cell=A", "buffer", rng))
+    )
+    said = next(x for x in old.splitlines() if x.startswith("**What the learner trains on**"))
+    assert "not logged in these runs" in said and "| Q1 |" not in old
+
+
+def test_forest_rows_are_the_tables_numbers(page):
+    # issue 47 item 4: one row per (cell, outcome) of each family, the interval its table shows,
+    # the paper's value on F's rows only, time to target in seconds
+    _, data = page
+    cells = E.plan_cells(E.read(data)[0])
+    rows = E.forest_rows(cells)
+    fam = {r.label: r for r in rows["F"]}
+    assert len(fam) == 6 and {r.paper for r in fam.values()} == {0.26, 3.92}
+    a = fam["cell=A: training loss (unweighted TD)"]
+    want = next(
+        r
+        for c, k, r, _, _ in E.family_tests(cells)
+        if c == "cell=A" and k == "train_loss_unweighted"
+    )
+    assert (a.estimate, a.low, a.high, a.unit) == (want.estimate, want.low, want.high, "ratio")
+    u = {r.label: r for r in rows["U"]}
+    assert len(u) == 8 and all(r.paper is None for r in u.values())
+    assert u["cell=B: time to target"].unit == "s" and u["cell=B: time to target"].estimate < 0
+    assert u["cell=M: return AUC"].unit == "ratio"
+
+
+def test_forest_plot_renders_from_synthetic_rows(tmp_path):
+    """analysis.plots.plot_forest: ratios and differences in seconds in one figure (two panels),
+    a row without an interval, the paper's value on some rows; a PNG comes out."""
+    pytest.importorskip("matplotlib")
+    from analysis.plots import ForestRow, plot_forest
+
+    rows = [
+        ForestRow("cell=A: training loss", 1.15, 0.89, 1.47, 0.26),
+        ForestRow("cell=A: transferred priority", 9.4, 7.5, 11.6, 3.92),
+        ForestRow("cell=B: return AUC", 0.95, float("nan"), float("nan")),
+        ForestRow("cell=B: time to target", -30.2, -69.7, 9.3, None, "s"),
+    ]
+    path = plot_forest(rows, tmp_path / "forest.png", "synthetic")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    w, h = Image.open(path).size
+    assert w > 2 * h  # two panels side by side
+    one = plot_forest(rows[:2], tmp_path / "one.png")
+    assert Image.open(one).size[0] < w  # one unit, one panel

@@ -118,3 +118,29 @@ def test_requested_rates_come_from_the_config_and_layout(tmp_path):
         f.attrs["layout_json"] = json.dumps(layout)
     r = X.run_row(load_run(path), tmp_path)
     assert r["P_requested"] == 12000.0 and r["U_requested"] == 46.875
+
+
+def test_trained_batch_td_by_quarter_and_the_within_placement_null(tmp_path):
+    """Issue 47: /updates/td_abs_mean (|td| of every trained batch) over [0, T] and by quarter,
+    in every placement; the null is the arrival |td| of what was forwarded into the learner's
+    memory (kind FORWARD rows), weighted by arrival_n; BATCH rows are sampled, not a null."""
+    run = load_run(
+        _run(tmp_path / "x" / "bw=1" / "replay_at=learner" / "seed0", replay_at="learner", seed=0)
+    )
+    import h5py
+
+    with h5py.File(run.path / "learner.h5", "r+") as f:
+        f["transfers/kind"][...] = [4, 4, 5]  # t = 2, 6: forwarded; t = 8: a sampled batch
+    r = X.run_row(load_run(run.path), tmp_path / "x")
+    # updates 1..100 at t = u / 10, T = 10: |td| 5 before update 50, 0.5 from it
+    assert r["batch_td"] == pytest.approx((49 * 5.0 + 51 * 0.5) / 100)
+    assert r["batch_td_q1"] == 5.0  # (0, 2.5]: updates 1..25
+    assert r["batch_td_q2"] == pytest.approx((24 * 5.0 + 0.5) / 25)  # updates 26..50
+    assert r["batch_td_q3"] == r["batch_td_q4"] == 0.5
+    assert r["null_td"] == pytest.approx((64 * 9.0 + 10 * 2.0) / 74)
+    assert r["null_td_q1"] == 9.0 and r["null_td_q3"] == 2.0
+    assert math.isnan(r["null_td_q2"]) and math.isnan(r["null_td_q4"])  # t = 8 is not a null
+    # the replay memory at the buffer: trained |td| exported, no null (nothing forwarded)
+    b = X.run_row(load_run(_run(tmp_path / "b", replay_at="buffer", seed=0)), tmp_path)
+    assert b["batch_td_q1"] == 5.0 and math.isnan(b["null_td"]) and math.isnan(b["null_td_q1"])
+    assert set(X.RUN_FIELDS) >= {"batch_td", "batch_td_q4", "null_td", "null_td_q4"}

@@ -4,7 +4,7 @@ never twice."""
 import numpy as np
 import pytest
 
-from mpirl.agent.gba import Contribution, GlobalBatch, decay
+from mpirl.agent.gba import Contribution, GlobalBatch, Tokens, decay
 
 
 def _c(i, learner=0, version=0, n=4, value=None):
@@ -135,3 +135,129 @@ def test_the_switch_rule_follows_a_straggler_and_does_not_flap():
     assert 6.0 < switches[0][2] < 9.5 and 12.0 < switches[1][2] < 15.5, switches
     with pytest.raises(ValueError):
         SwitchRule(k=2, up=1.2, down=1.5)
+
+
+# ---- token control (GBA's, docs/design.md "Learner group") ---------------------------------------
+
+
+def test_only_severe_staleness_is_decayed():
+    """Up to ``severe`` steps stale: full weight; beyond: 1/(1+s-severe); beyond the bound:
+    dropped.  severe=0 is 1/(1+s) for every stale gradient."""
+    assert [decay(s, 4, severe=2) for s in range(6)] == [1.0, 1.0, 1.0, 0.5, 1 / 3, 0.0]
+    assert [decay(s, None, severe=0) for s in range(4)] == [1.0, 0.5, 1 / 3, 0.25]
+    with pytest.raises(ValueError):
+        decay(0, 4, severe=-1)
+    agg = GlobalBatch(samples=8, max_staleness=4, severe=2)
+    agg.add(Contribution(0, 1, 0, 4, np.ones(3, np.float32), token=7))  # 3 steps stale: 1/2
+    agg.add(Contribution(1, 0, 8, 4, np.ones(3, np.float32), token=9))  # 1 step: full
+    t = agg.take(10)
+    assert t.staleness == [3, 1] and t.scales == [0.5, 1.0]
+
+
+def test_staleness_is_read_from_the_token_and_an_early_token_waits():
+    """A gradient's staleness is steps since its token (not since the weights it was computed
+    on); one whose token is after the step waits for the next update unless ``ahead``."""
+    agg = GlobalBatch(samples=8, max_staleness=1)
+    g = np.ones(3, np.float32)
+    agg.add(Contribution(0, 1, 2, 4, g, token=5))  # weights 3 updates old, token current
+    agg.add(Contribution(1, 0, 5, 4, g, token=6))  # meant for the next step
+    agg.add(Contribution(2, 0, 5, 4, g, token=5))
+    assert not agg.ready(5, ahead=False) or agg.take(5, ahead=False).staleness == [0, 0]
+    assert [c.id for c in agg.waiting] == [1]
+    agg.add(Contribution(3, 1, 5, 4, g, token=7))
+    assert agg.take(5, ahead=False) is None  # both are early
+    t = agg.take(5, ahead=True)  # the supply is spent: they fill this step, 0 stale
+    assert [c.id for c in t.used] == [1, 3] and t.staleness == [0, 0] and not t.dropped
+
+
+def test_tokens_k_per_step_on_demand_at_most_two_steps_ahead():
+    """The next token is for step ``step + pending // K`` (pending: tokens out and gradients
+    in, not applied); a learner takes one below its depth while it is at most 2 ahead."""
+    tk = Tokens(3, [1, 2, 2])
+    assert [tk.claim(j, 0, 0) for j in (1, 2, 0)] == [0, 0, 0]  # K tokens of step 0
+    assert tk.claim(0, 0, 0) is None  # the lead holds its one (depth 1)
+    assert tk.claim(1, 0, 0) == 1  # pipelined: the next token, step 1's
+    assert tk.claim(1, 0, 0) is None and not tk.blocked(0, 0)  # at its depth; 2 is not
+    assert tk.claim(2, 0, 0) == 1
+    assert tk.blocked(0, 0)  # everyone at its depth
+    tk.returned(0)  # the lead's gradient is in (1 waiting): it goes on, step 1's last token
+    assert tk.claim(0, 0, 1) == 1
+    tk.returned(0)
+    assert tk.claim(0, 0, 2) == 2  # while the others compute, up to 2 steps ahead
+    tk.returned(0)
+    assert tk.claim(0, 0, 3) == 2
+    tk.returned(0)
+    assert tk.claim(0, 0, 4) == 2
+    tk.returned(0)
+    assert not tk.can_claim(0, 0, 5) and tk.blocked(0, 5)  # the next is step 3: 3 ahead
+    assert tk.claim(0, 1, 5 - 3) == 3  # an update took 3: step 1, pending 4 + 2: step 3
+    tk.returned(0)
+    assert tk.claim(0, 1, 0) == 2  # two dropped as too stale: their places are free
+    with pytest.raises(ValueError, match="does not hold"):
+        tk.returned(0) or tk.returned(0)
+    tk.reset()
+    assert tk.held == [0, 0, 0] and tk.claim(2, 5, 0) == 5
+    with pytest.raises(ValueError):
+        Tokens(2, [1])
+
+
+def _simulate(times, seconds=60.0, jitter=0.05, seed=0):
+    """An event simulation of the lead's token control (the lead depth 1, the others
+    `group_lead.PIPELINE`), learner j taking ``times[j]`` (+- jitter) per gradient; the
+    server reacts at once (its own thread: docs/design.md).  Returns per-learner gradients
+    applied and the staleness of every applied gradient."""
+    from mpirl.roles.group_lead import PIPELINE
+
+    rng = np.random.default_rng(seed)
+    k = len(times)
+    tokens = Tokens(k, [1] + [PIPELINE] * (k - 1))
+    agg = GlobalBatch(samples=k * 4, max_staleness=4, severe=2)
+    queue = [[] for _ in range(k)]  # tokens held, in order
+    busy = [None] * k  # (finish time, token, version) of the gradient being computed
+    step, t, nid = 0, 0.0, 0
+    applied, stale = [0] * k, []
+    while t < seconds:
+        for depth in (1, 2):  # the server hands out: a first token to each, then a second
+            for j in range(k):
+                if len(queue[j]) + (busy[j] is not None) < depth:
+                    u = tokens.claim(j, step, len(agg.waiting))
+                    if u is not None:
+                        queue[j].append(u)
+        for j in range(k):
+            if busy[j] is None and queue[j]:
+                dt = times[j] * (1 + jitter * rng.uniform(-1, 1))
+                busy[j] = (t + dt, queue[j].pop(0), step)
+        j = min((j for j in range(k) if busy[j] is not None), key=lambda j: busy[j][0])
+        t, token, version = busy[j]
+        busy[j] = None
+        tokens.returned(j)
+        agg.add(Contribution(nid, j, version, 4, np.ones(2, np.float32), token=token))
+        nid += 1
+        while (taken := agg.take(step, tokens.blocked(step, len(agg.waiting)))) is not None:
+            step += 1
+            for c, s in zip(taken.used, taken.staleness, strict=True):
+                applied[c.learner] += 1
+                stale.append(s)
+    return applied, stale, step
+
+
+def test_at_equal_speed_gba_is_synchronous():
+    """K learners at equal speed: every learner takes one token per step and every gradient
+    is applied at the step of its token (staleness 0), each learner an equal share."""
+    for k in (2, 3, 4):
+        applied, stale, steps = _simulate([1.0] * k)
+        assert np.mean(np.array(stale) == 0) >= 0.99, (k, np.bincount(stale))
+        assert max(applied) - min(applied) <= 2 * k, applied
+        assert steps >= 55  # about one step per second: no learner waits on another's token
+
+
+def test_a_fast_learner_contributes_more_than_a_slow_one():
+    """A straggler (3x slower) does not set the pace: the others take the tokens it has not
+    claimed and compute about 3x as many gradients; the updates go at the fast learners'
+    rate, not the straggler's; its gradients come in stale but inside the bound."""
+    applied, stale, steps = _simulate([1.0, 1.0, 3.0])
+    assert applied[0] > 2.5 * applied[2] and applied[1] > 2.5 * applied[2], applied
+    # synchronous training: one step per 3 s (the straggler's), 20 in 60 s; the fast pace:
+    # (1 + 1 + 1/3) gradients a second over K = 3 per step, 46 in 60 s
+    assert steps > 2 * 20, steps
+    assert max(stale) <= 4

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from mpirun import mpirun_cmd
@@ -233,3 +234,180 @@ def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
     sync = AllreduceSync(MPI.COMM_SELF, 3)
     assert isinstance(getattr(sync.wait, "__self__", None), SpinThenNap)
     assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)
+
+
+class _End:
+    """A lead's end toward another learner: what the lead posts, what the test delivers."""
+
+    def __init__(self):
+        self.posted, self.inbox = [], []
+
+    def post(self, buf):
+        self.posted.append(buf)
+
+    def poll(self, now):
+        pass
+
+    def receive(self, now):
+        out, self.inbox = self.inbox, []
+        return out
+
+
+def _lead(sync):
+    """A LeadGroup of K = 2 on a real train step, its other learner behind an `_End`."""
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.roles.group_lead import LeadGroup
+    from mpirl.run.config import Config
+    from mpirl.transport.group import LocalSync
+    from mpirl.transport.inbox import Inbox
+    from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire, transition_dtype
+
+    cfg = Config(hidden=(8,), learners=2, learner_sync=sync)
+    spec = inspect(cfg.env)
+    trainer = TrainStep(cfg, spec)
+    n_params = sum(p.numel() for p in trainer.params)
+    wire = Wire(transition_dtype(spec.obs_shape, spec.obs_dtype), n_params=n_params)
+
+    class Comm:
+        def Get_size(self):
+            return 2
+
+    end = _End()
+    lead = LeadGroup(
+        cfg, Comm(), {1: end}, Inbox(wire, "lead", lambda r: f"learner {r}"), trainer,
+        {ALLREDUCE: LocalSync(), SUBMIT: LocalSync()}, wire, None, None,
+    )  # fmt: skip
+    return lead, end, wire, trainer
+
+
+def test_the_lead_does_not_wait_for_another_learners_checkpoint_part():
+    """The lead asks for the other learner's part and returns at once; the checkpoint is
+    written (its parts all in) only when the acknowledgement comes, however late, and an
+    acknowledgement whose crc32 differs from the lead's state at the request (synchronous
+    updates) fails the run, as does one for a checkpoint never asked."""
+    from mpirl.transport.group import state_crc
+    from mpirl.transport.wire import Tag, kind_of
+
+    lead, end, wire, trainer = _lead("allreduce")
+    t0 = time.monotonic()
+    assert lead.checkpoint(3) == {"group_shards": {"1": 0}}
+    assert time.monotonic() - t0 < 1.0 and [kind_of(b) for b in end.posted] == [Tag.CHECKPOINT]
+    crc = state_crc(trainer)
+    for _ in range(3):  # no acknowledgement yet: nothing waits, nothing times out
+        lead._receive(lead.handlers, time.monotonic())
+        assert not lead.written(3)
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(3, crc)))
+    lead._receive(lead.handlers, time.monotonic())
+    assert lead.written(3)
+    lead.checkpoint(4)
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(4, crc ^ 1)))
+    with pytest.raises(RuntimeError, match="diverged"):
+        lead._receive(lead.handlers, time.monotonic())
+    end.inbox.append((Tag.CHECKPOINT, wire.checkpoint(9, crc)))
+    with pytest.raises(RuntimeError, match="unexpected CHECKPOINT 9"):
+        lead._receive(lead.handlers, time.monotonic())
+
+
+def test_a_manifest_waits_for_every_learners_part_in_order(tmp_path):
+    """LearnerCheckpoint.commit writes a checkpoint's manifest only once the group says every
+    other learner's part is written, oldest first; a checkpoint without its manifest is not
+    one a resume can take."""
+    from mpirl.roles.learner_parts import LearnerCheckpoint, Unfinished
+    from mpirl.run import checkpoint as ck
+
+    class Group:
+        done: set = set()
+
+        def written(self, cid):
+            return cid in self.done
+
+    c = ck.Checkpointer(tmp_path, "learner", info={"config": {}, "world_size": 2, "layout": []})
+    parts = LearnerCheckpoint(c, None, ["learner"], None, None, None)
+    for cid in (1, 2):
+        c.write(cid, {"updates": cid})
+        parts.pending.append(Unfinished(cid, "periodic", {"updates": cid}, 0.0, 0.0))
+    group = Group()
+    assert parts.commit(group) == [] and ck.ids(tmp_path)[0] == []
+    with pytest.raises(ck.CheckpointError, match="no complete checkpoint"):
+        ck.select(tmp_path)
+    group.done = {2}  # acknowledgements come in order: 1 before 2
+    assert parts.commit(group) == [] and ck.ids(tmp_path)[0] == []
+    group.done = {1, 2}
+    assert [u.id for u in parts.commit(group)] == [1, 2] and not parts.pending
+    assert ck.select(tmp_path)[0]["id"] == 2
+
+
+def _lead_group(sync, k=3):
+    """A LeadGroup on fakes: a communicator of size ``k``, ends that keep what is posted."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mpirl.roles.group_lead import LeadGroup
+    from mpirl.run.config import Config
+    from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire, transition_dtype
+
+    class End:
+        def __init__(self):
+            self.posted = []
+
+        def post(self, buf):
+            self.posted.append(buf)
+
+    comm = SimpleNamespace(Get_size=lambda: k)
+    net = SimpleNamespace(flat_params=lambda: np.arange(3, dtype=np.float32))
+    trainer = SimpleNamespace(
+        params=[SimpleNamespace(numel=lambda: 3)], sync=None, updates=0, online=net, target=net
+    )
+    wire = Wire(transition_dtype((4,), np.float32), n_params=3)
+    ends = {j: End() for j in range(1, k)}
+    syncs = {ALLREDUCE: object(), SUBMIT: object()}
+    cfg = Config(learners=k, learner_sync=sync)
+    return LeadGroup(cfg, comm, ends, None, trainer, syncs, wire, None, None), ends
+
+
+def test_a_resumed_lead_keeps_the_shard_counts_of_its_checkpoint():
+    """The lead gates the orders to each other learner on the transitions it sent to that
+    learner's shard; its checkpoint part keeps the counts and a resume restores them (they
+    restarted at 0, and a resumed lead held every all-reduce update until each shard had been
+    sent its start again, though every learner had restored its shard)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    lead, ends = _lead_group("allreduce")
+    for n in (30, 40, 50, 60, 70, 80):  # round robin: 0 (the lead), 1, 2, 0, 1, 2
+        lead.route(SimpleNamespace(buf=np.zeros(4, np.uint8), n=n))
+    assert [o.shard for o in lead.others] == [40 + 70, 50 + 80]
+    meta = json.loads(json.dumps(lead.saved()))  # as the checkpoint's JSON part keeps it
+    back, _ = _lead_group("allreduce")
+    source = SimpleNamespace(members_ready=lambda lens: all(n >= 100 for n in lens))
+    back.attach(source)
+    assert not back.ready()  # nothing sent to the shards yet
+    back.resume(meta)
+    assert [o.shard for o in back.others] == [110, 130] and back.ready()
+    back.resume({})  # a checkpoint from before the counts were kept: 0, as before
+    assert [o.shard for o in back.others] == [0, 0]
+
+
+def test_an_order_is_labelled_with_the_version_of_the_weights_it_carries():
+    """Orders handed out in `serve` right after it applied updates carry the trainer's
+    weights: their version is the trainer's update count, not the learner loop's, which
+    catches up only when `serve` returns (labelled with it, a gradient was logged 1-2 updates
+    staler than it was).  Each takes a token of the current step (gba), and another learner
+    holds two orders (pipelining)."""
+    from types import SimpleNamespace
+
+    from mpirl.roles.placements.common import Drawn
+    from mpirl.transport.wire import Tag
+
+    lead, ends = _lead_group("gba", k=2)
+    lead.attach(SimpleNamespace(for_member=lambda j, n: Drawn(None, member=j)))
+    lead.trainer.updates = 5  # two updates applied in this serve
+    state = SimpleNamespace(updates=3, beta=0.4, stop_reason=None)
+    assert lead._hand_out(state)
+    orders = [lead.wire.unpack(b, Tag.ORDER) for b in ends[1].posted]
+    assert orders[0].version == 5 and orders[0].weights(3) is not None
+    assert orders[1].weights(3) is None  # the learner's copy is current: no weights again
+    assert [t for *_, t in lead.others[0].orders] == [5, 5]  # tokens of step 5 (K = 2)

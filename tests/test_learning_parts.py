@@ -321,3 +321,25 @@ def test_target_network_copied_exactly_every_target_update():
     np.testing.assert_array_equal(step.target.flat_params(), held)  # 11: no copy
     step.step(rec, w)
     np.testing.assert_array_equal(step.target.flat_params(), step.online.flat_params())  # 12
+
+
+@pytest.mark.parametrize("delta", [1.0, 0.3])
+def test_logged_unweighted_loss_is_dqn_loss_with_unit_weights(delta):
+    """/updates/loss_unweighted is computed in the learner's held rows from the batch's |td|
+    (learner_rows.huber), not by the train step: it must be the loss dqn_loss gives with every
+    importance weight 1, for any --huber-delta, while /updates/loss is the weighted one."""
+    from mpirl.roles.learner_rows import huber
+
+    torch.manual_seed(0)
+    online, target = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    n = 64
+    obs, nxt = torch.randn(n, 4) * 3, torch.randn(n, 4) * 3
+    act, rew = torch.randint(0, 3, (n,)), torch.randn(n) * 2
+    disc = torch.full((n,), 0.9)
+    w = torch.rand(n) * 0.1  # IS weights (p / p_min)^-beta: small when p_min is tiny
+    with torch.no_grad():
+        weighted, td = dqn_loss(online, target, obs, act, rew, nxt, disc, w, delta)
+        unit, _ = dqn_loss(online, target, obs, act, rew, nxt, disc, torch.ones(n), delta)
+    logged = huber(td.numpy().astype(np.float32), delta).mean(dtype=np.float64)
+    assert logged == pytest.approx(float(unit), rel=1e-5)
+    assert float(weighted) < 0.2 * float(unit)  # the weighted loss is not a TD-error scale

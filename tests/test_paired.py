@@ -87,3 +87,61 @@ def test_rmst_without_censoring_is_the_mean_and_its_variance():
     tau = 80.0
     mean, _ = paired.rmst(np.minimum(x, tau), x <= tau, tau)
     assert mean == pytest.approx(np.minimum(x, tau).mean())
+
+
+# seed 0 of rng.uniform(5, 150) / (20, 80), rounded: the existing placement reaches 4 of 10 by
+# tau = 90, the proposed one all 10, the curves cross; the old pair (KM normal interval and
+# log-rank p) said "p 0.0074" and "[-43.7, +3.3] s" of the same difference
+EXISTING = [97.0, 44.0, 11.0, 7.0, 123.0, 137.0, 93.0, 111.0, 84.0, 141.0]
+PROPOSED = [69.0, 20.0, 71.0, 22.0, 64.0, 31.0, 72.0, 52.0, 38.0, 45.0]
+
+
+def _sides(e, p, tau):
+    return (
+        {i: (t, t <= tau) for i, t in enumerate(p)},
+        {i: (t, t <= tau) for i, t in enumerate(e)},
+    )
+
+
+def test_time_to_target_decision_agrees_with_its_interval_where_the_old_pair_did_not():
+    from lifelines.statistics import logrank_test
+
+    tau = 90.0
+    e, p = np.array(EXISTING), np.array(PROPOSED)
+    he, hp = e <= tau, p <= tau
+    de, dp = np.where(he, e, tau), np.where(hp, p, tau)
+    # the old pair: log-rank p below 0.05 while the RMST difference's normal interval held 0
+    (me, ve), (mp, vp) = paired.rmst(de, he, tau), paired.rmst(dp, hp, tau)
+    half = 1.96 * math.sqrt(ve + vp)
+    assert logrank_test(dp, de, hp, he).p_value < 0.05
+    assert mp - me - half < 0 < mp - me + half
+    # the new one: one paired t procedure on the restricted differences
+    td = paired.rmst_paired(*_sides(e, p, tau), tau)
+    assert td.estimate == pytest.approx(mp - me)  # all censoring at tau: KM's RMST is the mean
+    assert (td.rmst_learner, td.rmst_buffer) == pytest.approx((me, mp))
+    assert (td.reached_learner, td.reached_buffer, td.n) == (4, 10, 10)
+    d = dp - de
+    t = stats.ttest_1samp(d, 0.0)
+    assert td.p == pytest.approx(t.pvalue)
+    ci = t.confidence_interval(0.95)
+    assert (td.low, td.high) == pytest.approx((ci.low, ci.high))
+    assert (td.p < 0.05) == (not td.low <= 0 <= td.high)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_time_to_target_p_below_alpha_exactly_when_the_interval_excludes_0(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 21))
+    e = np.round(rng.uniform(5, 150, n))
+    p = np.round(e * rng.lognormal(rng.normal(0, 0.5), 0.4, n))
+    td = paired.rmst_paired(*_sides(e, p, 90.0), 90.0)
+    for level in (0.95, 0.99):
+        lo, hi = td.interval(level)
+        assert (td.p < 1 - level) == (not lo <= 0 <= hi)
+
+
+def test_time_to_target_of_identical_differences_and_of_one_pair():
+    same = paired.rmst_paired({0: (10.0, True), 1: (20.0, True)}, {0: (5, True), 1: (15, True)}, 90)
+    assert (same.estimate, same.low, same.high, same.p) == (5.0, 5.0, 5.0, 0.0)
+    one = paired.rmst_paired({0: (10.0, True), 7: (1.0, True)}, {0: (5.0, True)}, 90)
+    assert one.n == 1 and one.unpaired == 1 and math.isnan(one.p) and "no interval" in one.text()

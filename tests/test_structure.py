@@ -506,7 +506,7 @@ def test_no_helper_is_defined_in_two_analysis_modules():
         "log_ratio_t": "stats",
         "ratio_ci": "stats",
         "holm": "stats",
-        "km_cell": "stats",
+        "rmst_cell": "stats",
         "num": "tables",
         "field": "tables",
         "value": "tables",

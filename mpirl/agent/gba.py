@@ -1,24 +1,34 @@
 """Global-batch gradient aggregation (GBA, Su et al. 2022) for the learner group: pure, no MPI.
 
-The lead learner acts as GBA's parameter server.  Every learner computes gradients on its own
-batches, each on the weights of some version ``v`` (the number of updates the lead had applied
-when those weights were taken); the lead hands each gradient to a `GlobalBatch` as a
-`Contribution`.  An update is applied once ``samples`` (K x batch) samples' worth of gradients is
-assembled (token control: a contribution is a token, a batch of ``n`` samples):
+The lead learner acts as GBA's parameter server (docs/design.md, "Learner group", sets the
+paper's mechanism and this one side by side).  Token control:
 
-* staleness ``s = version_now - v`` (updates applied since the contribution's weights);
+* `Tokens`: the server's token supply.  A token is the global step (update count) its
+  gradient is meant for; there are K per step (the global batch, K x batch, is K batches), and
+  tokens of the current step ``v`` and the next, ``v + 1``, are handed out on demand with the
+  work: a learner that asks first takes one, so a fast learner takes the tokens a slow one has
+  not claimed and computes more gradients; a learner may hold ``depth`` tokens at once
+  (pipelining: it computes its next gradient while its last one travels), a second one only
+  while a token is left for every learner holding none.  With K learners at equal speed every
+  learner takes one token of each step, and every gradient's token equals the step it is
+  applied at: staleness 0, as synchronous training.
+* staleness ``s = max(0, step_now - token)`` (read from the token: steps applied since the
+  step its gradient was meant for); a contribution without a token (``async``) uses the version
+  of the weights it was computed on;
 * **drop** a contribution with ``s > max_staleness`` (its samples do not count toward the
   global batch);
-* **scale** one inside the bound by ``1 / (1 + s)``: a fresh gradient counts in full, one a
-  single update old by half, and so on;
+* **decay only severe staleness**: full weight for ``s <= severe``, ``1 / (1 + s - severe)``
+  beyond (`decay`); ``severe = 0`` is the plain ``1 / (1 + s)`` of every stale gradient;
 * the update is the sample-weighted mean ``g = sum_i w_i n_i g_i / sum_i n_i`` over exactly the
-  contributions whose samples sum to ``samples`` (``w_i = 1 / (1 + s_i)``), so with no staleness
-  it equals the gradient of one batch of ``samples`` samples (synchronous all-reduce's update).
+  contributions whose samples sum to ``samples`` (K x batch), the oldest tokens first, so with
+  no staleness it equals the gradient of one batch of ``samples`` samples (synchronous
+  all-reduce's update).  Contributions whose token is ahead of the step wait for the next
+  update, unless the token supply of this step and the next is spent (then waiting would stall
+  every learner on the slowest one: ``ahead=True``).
 
-Contributions are taken in arrival order; one that would overfill the global batch waits for the
-next one.  The lead numbers contributions as it adds them, so ids only grow: one whose id is not
-above the last one added was added before and raises (O(1) to remember, however long the run),
-and ``take`` hands each out exactly once, so no gradient is ever applied twice.
+The lead numbers contributions as it adds them, so ids only grow: one whose id is not above the
+last one added was added before and raises (O(1) to remember, however long the run), and
+``take`` hands each out exactly once, so no gradient is ever applied twice.
 
 ``GlobalBatch(samples=batch, max_staleness=None, decay=False)`` is plain asynchronous
 parameter-server training (every gradient applied as it arrives, at full weight).
@@ -43,6 +53,16 @@ class Contribution:
     grad: np.ndarray  # float32, flat (every parameter's gradient, in parameters() order)
     arrived: float = 0.0  # monotonic time it reached the lead
     extra: dict = field(default_factory=dict)  # loss, |td|, ... for the caller's logs
+    token: int | None = None  # the step it is meant for (None: ``version``, no token control)
+
+    @property
+    def step(self) -> int:
+        """The global step it is meant for: its token, else the version it was computed on."""
+        return self.version if self.token is None else self.token
+
+    def staleness(self, now: int) -> int:
+        """Steps applied since the step it was meant for (0 when it is early)."""
+        return max(0, now - self.step)
 
 
 @dataclass
@@ -56,13 +76,71 @@ class Taken:
     dropped: list[tuple[Contribution, int]]  # (contribution, staleness) dropped on this take
 
 
-def decay(staleness: int, max_staleness: int | None) -> float:
-    """w(s): 1 / (1 + s) for 0 <= s <= max_staleness, 0 beyond (dropped); None: no bound."""
+def decay(staleness: int, max_staleness: int | None, severe: int = 0) -> float:
+    """w(s): 1 for s <= ``severe`` (mild staleness is not decayed), 1 / (1 + s - severe) for
+    severe < s <= max_staleness, 0 beyond (dropped); ``max_staleness`` None: no bound.
+    ``severe = 0``: 1 / (1 + s) for every stale gradient."""
     if staleness < 0:
         raise ValueError(f"staleness={staleness} must be >= 0 (a gradient from the future)")
+    if severe < 0:
+        raise ValueError(f"severe={severe} must be >= 0")
     if max_staleness is not None and staleness > max_staleness:
         return 0.0
-    return 1.0 / (1.0 + staleness)
+    return 1.0 / (1.0 + max(0, staleness - severe))
+
+
+class Tokens:
+    """GBA's token supply (the module's docstring): K tokens per global step, handed out on
+    demand in order.  The next token is for step ``step + pending // K``, ``pending`` being the
+    tokens out (held) and the gradients in but not applied yet: at equal speed the K tokens of
+    a step go out one to each learner as they finish, and each comes back at its step; a
+    gradient dropped as too stale frees its place (the supply does not drift ahead).  Learner
+    ``j`` holds at most ``depth[j]`` at once (pipelining: its next batch is there when it
+    finishes one) and takes a token while it is at most `AHEAD` steps after the current step:
+    a fast learner goes on while a slower one computes and takes the tokens the slower one has
+    not claimed (its share of a step), so it ingests more."""
+
+    AHEAD = 2
+
+    def __init__(self, k: int, depth: list[int]) -> None:
+        if k <= 0 or len(depth) != k or min(depth) < 1:
+            raise ValueError(f"k={k}, depth={depth}: need k > 0 and k depths >= 1")
+        self.k, self.depth = k, depth
+        self.held = [0] * k  # tokens each learner holds (its gradient not back yet)
+
+    def reset(self) -> None:
+        """Nothing held (a switch to GBA, after the orders out came back)."""
+        self.held = [0] * self.k
+
+    def next(self, step: int, waiting: int) -> int:
+        """The next token (its step), with ``waiting`` gradients in but not applied."""
+        return step + (sum(self.held) + waiting) // self.k
+
+    def can_claim(self, learner: int, step: int, waiting: int) -> bool:
+        """Whether ``learner`` may take a token now (the class docstring)."""
+        if self.held[learner] >= self.depth[learner]:
+            return False
+        return self.next(step, waiting) <= step + self.AHEAD
+
+    def blocked(self, step: int, waiting: int) -> bool:
+        """No learner may take a token until an update is made: waiting for this step's last
+        gradients would tie every learner to the slowest (the lead then fills the global
+        batch with gradients meant for later steps)."""
+        return not any(self.can_claim(j, step, waiting) for j in range(self.k))
+
+    def claim(self, learner: int, step: int, waiting: int) -> int | None:
+        """A token for ``learner`` (the step its gradient is meant for), or None."""
+        if not self.can_claim(learner, step, waiting):
+            return None
+        u = self.next(step, waiting)
+        self.held[learner] += 1
+        return u
+
+    def returned(self, learner: int) -> None:
+        """``learner``'s gradient for its oldest token came back (or its order was dropped)."""
+        if self.held[learner] <= 0:
+            raise ValueError(f"learner {learner} returned a token it does not hold")
+        self.held[learner] -= 1
 
 
 class GlobalBatch:
@@ -70,12 +148,17 @@ class GlobalBatch:
     ``ready``.  ``samples``: the global batch (K x batch).  ``decay=False``: every contribution
     inside the bound at full weight."""
 
-    def __init__(self, samples: int, max_staleness: int | None, decay: bool = True) -> None:
+    def __init__(
+        self, samples: int, max_staleness: int | None, decay: bool = True, severe: int = 0
+    ) -> None:
         if samples <= 0:
             raise ValueError(f"samples={samples} must be > 0")
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0 or None")
+        if severe < 0:
+            raise ValueError(f"severe={severe} must be >= 0")
         self.samples, self.max_staleness, self.decay = samples, max_staleness, decay
+        self.severe = severe
         self.waiting: deque[Contribution] = deque()
         self.last_id = -1  # ids only grow (the lead numbers contributions as it adds them)
         self.applied = 0  # contributions handed out by take()
@@ -108,41 +191,45 @@ class GlobalBatch:
             return out
         keep: deque[Contribution] = deque()
         for c in self.waiting:
-            s = version - c.version
+            s = c.staleness(version)
             (out.append((c, s)) if s > self.max_staleness else keep.append(c))
         self.waiting = keep
         self.dropped += len(out)
         return out
 
-    def _pick(self) -> list[int] | None:
-        """Indices into ``waiting`` (arrival order) whose samples sum to exactly ``samples``:
-        greedy in arrival order, skipping one that would overfill."""
+    def _pick(self, version: int, ahead: bool) -> list[int] | None:
+        """Indices into ``waiting`` whose samples sum to exactly ``samples``: greedy, the oldest
+        token first (arrival order among equal ones), skipping one that would overfill; one
+        whose token is after ``version`` only when ``ahead``."""
         got, need = [], self.samples
-        for i, c in enumerate(self.waiting):
-            if c.n <= need:
+        order = sorted(range(len(self.waiting)), key=lambda i: self.waiting[i].step)
+        for i in order:
+            c = self.waiting[i]
+            if c.n <= need and (ahead or c.step <= version):
                 got.append(i)
                 need -= c.n
                 if need == 0:
                     return got
         return None
 
-    def ready(self, version: int) -> bool:
+    def ready(self, version: int, ahead: bool = True) -> bool:
         """Whether a global batch is assembled at ``version`` (drops what is too stale now)."""
         self._drops += self._prune(version)
-        return self._pick() is not None
+        return self._pick(version, ahead) is not None
 
-    def take(self, version: int) -> Taken | None:
-        """The global update at ``version``, or None when not ready; its contributions leave."""
+    def take(self, version: int, ahead: bool = True) -> Taken | None:
+        """The global update at ``version``, or None when not ready; its contributions leave.
+        ``ahead``: contributions whose token is after ``version`` may fill it."""
         self._drops += self._prune(version)
-        pick = self._pick()
+        pick = self._pick(version, ahead)
         if pick is None:
             return None
         dropped, self._drops = self._drops, []
         used = [self.waiting[i] for i in pick]
-        for i in reversed(pick):
+        for i in sorted(pick, reverse=True):
             del self.waiting[i]
-        stale = [version - c.version for c in used]
-        scales = [decay(s, self.max_staleness) if self.decay else 1.0 for s in stale]
+        stale = [c.staleness(version) for c in used]
+        scales = [decay(s, self.max_staleness, self.severe) if self.decay else 1.0 for s in stale]
         total = np.zeros_like(used[0].grad, dtype=np.float64)
         for c, w in zip(used, scales, strict=True):
             total += (w * c.n) * c.grad.astype(np.float64)

@@ -288,6 +288,13 @@ LEARNER = (
                 "staleness",
                 "i4",
                 "updates",
+                "gba: updates applied since the update its token was for (0 when early); "
+                "async: as lag",
+            ),
+            Field(
+                "lag",
+                "i4",
+                "updates",
                 "updates applied between the weights it was computed on and its update",
             ),
             Field("samples", "i8", "transitions", "samples in it"),
@@ -295,8 +302,8 @@ LEARNER = (
                 "scale",
                 "f4",
                 "",
-                "weight it was applied with: 1/(1+staleness) under gba, 1 "
-                "otherwise, 0 when dropped",
+                "weight it was applied with: gba 1 up to --severe-staleness, "
+                "1/(1+staleness-severe) beyond; 1 otherwise; 0 when dropped",
             ),
             Field(
                 "wait_s",

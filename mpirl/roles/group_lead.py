@@ -3,9 +3,12 @@ seam: mpirl.transport.group; the messages ORDER, SHARD, GRAD: mpirl.transport.wi
 
 `NoGroup` (K = 1) does nothing; `LeadGroup` (K > 1) hands the other learners their work (ORDER,
 SHARD), takes their replies (GRAD, DONE), applies the global updates of ``async`` / ``gba`` and
-logs one /group row per contribution.  It writes nothing into the learner: the updates it
-applies come back from `serve` as `Applied` values, and the batches it hands out come from the
-placement's `BatchSource`, which also takes their priorities back.
+logs one /group row per contribution.  ``gba`` hands out work under GBA's token control
+(`mpirl.agent.gba.Tokens`: K tokens per global step, on demand, the lead's own batches
+included); another learner holds up to `PIPELINE` orders, so it computes its next gradient
+while its last one travels and while the lead is busy.  It writes nothing into the learner:
+the updates it applies come back from `serve` as `Applied` values, and the batches it hands
+out come from the placement's `BatchSource`, which also takes their priorities back.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from mpirl.agent.gba import Contribution, GlobalBatch, SwitchRule
+from mpirl.agent.gba import Contribution, GlobalBatch, SwitchRule, Tokens
 from mpirl.agent.grads import set_grads
 from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
 from mpirl.transport.wire import ALLREDUCE, RESYNC, SUBMIT, Tag
@@ -33,6 +36,14 @@ if TYPE_CHECKING:
     from mpirl.transport.inbox import Inbox
     from mpirl.transport.link import LinkEnd
     from mpirl.transport.wire import Done, Forward, Grad, Message, Wire
+
+#: the final checkpoint waits for the other learners' parts; after this long it says for whom
+AWAIT_NOTICE_S = 10.0
+
+
+#: orders another learner holds at once under async / gba (pipelining: the next is there when
+#: it finishes one); the lead computes its own one at a time
+PIPELINE = 2
 
 
 class Applied(NamedTuple):
@@ -58,12 +69,16 @@ class Group(Protocol):
     def sync(self) -> LocalSync | None: ...  # read only: NoGroup's None, LeadGroup's step
 
     def start(self, updates: int) -> None: ...
+    def saved(self) -> dict[str, Any]: ...  # what the lead's checkpoint part keeps of it
+    def resume(self, meta: dict[str, Any]) -> None: ...  # from the lead's checkpoint part
     def route(self, m: Forward) -> bool: ...
     def ready(self) -> bool: ...
     def before_update(self, state: LearnerState) -> None: ...
     def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None: ...
     def serve(self, now: float, state: LearnerState) -> list[Applied]: ...
-    def checkpoint(self, cid: int, timeout: float) -> None: ...
+    def checkpoint(self, cid: int) -> dict[str, Any]: ...
+    def written(self, cid: int) -> bool: ...
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None: ...
     def close(self, timeout: float) -> None: ...
 
 
@@ -76,6 +91,12 @@ class NoGroup:
     sync = None
 
     def start(self, updates: int) -> None:
+        pass
+
+    def saved(self) -> dict[str, Any]:
+        return {}
+
+    def resume(self, meta: dict[str, Any]) -> None:
         pass
 
     def route(self, m: Forward) -> bool:
@@ -93,7 +114,13 @@ class NoGroup:
     def serve(self, now: float, state: LearnerState) -> list[Applied]:
         return []
 
-    def checkpoint(self, cid: int, timeout: float) -> None:
+    def checkpoint(self, cid: int) -> dict[str, Any]:
+        return {}
+
+    def written(self, cid: int) -> bool:
+        return True
+
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None:
         pass
 
     def close(self, timeout: float) -> None:
@@ -105,7 +132,8 @@ class OtherLearner:
 
     def __init__(self, index: int, end: LinkEnd) -> None:
         self.index, self.end = index, end
-        self.orders: deque[tuple[int, Drawn, float]] = deque()  # (id, batch, sent) unanswered
+        #: (id, batch, sent, token) unanswered; token -1: none (allreduce, async)
+        self.orders: deque[tuple[int, Drawn, float, int]] = deque()
         self.shard = 0  # transitions sent to its shard (replay at the learner)
         self.version = -2  # weights version it holds (-2: the start's broadcast only)
         self.served = 0
@@ -138,14 +166,26 @@ class LeadGroup:
         self.handlers: dict[Tag, Callable[[Any], None]] = {
             Tag.GRAD: self._on_grad,
             Tag.DONE: self._on_done,
+            Tag.CHECKPOINT: self._on_checkpoint,
         }
+        #: checkpoints asked of the other learners and not yet written by all: id -> the
+        #: learners still to write their part, and the lead's crc32 their state must have
+        #: (None: updates were not synchronous when it was asked)
+        self.asked: dict[int, tuple[set[int], int | None]] = {}
         self.n_params = sum(p.numel() for p in trainer.params)
         mode = cfg.learner_sync
         self.how = ALLREDUCE if mode in ("allreduce", "switch") else SUBMIT
         trainer.sync = syncs[self.how]
         self.agg: GlobalBatch | None = None
+        self.tokens: Tokens | None = None  # gba's token supply (async: none)
+        self.lead_token = -1  # the token of the lead's own batch in flight (-1: none)
         if mode in ("gba", "switch"):
-            self.agg = GlobalBatch(self.k * cfg.batch_size, cfg.max_grad_staleness or None)
+            self.agg = GlobalBatch(
+                self.k * cfg.batch_size,
+                cfg.max_grad_staleness or None,
+                severe=cfg.severe_staleness,
+            )
+            self.tokens = Tokens(self.k, [1] + [PIPELINE] * (self.k - 1))
         elif mode == "async":
             self.agg = GlobalBatch(cfg.batch_size, None, decay=False)
         #: --learner-sync switch: when to go GBA and back (the figures of a pending switch back)
@@ -178,6 +218,19 @@ class LeadGroup:
         for o in self.others:
             o.version = updates
 
+    def saved(self) -> dict[str, Any]:
+        """For the lead's checkpoint part: the transitions sent to each other learner's shard
+        (its shard is in its own part; the lead gates its orders on these counts)."""
+        return {"group_shards": {str(o.index): o.shard for o in self.others}}
+
+    def resume(self, meta: dict[str, Any]) -> None:
+        """Continue the per-learner shard counts of the lead's checkpoint part: without them a
+        resumed lead held every order (allreduce: every update) until each shard had been sent
+        its start again, though each learner had restored its shard."""
+        shards = meta.get("group_shards", {})
+        for o in self.others:
+            o.shard = int(shards.get(str(o.index), 0))
+
     # ---- replay at the learner: shards ----------------------------------------------------------
     def route(self, m: Forward) -> bool:
         """Round-robin over the learners by message: True when it went to another's shard."""
@@ -196,8 +249,10 @@ class LeadGroup:
         switch back to all-reduce waits for the GBA orders out."""
         if self.draining is not None:
             return False
-        if self.how != ALLREDUCE:
-            return True
+        if self.how != ALLREDUCE:  # gba: a token is left for the lead's batch
+            return self.tokens is None or self.tokens.can_claim(
+                0, self.trainer.updates, self._waiting()
+            )
         assert self.source is not None
         return self.source.members_ready([o.shard for o in self.others])
 
@@ -205,6 +260,10 @@ class LeadGroup:
         if self.how == ALLREDUCE:
             for o in self.others:
                 self._order(o, state)
+        elif self.tokens is not None:  # the lead's batch takes a token (ready() saw one)
+            token = self.tokens.claim(0, self.trainer.updates, self._waiting())
+            assert token is not None, "before_update without ready()"
+            self.lead_token = token
 
     def after_update(self, updates: int, loss: float, td: np.ndarray, compute_s: float) -> None:
         """The lead's own batch is done (``compute_s``: its compute, not its wait for the
@@ -217,6 +276,7 @@ class LeadGroup:
                 update=updates,
                 learner=-1,
                 staleness=0,
+                lag=0,
                 samples=self.k * len(td),
                 scale=1.0,
                 wait_s=self.sync.wait_s,
@@ -225,31 +285,51 @@ class LeadGroup:
             return
         sync = self.sync
         assert isinstance(sync, SubmitSync)
-        self._add(0, self.trainer.updates, sync.taken(), float(loss), td, time.monotonic())
+        token, self.lead_token = self.lead_token, -1
+        if self.tokens is not None:
+            self.tokens.returned(0)
+        now = time.monotonic()
+        self._add(0, self.trainer.updates, sync.taken(), float(loss), td, now, token)
 
     def _add(
-        self, learner: int, version: int, grad: np.ndarray, loss: float, td: np.ndarray, now: float
+        self,
+        learner: int,
+        version: int,
+        grad: np.ndarray,
+        loss: float,
+        td: np.ndarray,
+        now: float,
+        token: int = -1,
     ) -> None:
         assert self.agg is not None
-        self.agg.add(
-            Contribution(
-                self.next_id, learner, version, len(td), grad, now, {"loss": loss, "td": td}
-            )
-        )
+        extra = {"loss": loss, "td": td}
+        tok = None if token < 0 else token
+        self.agg.add(Contribution(self.next_id, learner, version, len(td), grad, now, extra, tok))
         self.next_id += 1
 
     # ---- orders ----------------------------------------------------------------------------------
     def _order(self, o: OtherLearner, state: LearnerState) -> bool:
         """Send ``o`` its next batch (relayed) or a sample order for its shard; False when there
-        is no batch for it."""
+        is no batch for it.  Its version is the lead's update count now (the trainer's:
+        ``state.updates`` catches up only after `serve` returns the updates it applied, and an
+        order labelled with it carried newer weights than its label said)."""
         assert self.source is not None
+        step = self.trainer.updates
+        tokens = self.tokens if self.how != ALLREDUCE else None
+        if tokens is not None and not tokens.can_claim(o.index, step, self._waiting()):
+            return False
         drawn = self.source.for_member(o.index, o.shard)
         if drawn is None:
             return False
+        token = -1
+        if tokens is not None:
+            claimed = tokens.claim(o.index, step, self._waiting())
+            assert claimed is not None  # can_claim said so
+            token = claimed
         weights = None
-        if self.how != ALLREDUCE and o.version != state.updates:
+        if self.how != ALLREDUCE and o.version != step:
             weights = (self.trainer.online.flat_params(), self.trainer.target.flat_params())
-            o.version = state.updates
+            o.version = step
         o.end.post(
             self.wire.order(
                 self.next_id,
@@ -257,23 +337,25 @@ class LeadGroup:
                 state.beta,
                 drawn.scale,
                 weights,
-                state.updates,
+                step,
                 None if drawn.batch is None else drawn.batch.buf,
                 self.how,
             )
         )
-        o.orders.append((self.next_id, drawn, time.monotonic()))
+        o.orders.append((self.next_id, drawn, time.monotonic(), token))
         self.next_id += 1
         return True
 
     def _hand_out(self, state: LearnerState) -> bool:
-        """async / gba token control: one order at a time per other learner."""
+        """async / gba: up to `PIPELINE` orders per other learner, a first one to every learner
+        holding none before a second to any (gba: each takes a token, `Tokens`)."""
         did = False
         if self.stopping or state.stop_reason is not None:
             return False
-        for o in self.others:
-            if not (o.orders or o.done):
-                did |= self._order(o, state)
+        for depth in range(1, PIPELINE + 1):
+            for o in self.others:
+                if len(o.orders) < depth and not o.done:
+                    did |= self._order(o, state)
         return did
 
     # ---- replies ---------------------------------------------------------------------------------
@@ -304,6 +386,8 @@ class LeadGroup:
                 self.how, self.trainer.sync = SUBMIT, self.syncs[SUBMIT]
                 for o in self.others:
                     o.version = state.updates
+                if self.tokens is not None:  # no GBA order is out: a fresh supply
+                    self.tokens.reset()
                 self._log_switch(state.updates, 1, figures)
                 return
             self.draining = figures
@@ -312,8 +396,9 @@ class LeadGroup:
         assert self.agg is not None
         for c in self.agg.drain():
             self.rows.append(
-                update=state.updates, learner=c.learner, staleness=state.updates - c.version,
-                samples=c.n, scale=0.0, wait_s=now - c.arrived, dropped=1,
+                update=state.updates, learner=c.learner, staleness=c.staleness(state.updates),
+                lag=state.updates - c.version, samples=c.n, scale=0.0, wait_s=now - c.arrived,
+                dropped=1,
             )  # fmt: skip
         for o in self.others:
             o.end.post(self.wire.order(self.next_id, 0, state.beta, how=RESYNC))
@@ -343,9 +428,11 @@ class LeadGroup:
 
     def _on_grad(self, m: Grad) -> None:
         o = self.others[m.rank - 1]
-        want, drawn, _ = o.orders.popleft()
+        want, drawn, _, token = o.orders.popleft()
         if m.id != want:
             raise RuntimeError(f"learner: learner {o.index} answered order {m.id}, expected {want}")
+        if token >= 0 and self.tokens is not None:
+            self.tokens.returned(o.index)
         o.served += 1
         if self.rule is not None:
             self.rule.observe(o.index, m.compute_s, m.t)
@@ -355,14 +442,17 @@ class LeadGroup:
         self.source.trained(drawn, td, m.compute_s, self.trainer.updates)
         grad = m.grad()
         if grad is not None:
-            self._add(o.index, m.version, grad, m.loss, td, m.t)
+            self._add(o.index, m.version, grad, m.loss, td, m.t, token)
 
     def _apply(self, now: float, state: LearnerState) -> list[Applied]:
         """async / gba: every assembled global batch becomes one update."""
         t, out = self.trainer, []
         most = self.cfg.max_updates
         assert self.agg is not None
-        while not (most and t.updates >= most) and (taken := self.agg.take(t.updates)):
+        while not (most and t.updates >= most) and (
+            taken := self.agg.take(t.updates, self._ahead(t.updates))
+        ):
+            version = t.updates
             set_grads(t.params, taken.grad)
             t.apply_step()
             first = min(c.arrived for c in taken.used)
@@ -371,6 +461,7 @@ class LeadGroup:
                     update=t.updates,
                     learner=c.learner,
                     staleness=s,
+                    lag=version - c.version,
                     samples=c.n,
                     scale=w,
                     wait_s=now - first,
@@ -381,6 +472,7 @@ class LeadGroup:
                     update=t.updates,
                     learner=c.learner,
                     staleness=s,
+                    lag=version - c.version,
                     samples=c.n,
                     scale=0.0,
                     wait_s=now - c.arrived,
@@ -392,21 +484,70 @@ class LeadGroup:
             )
         return out
 
-    def checkpoint(self, cid: int, timeout: float) -> None:
-        """Every other learner writes its part of checkpoint ``cid`` (before the manifest).
-        While updates are synchronous every learner must hold the lead's network and Adam state:
-        each acknowledgement carries its crc32, checked against the lead's."""
+    def _waiting(self) -> int:
+        """Gradients in but not applied yet (the token supply counts them)."""
+        return 0 if self.agg is None else len(self.agg.waiting)
+
+    def _ahead(self, step: int) -> bool:
+        """Whether gradients meant for the next step may fill this one: async (no tokens), or
+        every token of this step and the next is out, so no learner can take one until an
+        update is made (waiting for this step's last ones would tie everyone to the slowest)."""
+        return self.tokens is None or self.tokens.blocked(step, self._waiting())
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint(self, cid: int) -> dict[str, Any]:
+        """Ask every other learner for its part of checkpoint ``cid`` and return at once.
+
+        Each writes its part when it reaches the request, after the order it is on: its link
+        delivers SHARD, ORDER and CHECKPOINT in the order they were posted, so its part holds
+        exactly what the lead had sent it by now, whenever it gets there.  Its acknowledgement
+        (`_on_checkpoint`) comes with the replies `serve` takes; `written` says when every part
+        is in.  While updates are synchronous every learner must hold the lead's network and
+        Adam state as of now: each acknowledgement carries its crc32, checked against the
+        lead's, taken here.  Returns what the lead's own part keeps of the group: the
+        transitions sent to each other learner's shard (`resume`)."""
         for o in self.others:
             o.end.post(self.wire.checkpoint(cid))
-        crcs = self._await(Tag.CHECKPOINT, cid, timeout, f"write their part of checkpoint {cid}")
-        if self.how == ALLREDUCE and self.draining is None:
-            mine = state_crc(self.trainer)
-            differ = sorted(j for j, c in crcs.items() if c != mine)
-            if differ:
-                raise RuntimeError(
-                    f"learner(s) {differ} hold another network or Adam state than the lead "
-                    f"after synchronous updates (checkpoint {cid}): the learner group diverged"
+        mine = state_crc(self.trainer) if self.how == ALLREDUCE and self.draining is None else None
+        self.asked[cid] = ({o.index for o in self.others}, mine)
+        return self.saved()
+
+    def _on_checkpoint(self, m: Message) -> None:
+        """Learner ``m.rank`` wrote its part of checkpoint ``m.seq`` (``m.a``: its crc32)."""
+        asked = self.asked.get(m.seq)
+        if asked is None or m.rank not in asked[0]:
+            raise RuntimeError(f"learner: unexpected CHECKPOINT {m.seq} from learner {m.rank}")
+        waiting, mine = asked
+        if mine is not None and int(m.a) != mine:
+            raise RuntimeError(
+                f"learner {m.rank} holds another network or Adam state than the lead after "
+                f"synchronous updates (checkpoint {m.seq}): the learner group diverged"
+            )
+        waiting.discard(m.rank)
+        if not waiting:
+            del self.asked[m.seq]
+
+    def written(self, cid: int) -> bool:
+        """Every other learner has written its part of checkpoint ``cid``."""
+        return cid not in self.asked
+
+    def await_written(self, cid: int, notice: Callable[[str], None]) -> None:
+        """Serve the replies until every other learner's part of checkpoint ``cid`` is written:
+        the final checkpoint, which the run waits for.  No time limit: a slow learner only
+        delays the end, and one that died ends the job (`mpirl.run.failure`); ``notice`` says
+        once, after ``AWAIT_NOTICE_S``, which learners it waits for."""
+        handlers = {Tag.CHECKPOINT: self._on_checkpoint, Tag.GRAD: self._on_grad}
+        t0, told = time.monotonic(), False
+        while not self.written(cid):
+            now = time.monotonic()
+            if not told and now - t0 > AWAIT_NOTICE_S:
+                notice(
+                    f"mpirl: checkpoint {cid} waits for learner(s) "
+                    f"{sorted(self.asked[cid][0])} to write their part"
                 )
+                told = True
+            self._receive(handlers, now)
+            time.sleep(2e-4)
 
     def close(self, timeout: float) -> None:
         """STOP to every other learner (after the final checkpoint; it answers its orders
@@ -421,8 +562,7 @@ class LeadGroup:
 
     def _await(self, kind: Tag, id_: int | None, timeout: float, what: str) -> dict[int, int]:
         """Serve the replies until each other learner has sent ``kind`` (with id ``id_``);
-        RuntimeError after ``timeout`` s.  Returns each one's header ``a`` (a CHECKPOINT
-        acknowledgement's crc32)."""
+        RuntimeError after ``timeout`` s.  Returns each one's header ``a``."""
         waiting = {o.index for o in self.others}
         got: dict[int, int] = {}
 
@@ -442,6 +582,8 @@ class LeadGroup:
                 raise RuntimeError(
                     f"learner(s) {sorted(waiting)} did not {what} within {timeout:.0f} s"
                 )
-            self._receive({kind: arrived, Tag.GRAD: self._on_grad}, now)
+            self._receive(
+                {Tag.CHECKPOINT: self._on_checkpoint, kind: arrived, Tag.GRAD: self._on_grad}, now
+            )
             time.sleep(2e-4)
         return got

@@ -7,7 +7,7 @@
     group          --learners K: the other learners' answers and the global updates they make
                    (`mpirl.roles.group_lead`; K = 1: nothing)
     checkpoint     advance the consistent cut (`mpirl.transport.cut.Cut`): start one, write when
-                   complete
+                   complete; the manifest once the other learners of a group wrote their parts
     grant_tokens   the placement's tokens toward the buffers
     train          one double-DQN update (`mpirl.agent.train_step.TrainStep`) on the next batch the
                    placement draws; its priorities go back by the same placement
@@ -59,7 +59,9 @@ if TYPE_CHECKING:
     from mpirl.transport.weight_sync import WeightSync
     from mpirl.transport.wire import Checkpoint, Done, Keyframe, Stats, Wire
 
-CKPT_TIMEOUT_S = 120.0  # a checkpoint not acknowledged by every buffer by then aborts the job
+#: a checkpoint not acknowledged by every buffer by then aborts the job (the other learners of a
+#: group have no such limit: the lead does not wait for their parts, `LearnerCheckpoint.commit`)
+CKPT_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -164,7 +166,7 @@ class Learner:
         p = self.parts
         if p.resume is not None:
             self.checkpoints.restore(
-                p.resume, self.cfg, self.state, self.evaluation, self.sites, self.source
+                p.resume, self.cfg, self.state, self.evaluation, self.sites, self.source, self.group
             )
         self.group.start(self.state.updates)  # every learner starts from the lead's networks
         self.report.mark(self.state)
@@ -226,38 +228,49 @@ class Learner:
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def checkpoint(self, now: float) -> bool:
-        """Write the learner's part and the manifest once every buffer has acknowledged; start a
-        periodic checkpoint when one is due."""
+        """The manifest of a checkpoint whose parts are all in (the other learners of a group
+        write theirs when they reach the request: the lead never waits for them); the learner's
+        part once every buffer has acknowledged; a periodic checkpoint when one is due and none
+        waits for the other learners (a slow learner spaces the checkpoints out, nothing else)."""
         cut = self.cut
+        did = self.commit()
         if cut.complete:
-            t_acks = time.monotonic()
-            self.save(cut.id, "periodic")
-            self.say(
-                f"mpirl: checkpoint {cut.id} written in {time.monotonic() - cut.t0:.2f} s "
-                f"(every part acknowledged after {t_acks - cut.t0:.2f} s; "
-                f"{self.state.updates:,} updates, {self.report.env_steps():,} env steps)"
-            )
+            self.save(cut.id, "periodic", cut.t0)
             cut.end(time.monotonic())
             return True
         if (err := cut.overdue(now)) is not None:
             raise RuntimeError(err)
-        if cut.due(now, stopping=self.state.stop_reason is not None):
+        stopping = self.state.stop_reason is not None
+        if cut.due(now, stopping=stopping) and not self.checkpoints.pending:
             cid = cut.begin(now)
             for s in self.sites.values():
                 s.link.post(self.wire.checkpoint(cid), now=now)
-        return False
+        return did
 
-    def save(self, cid: int, reason: str) -> None:
+    def save(self, cid: int, reason: str, t0: float | None = None) -> None:
+        """The learner's part of checkpoint ``cid`` (started at ``t0``, default now), the other
+        learners asked for theirs; its manifest at once if every part is in (no group)."""
+        t0 = time.monotonic() if t0 is None else t0
         self.checkpoints.save(
-            cid,
-            reason,
-            self.state,
-            self.evaluation,
-            self.sites,
-            self.source,
-            self.group,
-            CKPT_TIMEOUT_S,
+            cid, reason, self.state, self.evaluation, self.sites, self.source, self.group, t0
         )
+        self.commit()
+
+    def commit(self) -> bool:
+        """The manifests of the checkpoints whose parts are all in, each said in a line."""
+        done = self.checkpoints.commit(self.group)
+        for p in done:
+            now, c = time.monotonic(), p.counters
+            line = (
+                f"mpirl: checkpoint {p.id} written in {now - p.t0:.2f} s (the buffers' and the "
+                f"learner's parts after {p.t_part - p.t0:.2f} s; {c['updates']:,} updates, "
+                f"{c['env_steps']:,} env steps)"
+            )
+            if p.id == self.state.final_ckpt:
+                assert self.checkpoints.ckpt is not None  # a final checkpoint: a run that saves
+                line += f"; continue with --resume {self.checkpoints.ckpt.run_dir}"
+            self.say(line)
+        return bool(done)
 
     # ---- the link -----------------------------------------------------------------------------
     def change_link(self, now: float) -> None:
@@ -434,18 +447,14 @@ class Learner:
 
     def finish(self) -> dict[str, Any]:
         """The evaluation in flight, the final checkpoint (every buffer's DONE says its part is
-        on disk), the summary."""
+        on disk; the other learners' parts are waited for, and every earlier checkpoint's come
+        before them), the summary."""
         st = self.state
         self.reached(self.evaluation.drain(st.updates))
-        if st.final_ckpt >= 0:
-            t0 = time.monotonic()
+        if st.final_ckpt >= 0:  # complete before the job ends: the one wait for the group
             self.save(st.final_ckpt, st.stop_reason or "stop")
-            assert self.checkpoints.ckpt is not None  # a final checkpoint: a run that saves
-            self.say(
-                f"mpirl: checkpoint {st.final_ckpt} written in "
-                f"{time.monotonic() - t0:.2f} s; continue with --resume "
-                f"{self.checkpoints.ckpt.run_dir}"
-            )
+            self.group.await_written(st.final_ckpt, self.say)
+            self.commit()
         self.group.close(CKPT_TIMEOUT_S)  # the other learners stop after the final checkpoint
         resume = self.parts.resume
         summary = self.report.summary(

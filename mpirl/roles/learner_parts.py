@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -142,9 +142,21 @@ class Evaluation:
         self.runner.close()
 
 
+class Unfinished(NamedTuple):
+    """A checkpoint whose learner part is written and whose manifest waits for the other
+    learners' parts (``t0``: when it started, ``t_part``: when the lead's part was written)."""
+
+    id: int
+    reason: str
+    counters: dict[str, Any]
+    t0: float
+    t_part: float
+
+
 class LearnerCheckpoint:
     """The learner's part of a checkpoint (networks, optimizer, counters, RNG, the memory of a
-    placement that keeps one here) and the manifest, written last."""
+    placement that keeps one here) and the manifest, written last, once every other learner of
+    the group has written its part too (`commit`): the lead does not wait for them."""
 
     def __init__(
         self,
@@ -157,6 +169,7 @@ class LearnerCheckpoint:
     ) -> None:
         self.ckpt, self.trainer, self.part_names, self.log = ckpt, trainer, part_names, log
         self.torch, self.weights = torch, weights
+        self.pending: deque[Unfinished] = deque()  # oldest first
 
     def save(
         self,
@@ -167,8 +180,11 @@ class LearnerCheckpoint:
         sites: dict[int, Site],
         source: BatchSource,
         group: Group,
-        timeout: float,
+        t0: float,
     ) -> None:
+        """Write the learner's part of checkpoint ``cid`` (started at ``t0``) and ask the other
+        learners of the group for theirs, without waiting for them: its manifest is written by
+        `commit` once they are in (at once without a group)."""
         ss, t = sites.values(), self.trainer
         placed, arrays = source.save()
         meta = {
@@ -187,7 +203,7 @@ class LearnerCheckpoint:
             "online_sha256": params_sha256(t.online.state_dict()),
             "target_sha256": params_sha256(t.target.state_dict()),
         }
-        group.checkpoint(cid, timeout)  # the other learners' parts
+        meta |= group.checkpoint(cid)  # asks the other learners for their parts; no wait
         assert self.ckpt is not None  # a cut starts only in a run that saves
         self.ckpt.write(
             cid,
@@ -195,19 +211,26 @@ class LearnerCheckpoint:
             arrays,
             t.checkpoint_tensors(),
         )
-        env_steps = sum(s.steps for s in ss)
-        self.ckpt.manifest(
-            cid,
-            self.part_names,
-            reason,
-            {
-                "updates": state.updates,
-                "env_steps": env_steps,
-                "inserted": source.inserted,
-                "sampled": source.sampled,
-                "best_eval": evaluation.best,
-            },
-        )
+        counters = {
+            "updates": state.updates,
+            "env_steps": sum(s.steps for s in ss),
+            "inserted": source.inserted,
+            "sampled": source.sampled,
+            "best_eval": evaluation.best,
+        }
+        self.pending.append(Unfinished(cid, reason, counters, t0, time.monotonic()))
+
+    def commit(self, group: Group) -> list[Unfinished]:
+        """The manifest of each pending checkpoint whose parts are all written, oldest first
+        (the other learners write theirs in the order asked); returns those committed.  Polls:
+        never waits."""
+        done = []
+        while self.pending and group.written(self.pending[0].id):
+            p = self.pending.popleft()
+            assert self.ckpt is not None  # pending: a run that saves
+            self.ckpt.manifest(p.id, self.part_names, p.reason, p.counters)
+            done.append(p)
+        return done
 
     def restore(
         self,
@@ -217,6 +240,7 @@ class LearnerCheckpoint:
         evaluation: Evaluation,
         sites: dict[int, Site],
         source: BatchSource,
+        group: Group,
     ) -> None:
         """Continue where checkpoint ``part`` left off."""
         ts, r, t = part.torch, part.meta, self.trainer
@@ -239,6 +263,7 @@ class LearnerCheckpoint:
         state.elapsed_before, state.to_target = r["wall_s_total"], r["to_target"]
         self.weights.replaced_before = r.get("weights_replaced", 0)  # a cumulative count
         source.restore(r, part.arrays)
+        group.resume(r)
         state.beta = beta_at(cfg, state.updates)
 
 

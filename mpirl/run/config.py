@@ -50,10 +50,13 @@ class Config:
         "buffer",
         "where the prioritized replay memory lives: 'buffer' (at the edge: only prioritized "
         "batches cross the link, priority updates come back) or 'learner' (in the cloud: every "
-        "experience crosses the link) or 'auto' (chosen at start from the link, measured or "
-        "emulated, and the rates, by the advisor: python -m mpirl.advise; the run records the "
-        "choice)",
-        choices=("buffer", "learner", "auto"),
+        "experience crosses the link) or 'thinned' (in the cloud; the buffer forwards each "
+        "experience with a probability that grows with its priority, within what the learner "
+        "samples (rho) and the link carries, and the learner's importance weights undo it; "
+        "--learners 1; docs/design.md) or 'auto' (chosen at start between 'buffer' and "
+        "'learner' from the link, measured or emulated, and the rates, by the advisor: python "
+        "-m mpirl.advise; the run records the choice)",
+        choices=("buffer", "learner", "thinned", "auto"),
     )
     env_kwargs: dict | None = _f(
         None,
@@ -154,14 +157,21 @@ class Config:
     )
     max_grad_staleness: int = _f(
         4,
-        "--learner-sync gba: drop a gradient computed on weights more than this many updates "
-        "old; inside the bound it is scaled by 1/(1+staleness) (0 = no bound)",
+        "--learner-sync gba: drop a gradient whose token (the update it was meant for) is more "
+        "than this many updates old (0 = no bound); see --severe-staleness for its weight",
+    )
+    severe_staleness: int = _f(
+        2,
+        "--learner-sync gba: a gradient up to this many updates stale (by its token) counts "
+        "in full; beyond, it is scaled by 1/(1+staleness-this) (GBA decays only severe "
+        "staleness; 0 = 1/(1+staleness) for every stale gradient)",
     )
     straggle: str | None = _f(
         None,
         "test / bench hook: 'RANK:MS' makes learner RANK sleep MS milliseconds in every "
         "update (a slow worker that does not steal CPU); 'RANK:MS@START-END' only from START to "
-        "END seconds after it starts (a straggler that comes and goes)",
+        "END seconds after it starts (a straggler that comes and goes); RANK '*': every "
+        "learner (learners paced at equal speed)",
     )
 
     # --- pacing (docs/design.md, "Pacing") ------------------------------------------------------
@@ -260,13 +270,15 @@ class Config:
     )
     forward_overflow: str = _f(
         "block",
-        "replay_at=learner, forward queue full: 'block' "
+        "replay_at=learner or thinned, forward queue full: 'block' "
         "(backpressure to the actors) or 'drop-oldest' (keeps P; the "
         "fraction delivered: /progress delivered_fraction)",
         choices=("block", "drop-oldest"),
     )
-    forward_chunk: int = _f(256, "replay_at=learner: transitions per forwarded message")
-    forward_credits: int = _f(8, "replay_at=learner: forwarded messages in flight per buffer")
+    forward_chunk: int = _f(256, "replay_at=learner or thinned: transitions per forwarded message")
+    forward_credits: int = _f(
+        8, "replay_at=learner or thinned: forwarded messages in flight per buffer"
+    )
     arrival_sample: int = _f(
         64,
         "transitions per message whose |td| under the learner's "
@@ -413,6 +425,7 @@ class Config:
             "seed",
             "max_staleness",
             "max_grad_staleness",
+            "severe_staleness",
             "eval_max_steps",
             "arrival_sample",
         ]:
@@ -450,8 +463,16 @@ class Config:
 
     def _validate_choices(self) -> None:
         c = self
-        if c.replay_at not in ("buffer", "learner", "auto"):  # auto: resolved at start
-            raise ConfigError(f"replay_at={c.replay_at!r} must be 'buffer', 'learner' or 'auto'")
+        if c.replay_at not in ("buffer", "learner", "thinned", "auto"):  # auto: resolved at start
+            raise ConfigError(
+                f"replay_at={c.replay_at!r} must be 'buffer', 'learner', 'thinned' or 'auto'"
+            )
+        if c.replay_at == "thinned" and c.learners != 1:
+            raise ConfigError(
+                f"replay_at='thinned' needs learners=1, not {c.learners}: a group learner's "
+                "shard would not know each slot's forwarding probability; use --replay-at "
+                "learner with --learners K"
+            )
         if any((not isinstance(h, int)) or h <= 0 for h in c.hidden) or not c.hidden:
             raise ConfigError(
                 f"hidden={c.hidden!r} must be one or more positive layer sizes, "
@@ -532,31 +553,42 @@ class Config:
             try:
                 rank = parse_straggle(c.straggle)[0]
             except ValueError:
-                rank = -1
-            if not 0 <= rank < c.learners:
+                rank = -2
+            if not (0 <= rank < c.learners or rank == EVERY_LEARNER):
                 raise ConfigError(
                     f"straggle={c.straggle!r} must be 'RANK:MS' or 'RANK:MS@START-END' with "
                     f"RANK a learner (0..{c.learners - 1}), MS >= 0 and 0 <= START < END "
-                    f"seconds, e.g. --straggle {c.learners - 1}:20 or {c.learners - 1}:20@10-20"
+                    f"seconds, e.g. --straggle {c.learners - 1}:20 or {c.learners - 1}:20@10-20 "
+                    "(RANK '*': every learner)"
                 )
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+#: --straggle '*:MS': every learner (its parse_straggle rank)
+EVERY_LEARNER = -1
+
+
 def parse_straggle(text: str) -> tuple[int, float, float, float]:
     """--straggle 'RANK:MS[@START-END]' -> (learner rank, ms slept per update, start s, end s);
-    ValueError on anything else."""
+    RANK ``*``: every learner (`EVERY_LEARNER`); ValueError on anything else."""
     rank, sep, rest = text.partition(":")
     ms, at, window = rest.partition("@")
-    r, m = int(rank), float(ms)
+    r, m = (EVERY_LEARNER if rank == "*" else int(rank)), float(ms)
     start, end = (0.0, float("inf"))
     if at:
         a, dash, b = window.partition("-")
         if not dash:
             raise ValueError(text)
         start, end = float(a), float(b)
-    if not sep or r < 0 or not m >= 0 or m == float("inf") or not 0 <= start < end:
+    if (
+        not sep
+        or (r < 0 and r != EVERY_LEARNER)
+        or not m >= 0
+        or m == float("inf")
+        or not 0 <= start < end
+    ):
         raise ValueError(text)
     return r, m, start, end
 

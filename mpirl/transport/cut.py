@@ -13,6 +13,8 @@ its part between two env steps and acknowledges:
    acknowledged; messages it had already received behind the ack are parked, in order.
 4. **write, manifest**: when every buffer has acknowledged, the learner writes its part and then
    the manifest, last (`mpirl.run.checkpoint.Checkpointer`), and handles the parked messages first.
+   With a learner group the manifest waits, without holding the lead, until every other learner
+   has written its part (`mpirl.roles.learner_parts.LearnerCheckpoint.commit`).
 
 So every env step and every transition is in exactly one part.  A stop waits for a checkpoint in
 progress; STOP then carries the id of a final checkpoint that every rank writes before its DONE

@@ -14,12 +14,13 @@ backward pass (no sync: the learner alone clips and steps).  The modes (``--lear
                |td|); the lead applies each as it arrives (`mpirl.agent.gba.GlobalBatch` of B,
                no decay).
 ``gba``        the lead assembles K x B samples' worth of gradients from whichever learners
-               deliver (its own included), drops / decays stale ones (`mpirl.agent.gba`),
-               applies one.
+               deliver (its own included) under GBA's token control, drops too stale ones and
+               decays severely stale ones (`mpirl.agent.gba`), applies one.
 
-Token control (async, gba): a learner holds at most one ORDER; an ORDER carries the lead's
-current weights (online and target) when the learner's copy is older, so a gradient's version is
-the lead's update count when its ORDER left.
+Work (async, gba): another learner holds up to two ORDERs (`group_lead.PIPELINE`); under gba
+each carries a token, the step its gradient is meant for (`mpirl.agent.gba.Tokens`, kept at the
+lead by order id).  An ORDER carries the lead's current weights (online and target) when the
+learner's copy is older, so a gradient's version is the lead's update count when its ORDER left.
 """
 
 from __future__ import annotations

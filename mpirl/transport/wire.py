@@ -20,9 +20,14 @@ WEIGHTS     learner -> buffer     seq=version, a=learner updates, count=encoding
                                   rebuilt f4 bytes), scales f4[ceil(P/1024)], q i1[P], compressed
                                   (FLAG_ZSTD).  Buffer -> actors: always full
 KEYFRAME    buffer -> learner     seq=version held; a delta did not apply: send a full one
-FORWARD     buffer -> learner     (replay_at=learner) count=n, seq=msg no; [nframes i8[1]],
-                                  td_abs f4[n], records[n], [frames]  (td_abs: the actors'
-                                  initial priorities); may be compressed (FLAG_ZSTD)
+FORWARD     buffer -> learner     (replay_at=learner, thinned) count=n, seq=msg no, a=the
+                                  transitions the site produced that it stands for (0: n; more
+                                  when some were thinned out), b=1 when keep follows records;
+                                  [nframes i8[1]], td_abs f4[n], records[n], [keep u1[n]],
+                                  [frames]  (td_abs: the actors' initial priorities; keep: each
+                                  one's probability of being forwarded, --replay-at thinned, as
+                                  code k for exp(-k / 16): `keep_code`); may be compressed
+                                  (FLAG_ZSTD)
 BATCH       buffer -> learner     (replay_at=buffer) count=B, seq=batch id, a=send time (buffer
                                   clock), b=the memory's max weight (weights' normaliser, see
                                   PrioritizedReplay.max_weight; at most 1e9);
@@ -101,7 +106,7 @@ if TYPE_CHECKING:
     from mpirl.replay.memory import Sample
 
 MAGIC = 0x4D50524C  # "MPRL"
-VERSION = 7  # every rank of a run must speak the same version
+VERSION = 8  # every rank of a run must speak the same version
 
 HEADER = np.dtype(
     [
@@ -154,6 +159,22 @@ def kind_of(buf: np.ndarray) -> Tag:
     """The kind (= MPI tag) a packed message declares in its header: senders take the tag from
     here, never from the call site."""
     return Tag(int(buf[4:6].view("<u2")[0]) & KIND_MASK)
+
+
+#: FORWARD's keep: probability exp(-k / KEEP_STEPS) as a byte k (6% apart, down to 1.2e-7); the
+#: thinned placement draws with the value a code stands for, so the learner's f is exact
+KEEP_STEPS = 16.0
+
+
+def keep_code(f: np.ndarray) -> np.ndarray:
+    """The byte that stands for probability ``f`` (the nearest code)."""
+    k = np.rint(-KEEP_STEPS * np.log(np.maximum(f, 1e-30)))
+    return np.clip(k, 0, 255).astype(np.uint8)
+
+
+def keep_value(code: np.ndarray) -> np.ndarray:
+    """The probability (float32) a code stands for."""
+    return np.exp(np.asarray(code, np.float32) / np.float32(-KEEP_STEPS)).astype(np.float32)
 
 
 def transition_dtype(obs_shape: tuple[int, ...], obs_dtype: DTypeLike) -> np.dtype:
@@ -253,6 +274,18 @@ class Forward(Message):
     frames = _array("frames", "image runs: the frame table")
     n = _slot("count", doc="transitions")
     msg_no = _slot("seq")
+
+    @property
+    def produced(self) -> int:
+        """The transitions the site produced that this message stands for (its own and those
+        thinned out since the site's previous FORWARD)."""
+        return int(self.a) or self.n
+
+    @property
+    def keep(self) -> np.ndarray | None:
+        """Each one's probability of being forwarded, float32 (None: all 1)."""
+        codes = self.arrays.get("keep")
+        return None if codes is None else keep_value(codes)
 
 
 class Batch(Message):
@@ -468,7 +501,8 @@ class Wire:
                 ("records", rec, count),
             ]
         if kind == Tag.FORWARD:
-            return [("td_abs", f4, count), ("records", rec, count)]
+            keep = [("keep", np.dtype("u1"), count)] if b else []
+            return [("td_abs", f4, count), ("records", rec, count), *keep]
         if kind == Tag.BATCH:
             return [
                 ("window", i8, 1),
@@ -515,8 +549,9 @@ class Wire:
     def _layout(self, kind: Tag, count: int, b: float, nframes: int) -> _Layout:
         """Byte ranges of a message's arrays, cached: a run sees few distinct shapes, and
         building them per message was a third of `unpack`."""
-        key = (kind, count, b if kind == Tag.EXPERIENCE else 0.0, nframes)  # b sizes only
-        # EXPERIENCE; in other kinds it is a value that changes per message
+        # b sizes only EXPERIENCE (returns) and FORWARD (keep or not); in other kinds it is a
+        # value that changes per message
+        key = (kind, count, b if kind in (Tag.EXPERIENCE, Tag.FORWARD) else 0.0, nframes)
         lay = self._layouts.get(key)
         if lay is None:
             parts: list[tuple[str, tuple[np.dtype, Any], int, Any]] = []
@@ -671,15 +706,27 @@ class Wire:
         )
 
     def forward(
-        self, records: np.ndarray, td_abs: ArrayLike, seq: int, frames: np.ndarray | None = None
+        self,
+        records: np.ndarray,
+        td_abs: ArrayLike,
+        seq: int,
+        frames: np.ndarray | None = None,
+        keep: ArrayLike | None = None,
+        produced: int = 0,
     ) -> np.ndarray:
+        """``keep``: each transition's probability of being forwarded (None: all 1, not sent);
+        ``produced``: the transitions the site produced that the message stands for (0: its
+        own)."""
         pre, post = self._frames_arrays(frames, len(records))
+        kept = [] if keep is None else [keep_code(np.asarray(keep, np.float32))]
         return self._maybe_compress(
             pack(
                 Tag.FORWARD,
-                pre + [np.asarray(td_abs, "<f4"), records] + post,
+                pre + [np.asarray(td_abs, "<f4"), records, *kept] + post,
                 count=len(records),
                 seq=seq,
+                a=produced,
+                b=float(keep is not None),
             )
         )
 

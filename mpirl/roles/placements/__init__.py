@@ -9,6 +9,9 @@ buffer    `at_buffer.SiteMemory`: the memory; sends  `at_buffer.LinkBatches`: tr
           sampled batches, applies priorities        batches in fair order, sends priorities
 learner   `at_learner.SiteForwarding`: forwards      `at_learner.LocalMemory`: the memory (or a
           every experience against tokens            shard of it); samples its own batches
+thinned   `thinned.SiteThinning`: forwards each      `thinned.ThinnedMemory`: the memory, each
+          experience with probability f_i (its       slot's f_i; importance weights divided by
+          priority, the rho- and link-budgets)       it too (unbiased over all produced)
 ========  =========================================  ==========================================
 
 A module provides ``site_side(SiteContext)``, ``batch_source(LearnerContext)``,
@@ -22,10 +25,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from mpirl.roles.placements import at_buffer, at_learner
+from mpirl.roles.placements import at_buffer, at_learner, thinned
 
 #: ``--replay-at`` value -> its module
-PLACEMENTS: dict[str, ModuleType] = {"buffer": at_buffer, "learner": at_learner}
+PLACEMENTS: dict[str, ModuleType] = {
+    "buffer": at_buffer,
+    "learner": at_learner,
+    "thinned": thinned,
+}
 
 
 def pick(replay_at: str) -> ModuleType:

@@ -40,23 +40,32 @@ if TYPE_CHECKING:
     from mpirl.transport.wire import Credit, Experience, Forward, Wire
 
 
+#: a queued group: records, |td|, frame table (image runs) and each one's probability of
+#: being forwarded (``--replay-at thinned``; None: all 1)
+Group = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
 class ForwardQueue:
-    """Experiences received, not yet forwarded: groups of (records, |td|,
-    frame table or None), at most ``limit`` transitions when ``drop_oldest``."""
+    """Experiences received, not yet forwarded: groups of (records, |td|, frame table or None,
+    keep probabilities or None), at most ``limit`` transitions when ``drop_oldest``."""
 
     def __init__(self, wire: Wire, spec: EnvSpec, limit: int, drop_oldest: bool) -> None:
         self.wire, self.spec, self.limit, self.drop_oldest = wire, spec, limit, drop_oldest
-        self.groups: deque[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = deque()
+        self.groups: deque[Group] = deque()
         self.len = 0
         self.dropped = 0  # transitions dropped by drop-oldest
 
     def add(
-        self, records: np.ndarray, td_abs: np.ndarray, frames: np.ndarray | None = None
+        self,
+        records: np.ndarray,
+        td_abs: np.ndarray,
+        frames: np.ndarray | None = None,
+        keep: np.ndarray | None = None,
     ) -> None:
-        self.groups.append((records, td_abs, frames))
+        self.groups.append((records, td_abs, frames, keep))
         self.len += len(records)
         while self.len > self.limit and self.drop_oldest:
-            old, _, _ = self.groups.popleft()
+            old = self.groups.popleft()[0]
             self.len -= len(old)
             self.dropped += len(old)
 
@@ -67,18 +76,24 @@ class ForwardQueue:
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Up to ``n`` transitions from the front, as one message's records, |td| and (image
         runs) one frame table holding only the frames they refer to."""
+        return self.take_kept(n)[:3]
+
+    def take_kept(self, n: int) -> Group:
+        """`take`, with the transitions' keep probabilities (None when all of them are 1)."""
         recs: list[np.ndarray] = []
         tds: list[np.ndarray] = []
         tables: list[np.ndarray | None] = []
+        keeps: list[np.ndarray | None] = []
         k = 0
         while self.groups and k < n:
-            r, t, f = self.groups.popleft()
+            r, t, f, p = self.groups.popleft()
             take = min(len(r), n - k)
             recs.append(r[:take])
             tds.append(t[:take])
             tables.append(f)
+            keeps.append(None if p is None else p[:take])
             if take < len(r):
-                self.groups.appendleft((r[take:], t[take:], f))
+                self.groups.appendleft((r[take:], t[take:], f, None if p is None else p[take:]))
             k += take
         self.len -= k
         if self.spec.image:
@@ -87,7 +102,7 @@ class ForwardQueue:
             records, table = compact(*concat(zip(recs, frames, strict=True)))
         else:
             records, table = np.concatenate(recs), None
-        return records, np.concatenate(tds), table
+        return records, np.concatenate(tds), table, _joined(keeps, recs)
 
     def state(self) -> dict[str, np.ndarray]:
         """The queue as checkpoint arrays (one frame table for the whole queue)."""
@@ -96,11 +111,11 @@ class ForwardQueue:
         if image and self.groups:
             arrays["forward_records"], arrays["forward_frames"] = concat(
                 (r, cast("np.ndarray", f))
-                for r, _, f in self.groups  # (image: a table each)
+                for r, _, f, _ in self.groups  # (image: a table each)
             )
         else:
             arrays["forward_records"] = (
-                np.concatenate([r for r, _, _ in self.groups])
+                np.concatenate([r for r, _, _, _ in self.groups])
                 if self.groups
                 else np.zeros(0, self.wire.record)
             )
@@ -108,18 +123,40 @@ class ForwardQueue:
                 assert self.spec.frame_shape is not None  # set for image envs
                 arrays["forward_frames"] = np.zeros((0,) + self.spec.frame_shape, np.uint8)
         arrays["forward_td"] = (
-            np.concatenate([t for _, t, _ in self.groups]).astype(np.float32)
+            np.concatenate([t for _, t, _, _ in self.groups]).astype(np.float32)
             if self.groups
             else np.zeros(0, np.float32)
         )
+        keep = _joined([p for _, _, _, p in self.groups], [r for r, _, _, _ in self.groups])
+        if keep is not None:
+            arrays["forward_keep"] = keep
         return arrays
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         if len(arrays["forward_records"]):
+            keep = arrays.get("forward_keep")
             self.groups.append(
-                (arrays["forward_records"], arrays["forward_td"], arrays.get("forward_frames"))
+                (
+                    arrays["forward_records"],
+                    arrays["forward_td"],
+                    arrays.get("forward_frames"),
+                    None if keep is None else np.asarray(keep, np.float32),
+                )
             )
             self.len = len(arrays["forward_records"])
+
+
+def _joined(keeps: list[np.ndarray | None], records: list[np.ndarray]) -> np.ndarray | None:
+    """The groups' keep probabilities as one float32 array (1 for a group without), or None
+    when no group has any."""
+    if all(p is None for p in keeps):
+        return None
+    return np.concatenate(
+        [
+            np.ones(len(r), np.float32) if p is None else p
+            for p, r in zip(keeps, records, strict=True)
+        ]
+    ).astype(np.float32, copy=False)
 
 
 class SiteForwarding:
@@ -158,15 +195,19 @@ class SiteForwarding:
         cfg, q = self.cfg, self.queue
         did = False
         while q.groups and self.tokens > 0 and (q.len >= cfg.forward_chunk or stopping):
-            records, td, table = q.take(cfg.forward_chunk)
-            self.forwarded += len(records)
-            out = self.wire.forward(records, td, self.fwd_seq, frames=table)
+            out, n = self.next_message()
+            self.forwarded += n
             self.link.post(out, now=now)
             self.on_raw(out)
             self.fwd_seq += 1
             self.tokens -= 1
             did = True
         return did
+
+    def next_message(self) -> tuple[np.ndarray, int]:
+        """The next FORWARD from the front of the queue, and its transitions."""
+        records, td, table = self.queue.take(self.cfg.forward_chunk)
+        return self.wire.forward(records, td, self.fwd_seq, frames=table), len(records)
 
     def drained(self) -> bool:
         return not self.queue.len
@@ -248,10 +289,14 @@ class LocalMemory:
             window=0,
         )
         if not self.route(m):
-            self.memory.add(m.records, m.td_abs, m.frames)
-        self.limiter.inserted += m.n
+            self.insert(m)
+        self.limiter.inserted += m.produced  # (m.n, unless the site thinned some out)
         site.served += m.n
         self.owed[m.rank] += 1
+
+    def insert(self, m: Forward) -> None:
+        """A FORWARD's transitions into this learner's memory."""
+        self.memory.add(m.records, m.td_abs, m.frames)
 
     def start(self, now: float) -> None:
         for s in self.sites.values():

@@ -102,6 +102,7 @@ class SiteContext:
     streams: dict[str, Any]
     on_raw: Callable[[np.ndarray], None]  # counts what compression saved
     seed: int  # the site's replay seed
+    actors: int = 0  # the run's actors, all sites (the thinned placement's rho from pacing)
 
 
 @dataclass
