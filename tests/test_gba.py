@@ -203,10 +203,10 @@ def test_tokens_k_per_step_on_demand_at_most_two_steps_ahead():
 
 def _simulate(times, seconds=60.0, jitter=0.05, seed=0):
     """An event simulation of the lead's token control (the lead depth 1, the others
-    `group_lead.PIPELINE`), learner j taking ``times[j]`` (+- jitter) per gradient; the
+    `mpirl.agent.gba.PIPELINE`), learner j taking ``times[j]`` (+- jitter) per gradient; the
     server reacts at once (its own thread: docs/design.md).  Returns per-learner gradients
     applied and the staleness of every applied gradient."""
-    from mpirl.roles.group_lead import PIPELINE
+    from mpirl.agent.gba import PIPELINE
 
     rng = np.random.default_rng(seed)
     k = len(times)

@@ -40,3 +40,27 @@ def test_auto_is_bounded_by_the_link_on_a_slow_link():
     w = InflightWindow(smoothing=1.0)
     w.observe(rtt_total=0.6, hold=0.0, queue_wait=0.0, step=0.005, tx=0.2)
     assert w.size == 4
+
+
+def test_auto_never_below_what_a_learner_group_holds_at_once():
+    """K = 2 under gba: the lead trains one batch while the other learner holds up to two
+    relayed ones; a window of 2 let a straggler's two orders hold every batch and the lead
+    starved (2 updates in 15 s). The window keeps one more than the group holds."""
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.gba import held_at_once
+    from mpirl.roles.placements.at_buffer import site_side
+    from mpirl.roles.placements.common import SiteContext
+    from mpirl.run.config import Config
+    from mpirl.transport.wire import Wire, transition_dtype
+
+    assert held_at_once(1, "allreduce") == 1
+    assert held_at_once(2, "allreduce") == 2 and held_at_once(2, "gba") == 3
+    w = InflightWindow(floor=4)
+    assert w.size == 4
+    w.observe(rtt_total=0.01, hold=0.0, queue_wait=0.0, step=0.01)
+    assert w.size == 4  # Little's law alone says 2
+    cfg = Config(learners=2, learner_sync="gba")
+    spec = inspect(cfg.env)
+    wire = Wire(transition_dtype(spec.obs_shape, spec.obs_dtype), n_params=1)
+    ctx = SiteContext(cfg, spec, wire, None, {"batches": None}, lambda a: None, 0)
+    assert site_side(ctx).window.size == 4

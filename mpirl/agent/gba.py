@@ -89,6 +89,17 @@ def decay(staleness: int, max_staleness: int | None, severe: int = 0) -> float:
     return 1.0 / (1.0 + max(0, staleness - severe))
 
 
+#: orders another learner holds at once under async / gba (pipelining: the next is there when
+#: it finishes one); the lead computes its own one at a time
+PIPELINE = 2
+
+
+def held_at_once(learners: int, sync: str) -> int:
+    """Batches a learner group trains on at once: the lead's one, and one per other learner
+    under all-reduce or up to `PIPELINE` under async / gba / switch."""
+    return 1 + (learners - 1) * (1 if sync == "allreduce" else PIPELINE)
+
+
 class Tokens:
     """GBA's token supply (the module's docstring): K tokens per global step, handed out on
     demand in order.  The next token is for step ``step + pending // K``, ``pending`` being the

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from mpirl.agent.gba import Contribution, GlobalBatch, SwitchRule, Tokens
+from mpirl.agent.gba import PIPELINE, Contribution, GlobalBatch, SwitchRule, Tokens
 from mpirl.agent.grads import set_grads
 from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
 from mpirl.transport.wire import ALLREDUCE, RESYNC, SUBMIT, Tag
@@ -39,11 +39,6 @@ if TYPE_CHECKING:
 
 #: the final checkpoint waits for the other learners' parts; after this long it says for whom
 AWAIT_NOTICE_S = 10.0
-
-
-#: orders another learner holds at once under async / gba (pipelining: the next is there when
-#: it finishes one); the lead computes its own one at a time
-PIPELINE = 2
 
 
 class Applied(NamedTuple):

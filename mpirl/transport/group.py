@@ -17,7 +17,7 @@ backward pass (no sync: the learner alone clips and steps).  The modes (``--lear
                deliver (its own included) under GBA's token control, drops too stale ones and
                decays severely stale ones (`mpirl.agent.gba`), applies one.
 
-Work (async, gba): another learner holds up to two ORDERs (`group_lead.PIPELINE`); under gba
+Work (async, gba): another learner holds up to two ORDERs (`mpirl.agent.gba.PIPELINE`); under gba
 each carries a token, the step its gradient is meant for (`mpirl.agent.gba.Tokens`, kept at the
 lead by order id).  An ORDER carries the lead's current weights (online and target) when the
 learner's copy is older, so a gradient's version is the lead's update count when its ORDER left.

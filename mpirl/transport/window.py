@@ -8,7 +8,10 @@ law: batches in flight = throughput x time in flight, so::
 
     W = ceil(rtt_net / max(step, tx)) + 1
 
-where ``step`` is the learner's time per update, ``tx`` a batch's serialization time on the link
+never below ``floor``: a learner group holds up to ``floor - 1`` batches at once (the lead's
+and those it relayed to the other learners, `mpirl.agent.gba.held_at_once`), and a window
+smaller than that let a straggler's pipelined orders hold every batch while the lead starved;
+``step`` is the learner's time per update, ``tx`` a batch's serialization time on the link
 (bytes x 8 / the modelled rate; 0 on a real link): the pipeline moves one batch per
 ``max(step, tx)``, so on a link-bound path more batches in flight only queue at the sender (and
 hold the messages behind them: STATS, DONE, checkpoint acknowledgements), and ``rtt_net`` is a
@@ -25,11 +28,16 @@ import math
 
 class InflightWindow:
     def __init__(
-        self, fixed: int | None = None, max_window: int = 64, smoothing: float = 0.2
+        self,
+        fixed: int | None = None,
+        max_window: int = 64,
+        smoothing: float = 0.2,
+        floor: int = 1,
     ) -> None:
         if fixed is not None and fixed < 1:
             raise ValueError(f"inflight={fixed} must be >= 1 or 'auto'")
         self.fixed, self.max_window, self.smoothing = fixed, max_window, smoothing
+        self.floor = max(1, floor)
         self.rtt_net: float | None = None
         self.step: float | None = None
         self.tx = 0.0
@@ -51,6 +59,6 @@ class InflightWindow:
         if self.fixed is not None:
             return self.fixed
         if self.rtt_net is None or not self.step:
-            return 2  # before the first measurement: one in training, one on the way
+            return max(2, self.floor)  # before a measurement: one training, one on the way
         per_batch = max(self.step, self.tx)
-        return max(1, min(self.max_window, math.ceil(self.rtt_net / per_batch) + 1))
+        return max(self.floor, min(self.max_window, math.ceil(self.rtt_net / per_batch) + 1))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpirl.agent.gba import held_at_once
 from mpirl.replay.build import beta_at, make_replay, replay_footprint
 from mpirl.replay.rate_limiter import RateLimiter
 from mpirl.roles.placements.common import Drawn, Handlers, LearnerContext, Site, SiteContext
@@ -281,7 +282,11 @@ class LinkBatches:
 def site_side(ctx: SiteContext) -> SiteMemory:
     cfg = ctx.cfg
     memory = make_replay(cfg, ctx.spec, ctx.wire.record, seed=ctx.seed)
-    window = InflightWindow(cfg.inflight_fixed)
+    # one on the way beyond what the learner group trains on at once (its lead and the orders
+    # it relays to the other learners)
+    window = InflightWindow(
+        cfg.inflight_fixed, floor=held_at_once(cfg.learners, cfg.learner_sync) + 1
+    )
     return SiteMemory(cfg, memory, ctx.link, ctx.wire, window, ctx.streams["batches"], ctx.on_raw)
 
 
