@@ -5,10 +5,12 @@ a 95% t-interval and its ratio to allreduce's in the same invocation.
 
     python bench/learner_group.py [--k 1 2 4] [--modes allreduce async gba switch] \
         [--slow 2 4] [--on lead other] [--repeats 3] [--seconds 5] [--out FILE.md]
-    python bench/learner_group.py --quick        # a smoke run: K = 1, 2, two modes, ~1.5 min
+    python bench/learner_group.py --quick        # a smoke run: K = 1, 2, two modes, ~2 min
 
-The default full run is 23 points x 3 repeats = 69 runs of 5 s each plus ~5 s of start-up and
-shutdown each: ~11.5 minutes on the 2-core development machine (K = 4 is skipped there).
+The default full run is 23 points x 3 repeats = 69 runs of 5 s each plus start-up and shutdown,
+~5 s a run on the quiet 2-core development machine (its 2026-12-02 run: 524 s for 22 runs of
+20 s): ~11.5 minutes (K = 4 is skipped there). Under a load of 6-9 a run took ~8 s more than its
+--max-seconds (--quick: 12 runs of 3 s in 136 s), which would make it ~15 minutes.
 
 Each run is a real ``mpirun -n (K + 2) python -m mpirl.main --learners K`` on CartPole-v1 (K
 learners, one buffer, one actor paced at --actor-rate env steps/s so that it leaves the cores to
