@@ -1,0 +1,393 @@
+"""The analysis of experiments/learner-group/ (plan: experiments/learner-group/plan.md): K = 2
+learners on CartPole-v1, one of them 4x slower for the middle third of each run; which
+--learner-sync mode learns fastest in equal wall time?
+
+    python experiments/learner_group.py runs/learner-group [--csv ROWS] [--json FILE]
+    python experiments/learner_group.py docs/results/data/learner-group/runs.csv \
+        --update docs/benchmarks.md       # the committed rows -> the generated table there
+
+Per run (`run_figures`, on the learner's loop clock, T its horizon): ``ttt`` the time to target
+(the first greedy evaluation at or above 475, `analysis.export.run_row`'s rule), censored at T
+(``reached`` 0); ``auc_return`` the mean held evaluation return over [0, T]; ``updates`` and
+``updates_to_target`` (the update count at that evaluation: the per-update outcome); global
+updates/s and samples/s (/updates rows, and /group's samples not dropped) in each phase,
+``before`` [0, S), ``during`` [S, E) and ``after`` [E, T], with [S, E) the --straggle window
+on the lead's loop clock (`window`); ``switches``
+(/switches rows).
+
+The decision (plan.md): four paired comparisons, each of seed-paired runs: gba - allreduce,
+switch - allreduce, async - allreduce, switch - gba.  Primary outcome: the difference in
+restricted time to target, d_i = min(ttt_a, tau) - min(ttt_b, tau) with tau the shortest
+horizon; with every censoring at tau the mean of min(ttt, tau) over seeds is each mode's
+Kaplan-Meier restricted mean (`analysis.stats.rmst`, also reported), so mean d is the RMST
+difference.  Its t-interval at the Bonferroni level 1 - 0.05/4 and the paired t-test's p x 4:
+the p-value is below 0.05 exactly when the interval excludes 0, so the decision and the interval
+cannot disagree.  Secondary: the return-AUC ratio (paired t on log ratios,
+`analysis.stats.log_ratio_t`) at the same level; per-phase updates/s, updates to target and the
+return figures are described, not tested.  A comparison decides only at its planned pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SPEC = ROOT / "experiments" / "learner-group" / "straggle-window.toml"
+MODES = ("allreduce", "async", "gba", "switch")
+#: the family (plan.md): (a, b) tests a - b
+COMPARISONS = (("gba", "allreduce"), ("switch", "allreduce"), ("async", "allreduce"),
+               ("switch", "gba"))  # fmt: skip
+ALPHA = 0.05
+PHASES = ("before", "during", "after")
+FIELDS = (
+    "mode",
+    "seed",
+    "T",
+    "reached",
+    "ttt",
+    "auc_return",
+    "final_return",
+    "updates",
+    "updates_to_target",
+    *(f"ups_{p}" for p in PHASES),
+    *(f"sps_{p}" for p in PHASES),
+    "window_start",
+    "window_end",
+    "switches",
+    "load_max",
+)
+
+
+def cells(root: Path) -> dict[str, dict[int, Path]]:
+    """{mode: {seed: run folder}} from the sweep's folder names (finished runs only)."""
+    out: dict[str, dict[int, Path]] = {}
+    for d in sorted(root.glob("*/seed*")):
+        if not d.is_dir() or not (d / "summary.json").exists():
+            continue
+        axes = dict(kv.split("=", 1) for kv in d.parent.name.split(","))
+        seed = int(re.sub(r"\D", "", d.name))
+        out.setdefault(axes["learner_sync"], {})[seed] = d
+    return out
+
+
+def window(run: Any) -> tuple[float, float]:
+    """The --straggle window [S, E) as given, read on the lead's loop clock; (inf, inf) without
+    a window.  The straggler counts it from its own sync's creation, after its set-up, as the
+    lead's loop starts after the lead's: in the check runs (K = 2, learner 1 straggling) its
+    compute time per batch (learner-1.h5:/work) rose within ~0.3 s of S on that clock.  Its own
+    file's t0_unix is no better: that is taken before its set-up, seconds earlier."""
+    from mpirl.run.config import parse_straggle
+
+    text = run.config.get("straggle")
+    if not text:
+        return math.inf, math.inf
+    _, _, start, end = parse_straggle(str(text))
+    return start, end
+
+
+def phase_rates(run: Any, big_t: float, s: float, e: float) -> dict[str, float]:
+    """Global updates/s and samples/s in each phase (NaN for an empty phase)."""
+    t = np.asarray(run.learner.stream("updates").get("t", []), "f8")
+    g = run.learner.stream("group")
+    gt = np.asarray(g.get("t", []), "f8")
+    ok = np.asarray(g.get("dropped", np.zeros(gt.size)), "f8") == 0
+    n = np.asarray(g.get("samples", np.zeros(gt.size)), "f8")
+    out = {}
+    edges = {"before": (0.0, s), "during": (s, e), "after": (e, big_t)}
+    for p, (a, b) in edges.items():
+        a, b = max(a, 0.0), min(b, big_t)
+        span = b - a
+        if not span > 0:
+            out[f"ups_{p}"] = out[f"sps_{p}"] = math.nan
+            continue
+        out[f"ups_{p}"] = float(((t >= a) & (t < b)).sum()) / span
+        out[f"sps_{p}"] = float(n[ok & (gt >= a) & (gt < b)].sum()) / span
+    return out
+
+
+def run_figures(d: Path) -> dict[str, Any]:
+    """One run's row (`FIELDS` but mode and seed; module docstring)."""
+    from analysis.export import horizon, run_row
+    from analysis.runs import load_run
+
+    run = load_run(d)
+    row = run_row(run, d.parent.parent)
+    big_t = horizon(run)
+    s, e = window(run)
+    ev = run.learner.stream("evals")
+    te, upd = np.asarray(ev.get("t", []), "f8"), np.asarray(ev.get("update", []), "f8")
+    ret = np.asarray(ev.get("ret_mean", []), "f8")
+    order = np.argsort(te, kind="stable")  # as run_row reads them
+    te, upd, ret = te[order], upd[order], ret[order]
+    hit = np.flatnonzero((te <= big_t) & (ret >= row["target"]))
+    return {
+        "T": big_t,
+        "reached": int(bool(row["reached"])),
+        "ttt": row["time_to_target_s"],
+        "auc_return": row["auc_return"],
+        "final_return": row["final_return"],
+        "updates": float(row["updates"] or 0),
+        "updates_to_target": float(upd[hit[0]]) if hit.size else math.nan,
+        **phase_rates(run, big_t, s, e),
+        "window_start": s,
+        "window_end": e,
+        "switches": len(run.learner.stream("switches").get("t", [])),
+        "load_max": row["load_max"],
+    }
+
+
+def rows(root: Path) -> list[dict[str, Any]]:
+    """One row per finished run of the sweep under ``root``."""
+    return [
+        {"mode": mode, "seed": seed, **run_figures(d)}
+        for mode, runs in cells(root).items()
+        for seed, d in sorted(runs.items())
+    ]
+
+
+def _key(r: dict[str, Any]) -> tuple[int, int]:
+    return MODES.index(r["mode"]), int(r["seed"])
+
+
+def write_rows(path: Path, table: list[dict[str, Any]]) -> None:
+    """Merge ``table`` into the rows CSV at ``path``: a run in ``table`` replaces its row (same
+    mode and seed), the file's other rows are kept."""
+    import csv
+
+    new = {_key(r): r for r in table}
+    kept = [r for r in read_rows(path) if _key(r) not in new] if path.exists() else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(
+            {k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS}
+            for r in sorted([*kept, *new.values()], key=_key)
+        )
+    tmp.replace(path)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [
+            {**r, "seed": int(r["seed"]), **{k: float(r[k] or "nan") for k in FIELDS[2:]}}
+            for r in csv.DictReader(f)
+        ]
+
+
+def restricted_diff(a: dict[int, dict], b: dict[int, dict], tau: float, m: int) -> dict:
+    """The paired difference of restricted times to target, a - b, over the seeds both have:
+    mean, its t-interval at level 1 - ALPHA / m, the two-sided paired t-test's p x m (capped
+    at 1), and the decision read off the interval."""
+    from scipy import stats
+
+    seeds = sorted(set(a) & set(b))
+    d = np.array([min(a[s]["ttt"], tau) - min(b[s]["ttt"], tau) for s in seeds], "f8")
+    n = d.size
+    out: dict[str, Any] = {"n": n, "diff": float(d.mean()) if n else math.nan}
+    if n < 2:
+        return out | {"low": math.nan, "high": math.nan, "p_adj": math.nan, "call": "no test"}
+    sd = float(d.std(ddof=1))
+    if sd == 0:  # every seed the same difference: a point
+        lo = hi = out["diff"]
+        p = 1.0 if lo == 0 else 0.0
+    else:
+        half = stats.t.ppf(1 - ALPHA / m / 2, n - 1) * sd / math.sqrt(n)
+        lo, hi = out["diff"] - half, out["diff"] + half
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    call = "sooner" if hi < 0 else "later" if lo > 0 else "no difference shown"
+    return out | {"low": lo, "high": hi, "p_adj": min(1.0, p * m), "call": call}
+
+
+def _nanmean(x: list[float]) -> float:
+    a = np.asarray(x, "f8")
+    return float(a[np.isfinite(a)].mean()) if np.isfinite(a).any() else math.nan
+
+
+def mode_summary(runs: dict[int, dict], tau: float) -> dict[str, float]:
+    """One mode's figures over its seeds: reached, KM restricted mean and median time to target
+    (censored at tau), mean return AUC, median updates to target and mean updates/s per phase."""
+    from analysis.stats import rmst, time_to_target
+
+    rs = list(runs.values())
+    if not rs:
+        return {"n": 0}
+    ttt = np.array([min(r["ttt"], tau) for r in rs], "f8")
+    event = np.array([bool(r["reached"]) and r["ttt"] <= tau for r in rs])
+    mean, _ = rmst(ttt, event, tau)
+    med = time_to_target([r["ttt"] if e else None for r, e in zip(rs, event, strict=True)], tau)
+    utt = [r["updates_to_target"] for r, e in zip(rs, event, strict=True) if e]
+    return {
+        "n": len(rs),
+        "reached": int(event.sum()),
+        "rmst": mean,
+        "median": med.median,
+        "auc": float(np.mean([r["auc_return"] for r in rs])),
+        "updates_to_target": float(np.median(utt)) if utt else math.nan,
+        "updates": float(np.mean([r["updates"] for r in rs])),
+        **{f"ups_{p}": _nanmean([r[f"ups_{p}"] for r in rs]) for p in PHASES},
+    }
+
+
+def summarize(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each mode's figures and each comparison's tests (module docstring)."""
+    from analysis.stats import log_ratio_t
+
+    by = {m: {int(r["seed"]): r for r in table if r["mode"] == m} for m in MODES}
+    tau = min((r["T"] for r in table), default=math.nan)
+    m = len(COMPARISONS)
+    level = 1 - ALPHA / m
+    res: dict[str, Any] = {"tau": tau, "modes": {k: mode_summary(v, tau) for k, v in by.items()}}
+    tests = {}
+    for a, b in COMPARISONS:
+        auc = log_ratio_t(
+            {s: r["auc_return"] for s, r in by[a].items()},
+            {s: r["auc_return"] for s, r in by[b].items()},
+            level,
+        )
+        during = log_ratio_t(
+            {s: r["ups_during"] for s, r in by[a].items()},
+            {s: r["ups_during"] for s, r in by[b].items()},
+        )
+        tests[f"{a}-{b}"] = {
+            **restricted_diff(by[a], by[b], tau, m),
+            "auc_ratio": auc.estimate,
+            "auc_low": auc.low,
+            "auc_high": auc.high,
+            "auc_p_adj": min(1.0, auc.p * m) if math.isfinite(auc.p) else math.nan,
+            "ups_during_ratio": during.estimate,
+        }
+    res["tests"] = tests
+    return res
+
+
+def planned() -> int:
+    """Seeds the spec plans (pairs per comparison)."""
+    from mpirl.sweep import load_spec
+
+    return len(load_spec(SPEC).seeds)
+
+
+def _f(x: float, fmt: str = "{:.1f}") -> str:
+    return fmt.format(x) if math.isfinite(x) else "-"
+
+
+def _modes_table(res: dict[str, Any]) -> list[str]:
+    lines = [
+        "| mode | runs | reached | restricted mean time to target (s) | median (s) "
+        "| return AUC | updates | updates to target (median) "
+        "| updates/s before / during / after the window |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, s in res["modes"].items():
+        if not s["n"]:
+            lines.append(f"| {mode} | 0 | - | not yet run | - | - | - | - | - |")
+            continue
+        med = _f(s["median"]) if math.isfinite(s["median"]) else f"> {res['tau']:.0f}"
+        ups = " / ".join(_f(s[f"ups_{p}"], "{:,.0f}") for p in PHASES)
+        lines.append(
+            f"| {mode} | {s['n']} | {s['reached']}/{s['n']} | {_f(s['rmst'])} | {med} "
+            f"| {_f(s['auc'])} | {_f(s['updates'], '{:,.0f}')} "
+            f"| {_f(s['updates_to_target'], '{:,.0f}')} | {ups} |"
+        )
+    return lines
+
+
+def _tests_table(res: dict[str, Any], plan: int) -> list[str]:
+    pct = 100 * (1 - ALPHA / len(COMPARISONS))
+    lines = [
+        f"| comparison | pairs | restricted time to target, difference (s) [{pct:.2f}% t] "
+        f"| p x {len(COMPARISONS)} | call | return AUC ratio [{pct:.2f}% t] | p x "
+        f"{len(COMPARISONS)} | updates/s during the window, ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in res["tests"].items():
+        a, b = name.split("-")
+        call = t["call"] if t["n"] >= plan else f"interim ({t['n']} of {plan} pairs)"
+        lines.append(
+            f"| {a} - {b} | {t['n']} of {plan} | {_f(t['diff'], '{:+.1f}')} "
+            f"[{_f(t['low'], '{:+.1f}')}, {_f(t['high'], '{:+.1f}')}] "
+            f"| {_f(t['p_adj'], '{:.3g}')} | {call} "
+            f"| {_f(t['auc_ratio'], '{:.3g}')} [{_f(t['auc_low'], '{:.3g}')}, "
+            f"{_f(t['auc_high'], '{:.3g}')}] | {_f(t['auc_p_adj'], '{:.3g}')} "
+            f"| {_f(t['ups_during_ratio'], '{:.2f}')} |"
+        )
+    return lines
+
+
+def verdict(res: dict[str, Any], plan: int) -> str:
+    """The sentence under the tables: interim until every comparison has its planned pairs."""
+    tests = res["tests"]
+    short = [k for k, t in tests.items() if t["n"] < plan]
+    if short:
+        return (
+            f"Interim, not decided: {', '.join(k.replace('-', ' - ') for k in short)} "
+            f"{'has' if len(short) == 1 else 'have'} fewer than the planned {plan} pairs."
+        )
+    said = []
+    for k, t in tests.items():
+        a, b = k.split("-")
+        if t["call"] == "sooner":
+            said.append(f"**{a} reaches the target sooner than {b}** ({-t['diff']:.1f} s)")
+        elif t["call"] == "later":
+            said.append(f"**{a} reaches the target later than {b}** ({t['diff']:.1f} s)")
+        else:
+            said.append(f"{a} against {b}: no difference shown")
+    return "Decided at the planned pairs: " + "; ".join(said) + "."
+
+
+def markdown(res: dict[str, Any], plan: int) -> str:
+    """The generated section: the modes, the tests and the verdict."""
+    head = (
+        f"Censored at tau = {_f(res['tau'], '{:.0f}')} s (the shortest run); the straggler's "
+        "window on the lead's clock, per run, is in the rows CSV."
+    )
+    return "\n".join(
+        [head, "", *_modes_table(res), "", *_tests_table(res, plan), "", verdict(res, plan)]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", help="the sweep's folder (runs/learner-group), or a rows CSV")
+    ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--csv", default=None, help="merge the per-run rows into this CSV")
+    ap.add_argument("--update", default=None, help="rewrite this page's generated section")
+    ap.add_argument("--check", default=None, help="exit 1 if this page's section differs")
+    a = ap.parse_args(argv)
+    src = Path(a.root)
+    table = read_rows(src) if src.suffix == ".csv" else rows(src)
+    if a.csv:
+        write_rows(Path(a.csv), table)
+    res = summarize(table)
+    text = markdown(res, planned())
+    print(text)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    for page, write in ((a.update, True), (a.check, False)):
+        if page:
+            from analysis.verdict import replace_section
+
+            old = Path(page).read_text()
+            new = replace_section(old, "learner_group", text, where=page)
+            if write:
+                Path(page).write_text(new)
+            elif new != old:
+                sys.exit(f"{page} is not what {src} gives: rerun with --update {page}")
+
+
+if __name__ == "__main__":
+    main()
