@@ -261,3 +261,24 @@ def test_a_fast_learner_contributes_more_than_a_slow_one():
     # (1 + 1 + 1/3) gradients a second over K = 3 per step, 46 in 60 s
     assert steps > 2 * 20, steps
     assert max(stale) <= 4
+
+
+def test_the_switch_rule_ignores_a_learner_steadily_slower_by_its_own_nature():
+    """The lead, which also relays and serves, computed 1.5-2.3x the other learner's time per
+    batch at load 4 with no straggler: the rule took it for a straggler and flapped the group
+    into GBA and back every few seconds. Against its own baseline it keeps pace; a learner
+    that then becomes 4x slower than it was still switches the group, and back."""
+    from mpirl.agent.gba import SwitchRule
+
+    rng = np.random.default_rng(1)
+    rule = SwitchRule(k=2, now=0.0)
+    sync, switches, t = True, [], 0.0
+    for phase, slow, until in ((0, 1.0, 10.0), (1, 4.0, 16.0), (2, 1.0, 24.0)):
+        while t < until:
+            t += 0.01
+            rule.observe(0, 0.01 * 1.8 * slow * rng.uniform(0.8, 1.2), t)  # the lead, 1.8x
+            rule.observe(1, 0.01 * rng.uniform(0.8, 1.2), t)
+            if rule.decide(sync, t) is not None:
+                sync = not sync
+                switches.append((phase, sync))
+    assert switches == [(1, False), (2, True)], switches

@@ -253,7 +253,13 @@ class SwitchRule:
     and when with GBA: from the learners' compute time per batch (not the time waited for the
     others), each learner's median over the batches of the last ``horizon_s`` seconds.
 
-    ``ratio`` = the slowest learner's median / the median of the others' medians.  Switch to GBA
+    Each learner's median is first divided by its own **baseline**, the smallest median it has
+    shown over a full horizon so far (its best pace), so that a learner steadily slower for a
+    reason of its own (the lead, which also relays batches and serves the group, measured
+    1.5-2.3x the other learner's compute at load 4 with no straggler, and flapped the group
+    into GBA and out every few seconds) is not a straggler; one that becomes slower than it was
+    is.  ``ratio`` = the slowest learner's normalised median / the median of the others'.
+    Switch to GBA
     when it stays above ``up`` (1.5: a synchronous step takes the slowest learner's time, so half
     again as long as the others' is where waiting for it costs more than GBA's staleness) for
     ``persist_s``; back to all-reduce when it stays below ``down`` (1.2) for ``persist_s``; never
@@ -280,6 +286,7 @@ class SwitchRule:
         self.times: list[deque[tuple[float, float]]] = [deque() for _ in range(k)]
         self.t_switch = now  # start-up is no straggler: the first switch waits hold_s too
         self.t_held: float | None = None  # since when the condition for a switch holds
+        self.best = [np.inf] * k  # each learner's smallest median over a full horizon so far
 
     def observe(self, learner: int, compute_s: float, now: float) -> None:
         q = self.times[learner]
@@ -288,15 +295,19 @@ class SwitchRule:
             q.popleft()
 
     def figures(self, now: float) -> tuple[float, int, float, float] | None:
-        """(ratio, slowest learner, its median, the others' median) over the horizon, or None
-        while a learner has fewer than ``min_samples`` there."""
+        """(ratio, slowest learner, its median, the others' median) over the horizon (the ratio
+        of medians each divided by the learner's baseline), or None while a learner has fewer
+        than ``min_samples`` there."""
         recent = [[c for t, c in q if t >= now - self.horizon_s] for q in self.times]
         if any(len(r) < self.min_samples for r in recent):
             return None
         medians = [float(np.median(r)) for r in recent]
-        slowest = int(np.argmax(medians))
-        others = float(np.median([m for j, m in enumerate(medians) if j != slowest]))
-        return medians[slowest] / max(others, 1e-9), slowest, medians[slowest], others
+        self.best = [min(b, m) for b, m in zip(self.best, medians, strict=True)]
+        paced = [m / max(b, 1e-12) for m, b in zip(medians, self.best, strict=True)]
+        slowest = int(np.argmax(paced))
+        others = [j for j in range(self.k) if j != slowest]
+        ratio = paced[slowest] / max(float(np.median([paced[j] for j in others])), 1e-9)
+        return ratio, slowest, medians[slowest], float(np.median([medians[j] for j in others]))
 
     def decide(self, synchronous: bool, now: float) -> tuple[float, int, float, float] | None:
         """The figures when the group should switch now (from synchronous to GBA, or back),
