@@ -327,7 +327,8 @@ LEARNER = (
                 "f8",
                 "",
                 "the slowest learner's median compute time per batch over the median of the "
-                "others' (to GBA above 1.5, back below 1.2)",
+                "others', each divided by that learner's baseline (its best median so far; to "
+                "GBA above 1.5, back below 1.2)",
             ),
             Field("slowest", "i4", "", "the slowest learner (0 = the lead)"),
             Field("slowest_s", "f8", "s", "its median compute time per batch"),
