@@ -128,10 +128,13 @@ class Learner:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self.start()
-        while self.serving():
-            self.turn()
-        return self.finish()
+        """The loop holds the learner group's state (`Group.hold`; the server thread of GBA
+        takes it while the loop computes its own batch or naps)."""
+        with self.group.hold():
+            self.start()
+            while self.serving():
+                self.turn()
+            return self.finish()
 
     def turn(self) -> None:
         """One turn of the loop (bench/learner_loop.py times it on its own)."""
@@ -335,18 +338,21 @@ class Learner:
     def update(self, batch: tuple[Any, ...]) -> tuple[np.ndarray, float]:
         """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
         way (prefetch).  Returns |td| per sample and the seconds the learner spent on it."""
+        t = self.group.compute_step(self.trainer)  # GBA's server thread: the lead's copy
         t0 = time.monotonic()
-        pending = self.trainer.launch(batch)  # copies the target on its cadence
+        with self.group.let_go():  # the server thread serves the others meanwhile
+            pending = t.launch(batch)  # copies the target on its cadence
         t1 = time.monotonic()
         self.staged = self.next_batch()
         t2 = time.monotonic()
-        loss, td = pending.result()
-        self.state.updates = self.trainer.updates
+        with self.group.let_go():
+            loss, td = pending.result()
         t3 = time.monotonic()
         if not self.group.logs_updates:  # async / gba: the group's global updates are counted
+            self.state.updates = self.trainer.updates
             self.count_update(None, loss, td)
         spent = (t1 - t0) + (t3 - t2)
-        waited = self.trainer.sync.wait_s if self.trainer.sync is not None else 0.0
+        waited = t.sync.wait_s if t.sync is not None else 0.0
         self.group.after_update(self.state.updates, loss, td, spent - waited)
         self.state.busy += spent
         return td, spent
@@ -443,13 +449,16 @@ class Learner:
         wake = [d for d in (s.link.next_departure() for s in self.sites.values()) if d is not None]
         if self.state.t_turn is not None and self.cap is not None:  # the cap holds a batch
             wake.append(self.cap.ready_at())
-        self.backoff.idle(until=min(wake, default=None))
+        with self.group.let_go():
+            self.backoff.idle(until=min(wake, default=None))
 
     def finish(self) -> dict[str, Any]:
         """The evaluation in flight, the final checkpoint (every buffer's DONE says its part is
         on disk; the other learners' parts are waited for, and every earlier checkpoint's come
         before them), the summary."""
         st = self.state
+        self.group.halt()  # GBA's server thread: joined; its last updates counted
+        self.serve_group(time.monotonic())
         self.reached(self.evaluation.drain(st.updates))
         if st.final_ckpt >= 0:  # complete before the job ends: the one wait for the group
             self.save(st.final_ckpt, st.stop_reason or "stop")
