@@ -472,3 +472,25 @@ def test_the_lead_computes_on_its_copy_while_the_server_thread_owns_the_master_w
             lead.halt()
     plain, *_ = _lead("allreduce")
     assert plain.compute_step(plain.trainer) is plain.trainer
+
+
+def test_the_server_thread_sleeps_while_updates_are_synchronous():
+    """--learner-sync switch starts in all-reduce, where the thread has nothing to serve: it
+    sleeps (an idle thread polling beside the all-reduce step took the GIL the step needs,
+    and the switch rule took the lead for a straggler); a switch to GBA wakes it."""
+    from mpirl.transport.wire import SUBMIT
+
+    lead, end, wire, trainer = _lead("switch", compute=True)
+    with lead.hold():
+        lead.start(0)
+        try:
+            with lead.let_go():
+                time.sleep(0.3)
+            assert lead.rounds == 0
+            lead.how = SUBMIT  # as `_switch` does
+            lead.serving.set()
+            with lead.let_go():
+                time.sleep(0.3)
+            assert lead.rounds > 10
+        finally:
+            lead.halt()

@@ -76,6 +76,7 @@ class Group(Protocol):
     def let_go(self) -> contextlib.AbstractContextManager[Any]: ...  # its compute and naps
     def compute_step(self, trainer: TrainStep) -> TrainStep: ...  # the lead computes on it
     def halt(self) -> None: ...  # join the server thread (re-raising what ended it)
+    def served_s(self) -> float: ...  # seconds the server thread has spent serving
     def saved(self) -> dict[str, Any]: ...  # what the lead's checkpoint part keeps of it
     def resume(self, meta: dict[str, Any]) -> None: ...  # from the lead's checkpoint part
     def route(self, m: Forward) -> bool: ...
@@ -111,6 +112,9 @@ class NoGroup:
 
     def halt(self) -> None:
         pass
+
+    def served_s(self) -> float:
+        return 0.0
 
     def saved(self) -> dict[str, Any]:
         return {}
@@ -235,9 +239,17 @@ class LeadGroup:
         self.holder: int | None = None  # the thread id of the lead's loop while it holds it
         self.thread: threading.Thread | None = None
         self.halting = threading.Event()
+        #: set while updates are not synchronous: the thread sleeps on it otherwise (an idle
+        #: thread polling beside an all-reduce step took the GIL the step needs: 2.5 ms a
+        #: step against 1.5 for the other learner, and the switch rule saw a straggler)
+        self.serving = threading.Event()
+        if self.how == SUBMIT:
+            self.serving.set()
         self.error: BaseException | None = None  # what ended the server thread
         self.applied: list[Applied] = []  # applied by the thread, not yet returned by `serve`
         self.state: LearnerState | None = None  # the lead's (its beta and stop reason)
+        self.serving_s = 0.0  # seconds the server thread was awake (not napping): its rounds
+        self.rounds = 0  # the server thread's rounds (under the lock)
 
     @property
     def sync(self) -> LocalSync:
@@ -301,10 +313,23 @@ class LeadGroup:
         torch.set_num_threads(self.cfg.torch_threads)  # a thread's own intra-op setting
         backoff = Backoff(ceiling=5e-4)
         try:
+            awake = time.monotonic()
             while not self.halting.is_set():
+                if not self.serving.is_set():
+                    self.serving.wait(0.05)  # all-reduce: nothing to serve (`halt` wakes it)
+                    awake = time.monotonic()
+                    continue
                 with self.lock:
                     did = self._serve_once(time.monotonic())
-                backoff.work() if did else backoff.idle()
+                    self.rounds += 1
+                now = time.monotonic()
+                self.serving_s += now - awake  # its round and the loop's own turn, not naps
+                awake = now
+                if not did:
+                    backoff.idle()
+                    awake = time.monotonic()
+                else:
+                    backoff.work()
         except BaseException as e:  # noqa: BLE001 - raised again in the lead's loop
             self.error = e
 
@@ -334,10 +359,17 @@ class LeadGroup:
         joins); from here on `serve` serves in the loop.  Raises what ended the thread."""
         if self.thread is not None:
             self.halting.set()
+            self.serving.set()
             with self.let_go():
                 self.thread.join()
             self.thread = None
         self._check()
+
+    def served_s(self) -> float:
+        """Seconds the server thread has spent in its rounds: they hold the GIL, which the
+        lead's own compute waits for meanwhile (`mpirl.roles.learner.Learner.update` takes
+        that wait out of the compute time the switch rule compares)."""
+        return self.serving_s
 
     def compute_step(self, trainer: TrainStep) -> TrainStep:
         """The train step the lead computes its own batch on: while the server thread runs,
@@ -535,6 +567,7 @@ class LeadGroup:
                 return
             if self.how == ALLREDUCE:
                 self.how, self.trainer.sync = SUBMIT, self.syncs[SUBMIT]
+                self.serving.set()
                 for o in self.others:
                     o.version = state.updates
                 if self.tokens is not None:  # no GBA order is out: a fresh supply
@@ -557,6 +590,7 @@ class LeadGroup:
             self.next_id += 1
         bcast_state(self.comm, self.trainer, self.trainer.updates)
         self.how, self.trainer.sync = ALLREDUCE, self.syncs[ALLREDUCE]
+        self.serving.clear()
         self._log_switch(state.updates, 0, self.draining)
         self.draining = None
 

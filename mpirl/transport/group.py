@@ -73,13 +73,17 @@ class LocalSync:
         self.straggle_s, self.window = straggle_s, window
         self.t0 = time.monotonic()
         self.wait_s = 0.0  # seconds the last step waited for the group
+        self.slept_s = 0.0  # seconds the last step slept (--straggle)
 
     def straggle(self) -> None:
         """--straggle: this learner's sleep per update, inside its window."""
+        self.slept_s = 0.0
         if self.straggle_s:
             since = time.monotonic() - self.t0
             if self.window[0] <= since < self.window[1]:
+                t0 = time.monotonic()
                 time.sleep(self.straggle_s)
+                self.slept_s = time.monotonic() - t0
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
         self.straggle()
