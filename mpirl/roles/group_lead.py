@@ -9,6 +9,12 @@ included); another learner holds up to `PIPELINE` orders, so it computes its nex
 while its last one travels and while the lead is busy.  It writes nothing into the learner:
 the updates it applies come back from `serve` as `Applied` values, and the batches it hands
 out come from the placement's `BatchSource`, which also takes their priorities back.
+
+In ``async`` / ``gba`` (and ``switch`` while in GBA) the parameter server is a thread of the
+lead's rank (`LeadGroup._server`): it owns the master weights and Adam state (``trainer``),
+the token supply and the aggregator, and serves the other learners while the lead's loop
+computes its own batch on a copy (``compute``) or naps; the loop holds `LeadGroup.lock` the
+rest of its turn (`hold`, `let_go`).  docs/design.md, "Where the server runs".
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
     receive        take what every buffer sent; one handler per message kind (the placement's
                    batch source handles FORWARD or BATCH, `mpirl.roles.placements`)
     group          --learners K: the other learners' answers and the global updates they make
-                   (`mpirl.roles.group_lead`; K = 1: nothing)
+                   (`mpirl.roles.group_lead`; K = 1: nothing; async / gba: made by the server
+                   thread beside the loop, which holds the group's lock except while it
+                   computes its own batch and naps)
     checkpoint     advance the consistent cut (`mpirl.transport.cut.Cut`): start one, write when
                    complete; the manifest once the other learners of a group wrote their parts
     grant_tokens   the placement's tokens toward the buffers
