@@ -29,6 +29,7 @@ import numpy as np
 
 from mpirl.agent.gba import Contribution, GlobalBatch, SwitchRule, Tokens
 from mpirl.agent.grads import set_grads
+from mpirl.run.failure import Fault
 from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
 from mpirl.transport.waiting import Backoff
 from mpirl.transport.wire import ALLREDUCE, RESYNC, SUBMIT, Tag
@@ -318,9 +319,11 @@ class LeadGroup:
 
         torch.set_num_threads(self.cfg.torch_threads)  # a thread's own intra-op setting
         backoff = Backoff(ceiling=5e-4)
+        fault = Fault("server", 0)  # MPIRL_FAULT=server:0:SECONDS (the lead is world rank 0)
         try:
             awake = time.monotonic()
             while not self.halting.is_set():
+                fault.check()
                 if not self.serving.is_set():
                     self.serving.wait(0.05)  # all-reduce: nothing to serve (`halt` wakes it)
                     awake = time.monotonic()
