@@ -83,7 +83,6 @@ class Group(Protocol):
     def let_go(self) -> contextlib.AbstractContextManager[Any]: ...  # its compute and naps
     def compute_step(self, trainer: TrainStep) -> TrainStep: ...  # the lead computes on it
     def halt(self) -> None: ...  # join the server thread (re-raising what ended it)
-    def served_s(self) -> float: ...  # seconds the server thread has spent serving
     def saved(self) -> dict[str, Any]: ...  # what the lead's checkpoint part keeps of it
     def resume(self, meta: dict[str, Any]) -> None: ...  # from the lead's checkpoint part
     def route(self, m: Forward) -> bool: ...
@@ -119,9 +118,6 @@ class NoGroup:
 
     def halt(self) -> None:
         pass
-
-    def served_s(self) -> float:
-        return 0.0
 
     def saved(self) -> dict[str, Any]:
         return {}
@@ -255,7 +251,6 @@ class LeadGroup:
         self.error: BaseException | None = None  # what ended the server thread
         self.applied: list[Applied] = []  # applied by the thread, not yet returned by `serve`
         self.state: LearnerState | None = None  # the lead's (its beta and stop reason)
-        self.serving_s = 0.0  # seconds the server thread was awake (not napping): its rounds
         self.rounds = 0  # the server thread's rounds (under the lock)
 
     @property
@@ -321,24 +316,15 @@ class LeadGroup:
         backoff = Backoff(ceiling=5e-4)
         fault = Fault("server", 0)  # MPIRL_FAULT=server:0:SECONDS (the lead is world rank 0)
         try:
-            awake = time.monotonic()
             while not self.halting.is_set():
                 fault.check()
                 if not self.serving.is_set():
                     self.serving.wait(0.05)  # all-reduce: nothing to serve (`halt` wakes it)
-                    awake = time.monotonic()
                     continue
                 with self.lock:
                     did = self._serve_once(time.monotonic())
                     self.rounds += 1
-                now = time.monotonic()
-                self.serving_s += now - awake  # its round and the loop's own turn, not naps
-                awake = now
-                if not did:
-                    backoff.idle()
-                    awake = time.monotonic()
-                else:
-                    backoff.work()
+                backoff.work() if did else backoff.idle()
         except BaseException as e:  # noqa: BLE001 - raised again in the lead's loop
             self.error = e
 
@@ -373,12 +359,6 @@ class LeadGroup:
                 self.thread.join()
             self.thread = None
         self._check()
-
-    def served_s(self) -> float:
-        """Seconds the server thread has spent in its rounds: they hold the GIL, which the
-        lead's own compute waits for meanwhile (`mpirl.roles.learner.Learner.update` takes
-        that wait out of the compute time the switch rule compares)."""
-        return self.serving_s
 
     def compute_step(self, trainer: TrainStep) -> TrainStep:
         """The train step the lead computes its own batch on: while the server thread runs,

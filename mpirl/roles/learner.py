@@ -342,9 +342,9 @@ class Learner:
         way (prefetch).  Returns |td| per sample and the seconds the learner spent on it."""
         t, group = self.group.compute_step(self.trainer), self.group  # GBA: the lead's copy
         with group.let_go():  # the server thread serves the others meanwhile
-            t0, cpu0, served0 = time.monotonic(), time.thread_time(), group.served_s()
+            t0, cpu0 = time.monotonic(), time.thread_time()
             pending = t.launch(batch)  # copies the target on its cadence
-            t1, cpu1, served1 = time.monotonic(), time.thread_time(), group.served_s()
+            t1, cpu1 = time.monotonic(), time.thread_time()
         self.staged = self.next_batch()
         with group.let_go():
             t2 = time.monotonic()
@@ -357,13 +357,15 @@ class Learner:
         sync = t.sync
         waited = sync.wait_s if sync is not None else 0.0
         slept = sync.slept_s if sync is not None else 0.0
-        # GBA's server thread ran meanwhile: the lead's time off the CPU (neither computing
-        # nor sleeping for --straggle) was mostly its wait for the GIL the thread held; the
-        # switch rule compares compute times as all-reduce would see them (no thread), so
-        # that time is left out (measured: 1.4 ms a batch against 0.8 on the CPU)
-        off = (t1 - t0) - (cpu1 - cpu0) - slept
-        gil = max(0.0, off) if t is not self.trainer and served1 > served0 else 0.0
-        group.after_update(self.state.updates, loss, td, spent - waited - gil)
+        compute = spent - waited
+        if t is not self.trainer:  # GBA's server thread runs beside the lead's compute
+            # the switch rule compares compute times as all-reduce would see them, without the
+            # thread: the lead's time off the CPU here (not asleep for --straggle) was its wait
+            # for the GIL the thread held and for the core it took, so its CPU time and its
+            # sleep stand for it (measured at load 4-5: 1.8-2.8 ms a batch of wall time,
+            # 0.8-0.9 ms on the CPU, the other learner 0.7-0.8 ms of wall time)
+            compute = (cpu1 - cpu0) + slept + (t3 - t2)
+        group.after_update(self.state.updates, loss, td, compute)
         self.state.busy += spent
         return td, spent
 
