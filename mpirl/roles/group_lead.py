@@ -313,7 +313,10 @@ class LeadGroup:
         import torch
 
         torch.set_num_threads(self.cfg.torch_threads)  # a thread's own intra-op setting
-        backoff = Backoff(ceiling=5e-4)
+        # idle naps up to 2 ms as the loop's: a shorter ceiling (0.5 ms) woke the thread for
+        # the GIL often enough that the lead's own compute took 10-20% more CPU than the other
+        # learner's (the switch rule's margin to come back is 1.2); after work it naps 50 us
+        backoff = Backoff()
         fault = Fault("server", 0)  # MPIRL_FAULT=server:0:SECONDS (the lead is world rank 0)
         try:
             while not self.halting.is_set():
