@@ -163,9 +163,12 @@ def _group(
         return NoGroup()
     syncs = group_syncs(cfg, comm, trainer, 0)
     assert ends.group_inbox is not None
+    compute = None  # async / gba: the server thread steps ``trainer``, the lead computes on this
+    if cfg.learner_sync != "allreduce":
+        compute = TrainStep(cfg, trainer.spec, trainer.device, cfg.amp)
     return LeadGroup(
         cfg, comm, ends.group, ends.group_inbox, trainer, syncs, wire, streams["group"],
-        streams["switches"],
+        streams["switches"], compute,
     )  # fmt: skip
 
 

@@ -64,6 +64,28 @@ def test_exception_in_any_role_aborts_the_job(tmp_path, spec, who):
 
 
 @pytest.mark.mpi
+def test_an_exception_in_the_gba_server_thread_aborts_the_job(tmp_path):
+    """The parameter server is a thread of the lead's rank (gba): an exception there is raised
+    again in the lead's loop, which fails the job with one message naming it and its cause."""
+    spec = "server:0:2"
+    p = run_mpirl(
+        5, "--run-dir", str(tmp_path / "run"), *ARGS, "--learners", "2",
+        "--learner-sync", "gba", "--replay-at", "learner", timeout=120,
+        env={"MPIRL_FAULT": spec, "MPIRL_TRACEBACK": "0"},
+    )  # fmt: skip
+    ended = time.time()
+    assert p.returncode != 0
+    failed = [x for x in p.stderr.splitlines() if " failed: " in x]
+    want = (
+        "mpirl: rank 0 (learner) failed: RuntimeError: learner: the GBA server thread failed: "
+        f"RuntimeError: injected fault (MPIRL_FAULT='{spec}')"
+    )
+    assert failed == [want], p.stderr
+    m = re.search(r"injected fault: raise at unix (\d+\.\d+)", p.stderr)
+    assert m is not None and ended - float(m.group(1)) < ABORT_WITHIN_S, p.stderr
+
+
+@pytest.mark.mpi
 def test_sigkilled_rank_ends_the_job_and_files_stay_readable(tmp_path):
     p, took = _fault(4, "actor:2:4:kill", tmp_path)
     assert p.returncode != 0 and took is not None and took < ABORT_WITHIN_S, (took, p.stderr)

@@ -48,3 +48,14 @@ def test_a_fast_learner_contributes_more_than_a_slow_one(tmp_path):
     learner, _, _ = _run(tmp_path, "1:60")
     counts = np.bincount(learner, minlength=2)
     assert counts[0] >= 3 * counts[1] and counts[1] > 0, counts
+
+
+def test_a_slow_lead_does_not_hold_the_other_learner(tmp_path):
+    """The lead sleeps 60 ms per gradient: the server thread hands learner 1 its orders and
+    applies updates while the lead computes, so learner 1 takes the tokens the lead has not
+    claimed.  With the server in the lead's loop, orders went out only between the lead's own
+    steps and learner 1 kept the lead's pace: 149 gradients against 151 (2026-12-05); with the
+    thread 299 against 12 (load 1).  Every gradient that reached the server counts."""
+    learner, _, _ = _run(tmp_path, "0:60")
+    counts = np.bincount(learner, minlength=2)
+    assert counts[1] >= 2 * counts[0] and counts[0] > 0, counts

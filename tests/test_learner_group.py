@@ -253,13 +253,14 @@ class _End:
         return out
 
 
-def _lead(sync):
-    """A LeadGroup of K = 2 on a real train step, its other learner behind an `_End`."""
+def _lead(sync, compute=False):
+    """A LeadGroup of K = 2 on a real train step, its other learner behind an `_End`
+    (``compute``: with the lead's compute copy, so `start` runs the server thread)."""
     from mpirl.agent.envs import inspect
     from mpirl.agent.train_step import TrainStep
     from mpirl.roles.group_lead import LeadGroup
     from mpirl.run.config import Config
-    from mpirl.transport.group import LocalSync
+    from mpirl.transport.group import LocalSync, SubmitSync
     from mpirl.transport.inbox import Inbox
     from mpirl.transport.wire import ALLREDUCE, SUBMIT, Wire, transition_dtype
 
@@ -273,10 +274,14 @@ def _lead(sync):
         def Get_size(self):
             return 2
 
+        def Bcast(self, buf, root=0):  # the start's weights: the lead's own
+            pass
+
     end = _End()
     lead = LeadGroup(
         cfg, Comm(), {1: end}, Inbox(wire, "lead", lambda r: f"learner {r}"), trainer,
-        {ALLREDUCE: LocalSync(), SUBMIT: LocalSync()}, wire, None, None,
+        {ALLREDUCE: LocalSync(), SUBMIT: SubmitSync()}, wire, None, None,
+        TrainStep(cfg, spec) if compute else None,
     )  # fmt: skip
     return lead, end, wire, trainer
 
@@ -411,3 +416,81 @@ def test_an_order_is_labelled_with_the_version_of_the_weights_it_carries():
     assert orders[0].version == 5 and orders[0].weights(3) is not None
     assert orders[1].weights(3) is None  # the learner's copy is current: no weights again
     assert [t for *_, t in lead.others[0].orders] == [5, 5]  # tokens of step 5 (K = 2)
+
+
+def test_an_exception_in_the_gba_server_thread_ends_the_lead_loop_with_its_cause():
+    """The server thread (gba, async) serves the other learners beside the lead's loop; an
+    exception there stops it and is raised again, with its cause, in the loop's next `serve`
+    and in `halt` (the loop's exception ends the job: mpirl.run.failure).  Without this the
+    thread died alone and the group waited for orders that never came."""
+    from types import SimpleNamespace
+
+    lead, end, wire, trainer = _lead("gba", compute=True)
+
+    def broken(member, shard_len):
+        raise ValueError("no batch for you")
+
+    lead.attach(SimpleNamespace(for_member=broken))
+    state = SimpleNamespace(updates=0, beta=0.4, stop_reason=None)
+    with lead.hold():
+        lead.start(0)
+        assert lead.thread is not None and lead.thread.is_alive()
+        assert lead.serve(time.monotonic(), state) == []  # hands the state to the thread
+        with lead.let_go():
+            lead.thread.join(timeout=10)  # it hands out an order: the source raises
+        assert not lead.thread.is_alive()
+        with pytest.raises(RuntimeError, match="GBA server thread failed.*no batch for you"):
+            lead.serve(time.monotonic(), state)
+        with pytest.raises(RuntimeError, match="GBA server thread failed"):
+            lead.halt()
+    assert lead.thread is None
+
+
+def test_the_lead_computes_on_its_copy_while_the_server_thread_owns_the_master_weights():
+    """With the server thread the lead's own batch is computed on the compute copy, loaded
+    with the master weights (``trainer``) it starts from, and its gradient is labelled with
+    that version; the master is stepped only by the server (no race with the backward pass).
+    allreduce has no thread: the lead computes on ``trainer`` itself."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    lead, end, wire, trainer = _lead("gba", compute=True)
+    state = SimpleNamespace(updates=0, beta=0.4, stop_reason=None)
+    with lead.hold():
+        lead.start(0)
+        try:
+            c = lead.compute_step(trainer)
+            assert c is lead.compute and c is not trainer
+            with trainer.torch.no_grad():
+                trainer.params[0].add_(1.0)  # the master moved on: version 3
+            trainer.updates = 3
+            lead.before_update(state)
+            assert lead.lead_version == 3 and lead.lead_token == 3
+            assert np.array_equal(c.online.flat_params(), trainer.online.flat_params())
+        finally:
+            lead.halt()
+    plain, *_ = _lead("allreduce")
+    assert plain.compute_step(plain.trainer) is plain.trainer
+
+
+def test_the_server_thread_sleeps_while_updates_are_synchronous():
+    """--learner-sync switch starts in all-reduce, where the thread has nothing to serve: it
+    sleeps (an idle thread polling beside the all-reduce step took the GIL the step needs,
+    and the switch rule took the lead for a straggler); a switch to GBA wakes it."""
+    from mpirl.transport.wire import SUBMIT
+
+    lead, end, wire, trainer = _lead("switch", compute=True)
+    with lead.hold():
+        lead.start(0)
+        try:
+            with lead.let_go():
+                time.sleep(0.3)
+            assert lead.rounds == 0
+            lead.how = SUBMIT  # as `_switch` does
+            lead.serving.set()
+            with lead.let_go():
+                time.sleep(0.3)
+            assert lead.rounds > 10
+        finally:
+            lead.halt()

@@ -165,7 +165,10 @@ def test_group_with_the_memory_at_the_learner_starts_at_learning_starts_0(tmp_pa
 def test_group_resumes_with_the_leads_version(tmp_path):
     """After a resume the other learner labels its first gradients with the version of the
     weights the lead broadcast at the start (the restored update count), not with its own
-    restored version: they were labelled staler than they were."""
+    restored version: they were labelled staler than they were.  The server thread may apply
+    an update of the lead's own gradients before the other learner's first batch is there
+    (the lead takes the tokens it has not claimed), so its first order may carry a later
+    version, never an earlier one."""
     run_dir = tmp_path / "run"
     args = ["--learners", "2", "--learner-sync", "gba", "--hidden", "32", "32"]
     args += ["--target-return", "none", "--progress-seconds", "0"]
@@ -177,7 +180,7 @@ def test_group_resumes_with_the_leads_version(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     with h5py.File(run_dir / "learner-1.h5", "r") as f:
         versions = f["work/version"][before:]
-    assert len(versions) and versions[0] == 150, versions[:5]
+    assert len(versions) and 150 <= versions[0] <= 155, versions[:5]
 
 
 def test_switch_goes_gba_for_a_straggler_and_back_with_one_state(tmp_path):

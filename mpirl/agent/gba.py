@@ -134,10 +134,14 @@ class Tokens:
         return self.next(step, waiting) <= step + self.AHEAD
 
     def blocked(self, step: int, waiting: int) -> bool:
-        """No learner may take a token until an update is made: waiting for this step's last
-        gradients would tie every learner to the slowest (the lead then fills the global
-        batch with gradients meant for later steps)."""
-        return not any(self.can_claim(j, step, waiting) for j in range(self.k))
+        """A learner waits for a token it may not take until an update is made (it holds
+        fewer than its depth, the next token is more than `AHEAD` steps on): waiting for this
+        step's last gradients would tie it to the slowest (the server then fills the global
+        batch with gradients meant for later steps).  While every learner is busy at its depth
+        nobody waits, and the step waits for its own gradients (staleness 0)."""
+        if self.next(step, waiting) <= step + self.AHEAD:
+            return False
+        return any(h < d for h, d in zip(self.held, self.depth, strict=True))
 
     def claim(self, learner: int, step: int, waiting: int) -> int | None:
         """A token for ``learner`` (the step its gradient is meant for), or None."""

@@ -28,6 +28,7 @@ class GradSync(Protocol):
     """The learner group's seam after backward (mpirl.transport.group)."""
 
     wait_s: float  # seconds the last step waited for the other learners
+    slept_s: float  # seconds the last step slept (--straggle)
 
     def step(self, trainer: Any, loss: Any, td: Any) -> None: ...
 

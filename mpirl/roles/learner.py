@@ -5,7 +5,9 @@
     receive        take what every buffer sent; one handler per message kind (the placement's
                    batch source handles FORWARD or BATCH, `mpirl.roles.placements`)
     group          --learners K: the other learners' answers and the global updates they make
-                   (`mpirl.roles.group_lead`; K = 1: nothing)
+                   (`mpirl.roles.group_lead`; K = 1: nothing; async / gba: made by the server
+                   thread beside the loop, which holds the group's lock except while it
+                   computes its own batch and naps)
     checkpoint     advance the consistent cut (`mpirl.transport.cut.Cut`): start one, write when
                    complete; the manifest once the other learners of a group wrote their parts
     grant_tokens   the placement's tokens toward the buffers
@@ -128,10 +130,13 @@ class Learner:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self.start()
-        while self.serving():
-            self.turn()
-        return self.finish()
+        """The loop holds the learner group's state (`Group.hold`; the server thread of GBA
+        takes it while the loop computes its own batch or naps)."""
+        with self.group.hold():
+            self.start()
+            while self.serving():
+                self.turn()
+            return self.finish()
 
     def turn(self) -> None:
         """One turn of the loop (bench/learner_loop.py times it on its own)."""
@@ -335,19 +340,32 @@ class Learner:
     def update(self, batch: tuple[Any, ...]) -> tuple[np.ndarray, float]:
         """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
         way (prefetch).  Returns |td| per sample and the seconds the learner spent on it."""
-        t0 = time.monotonic()
-        pending = self.trainer.launch(batch)  # copies the target on its cadence
-        t1 = time.monotonic()
+        t, group = self.group.compute_step(self.trainer), self.group  # GBA: the lead's copy
+        with group.let_go():  # the server thread serves the others meanwhile
+            t0, cpu0 = time.monotonic(), time.thread_time()
+            pending = t.launch(batch)  # copies the target on its cadence
+            t1, cpu1 = time.monotonic(), time.thread_time()
         self.staged = self.next_batch()
-        t2 = time.monotonic()
-        loss, td = pending.result()
-        self.state.updates = self.trainer.updates
-        t3 = time.monotonic()
-        if not self.group.logs_updates:  # async / gba: the group's global updates are counted
+        with group.let_go():
+            t2 = time.monotonic()
+            loss, td = pending.result()
+            t3 = time.monotonic()
+        if not group.logs_updates:  # async / gba: the group's global updates are counted
+            self.state.updates = self.trainer.updates
             self.count_update(None, loss, td)
         spent = (t1 - t0) + (t3 - t2)
-        waited = self.trainer.sync.wait_s if self.trainer.sync is not None else 0.0
-        self.group.after_update(self.state.updates, loss, td, spent - waited)
+        sync = t.sync
+        waited = sync.wait_s if sync is not None else 0.0
+        slept = sync.slept_s if sync is not None else 0.0
+        compute = spent - waited
+        if t is not self.trainer:  # GBA's server thread runs beside the lead's compute
+            # the switch rule compares compute times as all-reduce would see them, without the
+            # thread: the lead's time off the CPU here (not asleep for --straggle) was its wait
+            # for the GIL the thread held and for the core it took, so its CPU time and its
+            # sleep stand for it (measured at load 4-5: 1.8-2.8 ms a batch of wall time,
+            # 0.8-0.9 ms on the CPU, the other learner 0.7-0.8 ms of wall time)
+            compute = (cpu1 - cpu0) + slept + (t3 - t2)
+        group.after_update(self.state.updates, loss, td, compute)
         self.state.busy += spent
         return td, spent
 
@@ -443,13 +461,16 @@ class Learner:
         wake = [d for d in (s.link.next_departure() for s in self.sites.values()) if d is not None]
         if self.state.t_turn is not None and self.cap is not None:  # the cap holds a batch
             wake.append(self.cap.ready_at())
-        self.backoff.idle(until=min(wake, default=None))
+        with self.group.let_go():
+            self.backoff.idle(until=min(wake, default=None))
 
     def finish(self) -> dict[str, Any]:
         """The evaluation in flight, the final checkpoint (every buffer's DONE says its part is
         on disk; the other learners' parts are waited for, and every earlier checkpoint's come
         before them), the summary."""
         st = self.state
+        self.group.halt()  # GBA's server thread: joined; its last updates counted
+        self.serve_group(time.monotonic())
         self.reached(self.evaluation.drain(st.updates))
         if st.final_ckpt >= 0:  # complete before the job ends: the one wait for the group
             self.save(st.final_ckpt, st.stop_reason or "stop")

@@ -136,7 +136,7 @@ class Fault:
     """Test-only fault injection: ``MPIRL_FAULT="ROLE:RANK:SECONDS[:ACTION]"`` (several: comma).
 
     The rank with world rank RANK and role ROLE acts SECONDS after its role loop started (its
-    first `check`):
+    first `check`; ROLE ``server``: GBA's server thread on the lead, rank 0):
 
     - ``raise`` (default): raises RuntimeError in its role loop (fail fast must abort the job);
     - ``kill``: SIGKILLs itself in its role loop (no Python cleanup, like an OOM kill);

@@ -10,11 +10,11 @@ backward pass (no sync: the learner alone clips and steps).  The modes (``--lear
                `AllreduceSync` sums ``[n * grad, n]`` over the group in one MPI Allreduce of one
                contiguous float32 buffer; each divides by the summed n and takes the same
                Adam step: one update of global batch K x B, the same parameters on every rank.
-``async``      parameter server: the other learners send GRAD (gradient, the weights' version,
-               |td|); the lead applies each as it arrives (`mpirl.agent.gba.GlobalBatch` of B,
-               no decay).
-``gba``        the lead assembles K x B samples' worth of gradients from whichever learners
-               deliver (its own included) under GBA's token control, drops too stale ones and
+``async``      parameter server (a thread of the lead's rank, `mpirl.roles.group_lead`): the
+               other learners send GRAD (gradient, the weights' version, |td|); the server
+               applies each as it arrives (`mpirl.agent.gba.GlobalBatch` of B, no decay).
+``gba``        the server assembles K x B samples' worth of gradients from whichever learners
+               deliver (the lead's included) under GBA's token control, drops too stale ones and
                decays severely stale ones (`mpirl.agent.gba`), applies one.
 
 Work (async, gba): another learner holds up to two ORDERs (`mpirl.agent.gba.PIPELINE`); under gba
@@ -73,13 +73,17 @@ class LocalSync:
         self.straggle_s, self.window = straggle_s, window
         self.t0 = time.monotonic()
         self.wait_s = 0.0  # seconds the last step waited for the group
+        self.slept_s = 0.0  # seconds the last step slept (--straggle)
 
     def straggle(self) -> None:
         """--straggle: this learner's sleep per update, inside its window."""
+        self.slept_s = 0.0
         if self.straggle_s:
             since = time.monotonic() - self.t0
             if self.window[0] <= since < self.window[1]:
+                t0 = time.monotonic()
                 time.sleep(self.straggle_s)
+                self.slept_s = time.monotonic() - t0
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
         self.straggle()
