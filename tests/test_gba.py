@@ -286,3 +286,24 @@ def test_the_switch_rule_ignores_a_learner_steadily_slower_by_its_own_nature():
                 sync = not sync
                 switches.append((phase, sync))
     assert switches == [(1, False), (2, True)], switches
+
+
+def test_the_switch_rule_takes_a_learner_slow_from_the_start_for_a_straggler():
+    """A learner 4x slower from the first batch has no faster past to be measured against: its
+    baseline is capped at twice the fastest learner's, so the group still goes GBA (and stays
+    there while it is slow); 1.3x from the start is its own pace."""
+    from mpirl.agent.gba import SwitchRule
+
+    for factor, expected in ((4.0, [False]), (1.3, [])):
+        rng = np.random.default_rng(2)
+        rule = SwitchRule(k=2, now=0.0)
+        sync, switches, t = True, [], 0.0
+        while t < 10.0:
+            t += 0.01
+            rule.observe(0, 0.01 * rng.uniform(0.8, 1.2), t)
+            if rng.random() < 1 / factor:  # the slow learner sends fewer
+                rule.observe(1, 0.01 * factor * rng.uniform(0.8, 1.2), t)
+            if rule.decide(sync, t) is not None:
+                sync = not sync
+                switches.append(sync)
+        assert switches == expected, (factor, switches)

@@ -262,7 +262,10 @@ class SwitchRule:
     reason of its own (the lead, which also relays batches and serves the group, measured
     1.5-2.3x the other learner's compute at load 4 with no straggler, and flapped the group
     into GBA and out every few seconds) is not a straggler; one that becomes slower than it was
-    is.  ``ratio`` = the slowest learner's normalised median / the median of the others'.
+    is.  A baseline is capped at ``own_pace`` (2) x the fastest learner's, so a learner more
+    than twice as slow from the start (a slow node) still counts as a straggler; up to twice
+    as slow from the start (the lead's 1.5-2.3x at load 4) is taken as its own pace.
+    ``ratio`` = the slowest learner's normalised median / the median of the others'.
     Switch to GBA
     when it stays above ``up`` (1.5: a synchronous step takes the slowest learner's time, so half
     again as long as the others' is where waiting for it costs more than GBA's staleness) for
@@ -282,6 +285,7 @@ class SwitchRule:
         hold_s: float = 2.0,
         min_samples: int = 8,
         now: float = 0.0,
+        own_pace: float = 2.0,
     ) -> None:
         if not 1 < down < up:
             raise ValueError(f"switch thresholds down={down}, up={up}: need 1 < down < up")
@@ -291,6 +295,7 @@ class SwitchRule:
         self.t_switch = now  # start-up is no straggler: the first switch waits hold_s too
         self.t_held: float | None = None  # since when the condition for a switch holds
         self.best = [np.inf] * k  # each learner's smallest median over a full horizon so far
+        self.own_pace = own_pace
 
     def observe(self, learner: int, compute_s: float, now: float) -> None:
         q = self.times[learner]
@@ -307,7 +312,10 @@ class SwitchRule:
             return None
         medians = [float(np.median(r)) for r in recent]
         self.best = [min(b, m) for b, m in zip(self.best, medians, strict=True)]
-        paced = [m / max(b, 1e-12) for m, b in zip(medians, self.best, strict=True)]
+        # a learner's own pace is its baseline only up to `own_pace` x the fastest one's: a
+        # learner slower than that from the start (a slow node) is a straggler, not its norm
+        cap = self.own_pace * min(self.best)
+        paced = [m / max(min(b, cap), 1e-12) for m, b in zip(medians, self.best, strict=True)]
         slowest = int(np.argmax(paced))
         others = [j for j in range(self.k) if j != slowest]
         ratio = paced[slowest] / max(float(np.median([paced[j] for j in others])), 1e-9)
