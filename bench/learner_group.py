@@ -227,7 +227,8 @@ def table(rows: list[Runs], ms: dict[float, float]) -> str:
         base = by.get(Point(p.k, "allreduce", p.slow, p.on))
         eff = float(np.mean(r.samples)) / (p.k * base_sps)
         gba = [x for x in r.first_gba if math.isfinite(x)]
-        first = f"{np.mean(gba):.1f} ({len(gba)}/{len(r.first_gba)})" if p.mode == "switch" else "-"
+        went = f"{np.mean(gba):.1f}" if gba else "never"  # not nan: no run went GBA
+        first = f"{went} ({len(gba)}/{len(r.first_gba)})" if p.mode == "switch" else "-"
         out.append(
             f"| {p.k} | {p.mode} | {p.label(ms.get(p.slow, 0.0))} | {_num(r.updates)} "
             f"| {_num(r.samples)} | {_ratio(r, base, 'updates')} | {_ratio(r, base, 'samples')} "

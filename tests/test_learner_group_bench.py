@@ -78,6 +78,9 @@ def test_table_gives_t_intervals_and_paired_ratios_to_allreduce():
     assert f"| {est:.2f} [" in s
     assert "| - | - |" in rows["gba4x on other (1), 4.5 ms"]  # no allreduce point: no ratio
     assert "| - | - |" in rows["allreduce4x on lead (0), 4.5 ms"]
+    sw.first_gba = [math.nan] * 3  # no run went GBA: "never", not "nan" and a numpy warning
+    text = lg.table([solo, ar, sw], {4.0: 4.5})
+    assert "| never (0/3) |" in text and "nan" not in text
 
 
 @pytest.mark.mpi
