@@ -307,3 +307,22 @@ def test_the_switch_rule_takes_a_learner_slow_from_the_start_for_a_straggler():
                 sync = not sync
                 switches.append(sync)
         assert switches == expected, (factor, switches)
+
+
+def test_the_switch_rule_looks_at_its_figures_at_most_every_50_ms():
+    """The lead asks the rule every turn; the medians cost ~160 us, so at ~400 turns a second
+    'switch' made 27% fewer updates than 'allreduce' with no straggler. It looks at most every
+    CHECK_S."""
+    from mpirl.agent.gba import SwitchRule
+
+    rule = SwitchRule(k=2, now=0.0)
+    looked = []
+    real = rule.figures
+    rule.figures = lambda now: looked.append(now) or real(now)
+    t = 0.0
+    while t < 1.0:
+        t += 0.001
+        rule.observe(0, 0.001, t)
+        rule.observe(1, 0.001, t)
+        rule.decide(True, t)
+    assert 18 <= len(looked) <= 21, len(looked)
