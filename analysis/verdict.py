@@ -285,6 +285,20 @@ def replace_section(page: str, name: str, body: str, where: str = "docs/results.
     return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), page)
 
 
+def update_or_check(page: str | None, name: str, body: str, src: str, write: bool) -> None:
+    """An experiment script's ``--update PAGE`` (``write``) or ``--check PAGE``: set the
+    generated section ``name`` of ``page`` to ``body``, or exit naming the fix when it
+    differs.  ``page`` None: nothing to do."""
+    if not page:
+        return
+    old = Path(page).read_text()
+    new = replace_section(old, name, body, where=page)
+    if write:
+        Path(page).write_text(new)
+    elif new != old:
+        sys.exit(f"{page} is not what {src} gives: rerun with --update {page}")
+
+
 def render(page: str) -> str:
     """``page`` with every generated section replaced by what the data give now."""
     for name, make in SECTIONS.items():

@@ -377,16 +377,10 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
-    for page, write in ((a.update, True), (a.check, False)):
-        if page:
-            from analysis.verdict import replace_section
+    from analysis.verdict import update_or_check
 
-            old = Path(page).read_text()
-            new = replace_section(old, "learner_group", text, where=page)
-            if write:
-                Path(page).write_text(new)
-            elif new != old:
-                sys.exit(f"{page} is not what {src} gives: rerun with --update {page}")
+    for page, write in ((a.update, True), (a.check, False)):
+        update_or_check(page, "learner_group", text, str(src), write)
 
 
 if __name__ == "__main__":
