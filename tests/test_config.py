@@ -43,6 +43,10 @@ def test_cli_values():
         (["--hidden", "0"], "hidden=(0,)"),
         (["--arrival-sample", "-1"], "arrival_sample=-1 must be an integer >= 0"),
         (["--reference-size", "0"], "reference_size=0 must be an integer > 0"),
+        (
+            ["--severe-staleness", "5", "--max-grad-staleness", "4"],
+            "severe_staleness=5 must be below max_grad_staleness=4",
+        ),
     ],
 )
 def test_bad_values(argv, match):

@@ -432,6 +432,13 @@ class Config:
             v = getattr(c, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 0")
+        if c.max_grad_staleness and c.severe_staleness >= c.max_grad_staleness:
+            raise ConfigError(
+                f"severe_staleness={c.severe_staleness} must be below "
+                f"max_grad_staleness={c.max_grad_staleness}: every gradient past it is dropped, "
+                f"so none would ever be decayed; lower --severe-staleness or raise "
+                f"--max-grad-staleness (0 = no bound)"
+            )
         for name in ["actor_steps_per_s", "learner_updates_per_s"]:
             v = getattr(c, name)
             if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
