@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SPEC = ROOT / "experiments" / "learner-group" / "straggle-window.toml"
+#: no straggler (plan.md, H5)
+HEALTHY = ROOT / "experiments" / "learner-group" / "healthy.toml"
 MODES = ("allreduce", "async", "gba", "switch")
 #: the family (plan.md): (a, b) tests a - b
 COMPARISONS = (("gba", "allreduce"), ("switch", "allreduce"), ("async", "allreduce"),

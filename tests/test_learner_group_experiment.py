@@ -22,7 +22,7 @@ sys.modules["learner_group_exp"] = lg
 mod.loader.exec_module(lg)
 
 
-def test_spec_runs_every_mode_per_seed_with_the_straggler_in_the_middle_third():
+def test_spec_runs_every_mode_per_seed_with_the_straggler_over_the_learning():
     spec = S.load_spec(lg.SPEC)
     runs = S.expand(spec)
     assert S.check(spec, runs) == []
@@ -32,10 +32,24 @@ def test_spec_runs_every_mode_per_seed_with_the_straggler_in_the_middle_third():
     assert spec.flags["env"] == "CartPole-v1" and spec.flags["learners"] == 2
     big_t = spec.budget["max_seconds"]
     rank, ms, start, end = parse_straggle(spec.flags["straggle"])
-    assert rank == 1 and ms > 0 and (start, end) == (big_t / 3, 2 * big_t / 3)
+    assert rank == 1 and ms > 0 and (start, end) == (5.0, 35.0) and end < big_t  # plan.md v2
     assert spec.flags["target_return"] == "none" and spec.flags["eval_every_s"] > 0
     assert spec.budget["max_updates"] == 0 and spec.budget["max_env_steps"] == 0  # equal time
     assert lg.planned() == len(spec.seeds)
+
+
+def test_healthy_spec_is_the_family_without_the_straggler():
+    """healthy.toml (plan.md, H5): the same flags and budget but --straggle, allreduce and switch,
+    its seeds among the family's."""
+    fam, ok = S.load_spec(lg.SPEC), S.load_spec(lg.HEALTHY)
+    runs = S.expand(ok)
+    assert S.check(ok, runs) == []
+    assert [lab for lab, _ in ok.axes["learner_sync"]] == ["allreduce", "switch"]
+    assert "straggle" not in ok.flags
+    assert {k: v for k, v in fam.flags.items() if k != "straggle"} == ok.flags
+    assert fam.budget == ok.budget and ok.ranks == fam.ranks
+    assert len(ok.seeds) >= 10 and set(ok.seeds) <= set(fam.seeds)
+    assert Path(ok.out).parent == Path(fam.out).parent != Path(".")
 
 
 def _rows(n, ttt, auc=None, big_t=150.0):
