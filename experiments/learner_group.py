@@ -50,6 +50,11 @@ MODES = ("allreduce", "async", "gba", "switch")
 COMPARISONS = (("gba", "allreduce"), ("switch", "allreduce"), ("async", "allreduce"),
                ("switch", "gba"))  # fmt: skip
 ALPHA = 0.05
+#: H5 (plan.md): switch's return AUC equivalent to allreduce's with no straggler when the 90%
+#: interval of the ratio lies inside [MARGIN, 1 / MARGIN] (TOST at alpha 0.05)
+MARGIN = 0.9
+#: the two sweeps under the runs folder: with the straggler window (the family) and without
+CONDITIONS = ("straggle", "healthy")
 PHASES = ("before", "during", "after")
 FIELDS = (
     "mode",
@@ -149,16 +154,19 @@ def run_figures(d: Path) -> dict[str, Any]:
 
 
 def rows(root: Path) -> list[dict[str, Any]]:
-    """One row per finished run of the sweep under ``root``."""
+    """One row per finished run of the two sweeps under ``root`` (``root/straggle``,
+    ``root/healthy``: `CONDITIONS`), each row with its ``condition``."""
     return [
-        {"mode": mode, "seed": seed, **run_figures(d)}
-        for mode, runs in cells(root).items()
+        {"condition": cond, "mode": mode, "seed": seed, **run_figures(d)}
+        for cond in CONDITIONS
+        for mode, runs in cells(root / cond).items()
         for seed, d in sorted(runs.items())
     ]
 
 
-def _key(r: dict[str, Any]) -> tuple[int, int]:
-    return MODES.index(r["mode"]), int(r["seed"])
+def _key(r: dict[str, Any]) -> tuple[int, int, int]:
+    cond = r.get("condition") or "straggle"
+    return CONDITIONS.index(cond), MODES.index(r["mode"]), int(r["seed"])
 
 
 def write_rows(path: Path, table: list[dict[str, Any]]) -> None:
@@ -171,10 +179,13 @@ def write_rows(path: Path, table: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+        w = csv.DictWriter(f, ("condition", *FIELDS), lineterminator="\n")
         w.writeheader()
         w.writerows(
-            {k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS}
+            {
+                "condition": r.get("condition") or "straggle",
+                **{k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS},
+            }
             for r in sorted([*kept, *new.values()], key=_key)
         )
     tmp.replace(path)
@@ -185,7 +196,12 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
     with open(path, newline="") as f:
         return [
-            {**r, "seed": int(r["seed"]), **{k: float(r[k] or "nan") for k in FIELDS[2:]}}
+            {
+                **r,
+                "condition": r.get("condition") or "straggle",
+                "seed": int(r["seed"]),
+                **{k: float(r[k] or "nan") for k in FIELDS[2:]},
+            }
             for r in csv.DictReader(f)
         ]
 
@@ -244,10 +260,45 @@ def mode_summary(runs: dict[int, dict], tau: float) -> dict[str, float]:
     }
 
 
-def summarize(table: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each mode's figures and each comparison's tests (module docstring)."""
+def _with_switches(runs: dict[int, dict], tau: float) -> dict[str, float]:
+    return mode_summary(runs, tau) | {"switches": _nanmean([r["switches"] for r in runs.values()])}
+
+
+def healthy(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """H5 (plan.md) on the no-straggler rows: switch / allreduce return AUC, its 90% interval
+    (equivalence within [MARGIN, 1 / MARGIN]) and 95% interval (a difference), the restricted
+    time-to-target difference with its 95% interval, and each mode's figures."""
     from analysis.stats import log_ratio_t
 
+    by = {m: {int(r["seed"]): r for r in table if r["mode"] == m} for m in ("allreduce", "switch")}
+    tau = min((r["T"] for r in table), default=math.nan)
+    auc = {s: r["auc_return"] for s, r in by["switch"].items()}
+    ref = {s: r["auc_return"] for s, r in by["allreduce"].items()}
+    r90, r95 = log_ratio_t(auc, ref, 1 - 2 * ALPHA), log_ratio_t(auc, ref, 1 - ALPHA)
+    equivalent = r90.n >= 2 and MARGIN <= r90.low and r90.high <= 1 / MARGIN
+    differs = r95.n >= 2 and (r95.low > 1 or r95.high < 1)
+    return {
+        "tau": tau,
+        "modes": {k: _with_switches(v, tau) for k, v in by.items()},
+        "n": r90.n,
+        "auc_ratio": r90.estimate,
+        "auc_low90": r90.low,
+        "auc_high90": r90.high,
+        "auc_low95": r95.low,
+        "auc_high95": r95.high,
+        "equivalent": equivalent,
+        "differs": differs,
+        "ttt": restricted_diff(by["switch"], by["allreduce"], tau, 1),
+    }
+
+
+def summarize(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each mode's figures and each comparison's tests (module docstring), on the rows with the
+    straggler; ``healthy``: H5 on the rows without it."""
+    from analysis.stats import log_ratio_t
+
+    ok = [r for r in table if (r.get("condition") or "straggle") == "healthy"]
+    table = [r for r in table if (r.get("condition") or "straggle") == "straggle"]
     by = {m: {int(r["seed"]): r for r in table if r["mode"] == m} for m in MODES}
     tau = min((r["T"] for r in table), default=math.nan)
     m = len(COMPARISONS)
@@ -273,14 +324,61 @@ def summarize(table: list[dict[str, Any]]) -> dict[str, Any]:
             "ups_during_ratio": during.estimate,
         }
     res["tests"] = tests
+    res["healthy"] = healthy(ok)
     return res
 
 
-def planned() -> int:
+def planned(spec: Path = SPEC) -> int:
     """Seeds the spec plans (pairs per comparison)."""
     from mpirl.sweep import load_spec
 
-    return len(load_spec(SPEC).seeds)
+    return len(load_spec(spec).seeds)
+
+
+def healthy_markdown(h: dict[str, Any], plan: int) -> list[str]:
+    """H5's table and its sentence (plan.md's rule)."""
+    lines = [
+        "No straggler (`healthy.toml`, H5): switch against allreduce.",
+        "",
+        "| mode | runs | reached | restricted mean time to target (s) | return AUC "
+        "| updates | updates to target (median) | switches (mean) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, s in h["modes"].items():
+        if not s["n"]:
+            lines.append(f"| {mode} | 0 | - | not yet run | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {mode} | {s['n']} | {s['reached']}/{s['n']} | {_f(s['rmst'])} | {_f(s['auc'])} "
+            f"| {_f(s['updates'], '{:,.0f}')} | {_f(s['updates_to_target'], '{:,.0f}')} "
+            f"| {_f(s['switches'])} |"
+        )
+    t = h["ttt"]
+    lines += [
+        "",
+        f"Return AUC, switch / allreduce: {_f(h['auc_ratio'], '{:.3f}')} "
+        f"[{_f(h['auc_low90'], '{:.3f}')}, {_f(h['auc_high90'], '{:.3f}')}] (90% t, the "
+        f"equivalence test against [{MARGIN}, {1 / MARGIN:.3f}]), "
+        f"[{_f(h['auc_low95'], '{:.3f}')}, {_f(h['auc_high95'], '{:.3f}')}] (95% t); "
+        f"restricted time to target, switch - allreduce: {_f(t['diff'], '{:+.1f}')} s "
+        f"[{_f(t.get('low', math.nan), '{:+.1f}')}, {_f(t.get('high', math.nan), '{:+.1f}')}] "
+        f"(95% t), {h['n']} pairs.",
+        "",
+    ]
+    if h["n"] < plan:
+        lines.append(f"H5 interim, not decided: {h['n']} of the planned {plan} pairs.")
+        return lines
+    said = []
+    if h["equivalent"]:
+        said.append("**switch learns as allreduce does with no straggler** (return AUC "
+                    f"equivalent within [{MARGIN}, {1 / MARGIN:.3f}])")  # fmt: skip
+    if h["differs"]:
+        way = "more" if h["auc_low95"] > 1 else "less"
+        said.append(f"**switch's return AUC differs from allreduce's** ({way})")
+    if not said:
+        said.append(f"inconclusive at n = {h['n']}: neither equivalence nor a difference shown")
+    lines.append("H5, decided at the planned pairs: " + "; ".join(said) + ".")
+    return lines
 
 
 def _f(x: float, fmt: str = "{:.1f}") -> str:
@@ -351,15 +449,26 @@ def verdict(res: dict[str, Any], plan: int) -> str:
     return "Decided at the planned pairs: " + "; ".join(said) + "."
 
 
-def markdown(res: dict[str, Any], plan: int) -> str:
-    """The generated section: the modes, the tests and the verdict."""
+def markdown(res: dict[str, Any], plan: int, plan_healthy: int | None = None) -> str:
+    """The generated section: the modes, the tests and the verdict; then H5."""
     head = (
         f"Censored at tau = {_f(res['tau'], '{:.0f}')} s (the shortest run); the straggler's "
         "window on the lead's clock, per run, is in the rows CSV."
     )
+    h = planned(HEALTHY) if plan_healthy is None else plan_healthy
     return "\n".join(
-        [head, "", *_modes_table(res), "", *_tests_table(res, plan), "", verdict(res, plan)]
-    )
+        [
+            head,
+            "",
+            *_modes_table(res),
+            "",
+            *_tests_table(res, plan),
+            "",
+            verdict(res, plan),
+            "",
+            *healthy_markdown(res["healthy"], h),
+        ]
+    ).rstrip()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -104,7 +104,8 @@ def test_a_faster_mode_is_called_sooner_and_the_interval_agrees_with_p():
     want = np.mean([150.0] + [55.0 + 5 * jitter[s] for s in range(1, 12)])
     assert sw["rmst"] == pytest.approx(want)
     text = lg.markdown(res, 12)
-    assert "**gba reaches the target sooner than allreduce**" in text.splitlines()[-1]
+    assert "**gba reaches the target sooner than allreduce**" in lg.verdict(res, 12)
+    assert lg.verdict(res, 12) in text
     assert "async against allreduce: no difference shown" in text
     assert "| switch | 12 | 11/12 |" in text
 
@@ -121,23 +122,80 @@ def test_a_slower_mode_is_called_later_and_short_comparisons_are_interim():
     assert res["modes"]["async"]["median"] == math.inf
     assert "| async | 10 | 0/10 | 150.0 | > 150 |" in lg.markdown(res, 10)
     interim = lg.markdown(res, 16)
-    assert interim.splitlines()[-1].startswith("Interim, not decided")
-    assert "interim (10 of 16 pairs)" in interim and "**" not in interim.splitlines()[-1]
+    assert lg.verdict(res, 16).startswith("Interim, not decided")
+    assert "interim (10 of 16 pairs)" in interim and "**" not in lg.verdict(res, 16)
     # a mode with no runs yet
     some = [r for r in _rows(10, ttt) if r["mode"] != "switch"]
     text = lg.markdown(lg.summarize(some), 10)
     assert "| switch | 0 | - | not yet run |" in text
-    assert text.splitlines()[-1].startswith("Interim")
+    assert lg.verdict(lg.summarize(some), 10).startswith("Interim")
+
+
+def _healthy(n, ratio, spread):
+    """No-straggler rows: switch's AUC = allreduce's x ratio x a per-seed factor."""
+    wob = [1.0, -1.0, 0.5, -0.5, 0.0, 0.8, -0.8, 0.3, -0.3, 0.2, -0.2, 0.6]
+    out = []
+    for mode in ("allreduce", "switch"):
+        for s in range(n):
+            base = 400.0 + 10 * s
+            auc = base * (ratio * math.exp(spread * wob[s]) if mode == "switch" else 1.0)
+            out.append(
+                {
+                    "condition": "healthy",
+                    "mode": mode,
+                    "seed": s,
+                    **dict.fromkeys(lg.FIELDS[2:], 1.0),
+                    "T": 60.0,
+                    "reached": 1.0,
+                    "ttt": 20.0 + s,
+                    "auc_return": auc,
+                    "updates_to_target": 7000.0,
+                }
+            )
+    return out
+
+
+def test_h5_calls_equivalence_a_difference_or_inconclusive_by_its_intervals():
+    """plan.md H5: equivalent when the 90% interval of the AUC ratio is inside [0.9, 1/0.9],
+    a difference when the 95% interval excludes 1, else inconclusive; the family's rows and the
+    no-straggler rows never mix."""
+    fam = _rows(10, {m: (lambda s: 30.0 + s) for m in lg.MODES})
+    same = lg.summarize(fam + _healthy(10, 1.0, 0.01))
+    h = same["healthy"]
+    assert h["n"] == 10 and h["equivalent"] and not h["differs"]
+    assert 0.9 < h["auc_low90"] < 1 < h["auc_high90"] < 1 / 0.9
+    assert same["tests"]["switch-allreduce"]["n"] == 10  # the family saw only its own rows
+    text = lg.markdown(same, 10, 10)
+    assert "**switch learns as allreduce does with no straggler**" in text
+    worse = lg.summarize(fam + _healthy(10, 0.7, 0.01))["healthy"]
+    assert worse["differs"] and not worse["equivalent"]
+    assert "(less)" in "\n".join(lg.healthy_markdown(worse, 10))
+    noisy = lg.summarize(fam + _healthy(10, 1.0, 0.3))["healthy"]
+    assert not noisy["equivalent"] and not noisy["differs"]
+    assert "inconclusive at n = 10" in lg.healthy_markdown(noisy, 10)[-1]
+    assert "H5 interim" in lg.healthy_markdown(noisy, 12)[-1]
+    # the 90% interval is log_ratio_t's
+    from analysis.stats import log_ratio_t
+
+    hr = _healthy(10, 1.0, 0.3)
+    want = log_ratio_t(
+        {r["seed"]: r["auc_return"] for r in hr if r["mode"] == "switch"},
+        {r["seed"]: r["auc_return"] for r in hr if r["mode"] == "allreduce"},
+        0.90,
+    )
+    assert (noisy["auc_low90"], noisy["auc_high90"]) == pytest.approx((want.low, want.high))
 
 
 def test_rows_csv_round_trips_and_merges(tmp_path):
     ttt = {m: (lambda s: 30.0 + s) for m in lg.MODES}
     rows = _rows(3, ttt)
     path = tmp_path / "runs.csv"
+    ok = _healthy(3, 1.0, 0.01)
     lg.write_rows(path, rows[:6])
-    lg.write_rows(path, rows[6:])
+    lg.write_rows(path, rows[6:] + ok)
     back = lg.read_rows(path)
-    assert len(back) == len(rows) and {r["mode"] for r in back} == set(lg.MODES)
+    assert len(back) == len(rows) + len(ok) and {r["mode"] for r in back} == set(lg.MODES)
+    assert sum(r["condition"] == "healthy" for r in back) == len(ok)
     got = lg.summarize(back)["modes"]["gba"]
     assert got["rmst"] == pytest.approx(31.0)
     page = tmp_path / "page.md"
@@ -182,6 +240,15 @@ def test_analysis_finds_the_modes_of_the_sweep(tmp_path):
     (tmp_path / "learner_sync=gba" / "seed2").mkdir()  # unfinished: skipped
     c = lg.cells(tmp_path)
     assert sorted(c) == sorted(lg.MODES) and sorted(c["gba"]) == [0, 1]
+    assert lg.cells(tmp_path / "healthy") == {}  # a sweep not run yet
+
+
+def test_the_specs_write_where_the_analysis_reads():
+    """rows() reads ROOT/straggle and ROOT/healthy: the specs' out folders."""
+    from mpirl.sweep import load_spec
+
+    outs = [Path(load_spec(s).out) for s in (lg.SPEC, lg.HEALTHY)]
+    assert [o.name for o in outs] == list(lg.CONDITIONS) and outs[0].parent == outs[1].parent
 
 
 def test_committed_table_is_what_the_committed_rows_give():
