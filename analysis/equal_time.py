@@ -687,7 +687,7 @@ def pilot_section(data: Path) -> str:
     rows = {}
     for r in runs:
         bw = float(r["cell"].split("bandwidth_mbps=")[1].split(",")[0])
-        rows.setdefault(bw, {})["learner" if r["replay_at"] == "learner" else "buffer"] = r
+        rows.setdefault(bw, {})[r["replay_at"]] = r
     out = [
         "| bandwidth | existing: P, U, delivered | proposed: P, U (requested) | link MB "
         "(existing / proposed) | load max |",

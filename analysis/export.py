@@ -260,7 +260,7 @@ def run_row(run: Run, root: Path) -> dict[str, Any]:
         if row["link_mb"] and math.isfinite(row["link_mb"])
         else math.nan
     )
-    if run.replay_at != "learner":
+    if run.replay_at == "buffer":  # no forwarding (thinned: what arrived / produced)
         row["delivered_fraction"] = math.nan
     return row
 

@@ -112,7 +112,10 @@ ATTR_DOCS: dict[str, dict[str, str]] = {
         "stale_dropped": "set at stop: priority updates dropped, slot overwritten",
         "too_stale": "set at stop: priority updates dropped, older than max_staleness",
         "forward_dropped": "set at stop: transitions dropped by --forward-overflow",
-        "forwarded": "set at stop: transitions sent toward the learner (replay_at=learner)",
+        "forwarded": "set at stop: transitions sent toward the learner (replay_at=learner or "
+        "thinned)",
+        "thinned": "set at stop: transitions the thinning draw left at the edge "
+        "(replay_at=thinned; 0 otherwise)",
         "wall_s": "set at stop: seconds the buffer loop ran",
         "link_bytes_out": "set at stop: bytes sent toward the learner",
         "link_raw_bytes_out": "set at stop: the same before compression (= "

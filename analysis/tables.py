@@ -125,10 +125,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def by_cell(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[int, dict]]]:
-    """``{cell: {"learner": {seed: row}, "buffer": {seed: row}}}``, cells in the rows' order;
-    a ``replay_at`` other than ``learner`` is the buffer side."""
+    """``{cell: {"learner": {seed: row}, "buffer": {seed: row}, ...}}``, cells in the rows'
+    order: one side per ``replay_at`` (``learner`` and ``buffer`` always there, ``thinned``
+    where a cell ran it), so a third placement's rows never pose as one of the two."""
     out: dict[str, dict[str, dict[int, dict]]] = {}
     for r in rows:
-        place = "learner" if r["replay_at"] == "learner" else "buffer"
-        out.setdefault(r["cell"], {"learner": {}, "buffer": {}})[place][int(r["seed"])] = r
+        sides = out.setdefault(r["cell"], {"learner": {}, "buffer": {}})
+        sides.setdefault(str(r["replay_at"]), {})[int(r["seed"])] = r
     return out

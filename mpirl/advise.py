@@ -29,6 +29,13 @@ to its rate).  Latency does not enter the rule: the committed map held it at 30 
    loses updates.  (The bytes rule alone would choose the one that keeps more of its demand;
    at 1.25 Mb/s, rho 0.25 that is the buffer placement, and the data disagree.)
 
+**The third placement** (``--replay-at thinned``, docs/design.md "A third placement") is
+predicted beside the two and never advised: its learning has no committed evidence yet (the
+pre-registered comparison, experiments/placement-3/plan.md, has not run).  It forwards the
+fraction ``b = min(1, RHO_SHARE x rho, LINK_SHARE x capacity / demand)`` of the experiences,
+each with its one-byte ``f`` (mpirl.roles.placements.thinned), so it asks for P x (F + 1) x b
+bytes/s and is never capped by the link: it thins instead.
+
 **How sure**: the nearest committed cell (cells A, B and the 9-cell crossover map: CartPole,
 12,000 env steps/s) by the link loads of the two placements (demand / capacity, which is the
 link rate and rho = U x B / P in CartPole units), and the placement the committed data favour
@@ -78,8 +85,12 @@ MAP_ENV = "CartPole-v1"
 #: the cells that compare both placements at the same rates (C is a one-arm control, M another
 #: env whose frames the CartPole loads do not describe)
 MAP_SKIP = ("cell=C", "cell=M")
-LEARNER, BUFFER = "learner", "buffer"
-NAMES = {LEARNER: "replay at the learner (existing)", BUFFER: "replay in the buffer (proposed)"}
+LEARNER, BUFFER, THINNED = "learner", "buffer", "thinned"
+NAMES = {
+    LEARNER: "replay at the learner (existing)",
+    BUFFER: "replay in the buffer (proposed)",
+    THINNED: "thinned at the edge (new; not advised: no evidence yet)",
+}
 
 
 @dataclass(frozen=True)
@@ -162,11 +173,16 @@ class Prediction:
 
     @property
     def what(self) -> str:
-        return "delivered fraction" if self.placement == LEARNER else "update rate fraction"
+        return {
+            LEARNER: "delivered fraction",
+            BUFFER: "update rate fraction",
+            THINNED: "forwarded fraction",
+        }[self.placement]
 
 
 def predict(inp: Inputs) -> dict[str, Prediction]:
-    """The bytes rule for both placements."""
+    """The bytes rule for both placements, and the thinned placement's budget beside them
+    (module docstring)."""
     cap = inp.link_mbps * 1e6 / 8
     out = {}
     for where, demand, back_per_s in (
@@ -178,7 +194,21 @@ def predict(inp: Inputs) -> dict[str, Prediction]:
         out[where] = Prediction(
             where, demand, demand * frac, back, frac, capped=frac < CAPPED_BELOW
         )
+    out[THINNED] = predict_thinned(inp)
     return out
+
+
+def predict_thinned(inp: Inputs) -> Prediction:
+    """``--replay-at thinned``: the budget b its edge forwards (the rho-budget and the
+    link-budget of mpirl.roles.placements.thinned) and the bytes that takes; it thins rather
+    than queue, so it is not capped."""
+    from mpirl.roles.placements.thinned import LINK_SHARE, RHO_SHARE
+
+    cap = inp.link_mbps * 1e6 / 8
+    per = inp.bytes.forward + 1.0  # each forwarded one carries its f code, one byte
+    full = inp.production * per
+    b = min(1.0, RHO_SHARE * inp.rho, LINK_SHARE * cap / full if full > 0 else 1.0)
+    return Prediction(THINNED, full * b, full * b, 0.0, b, capped=False)
 
 
 def decide(pred: dict[str, Prediction]) -> tuple[str, str]:
@@ -414,7 +444,7 @@ def format_advice(a: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for w, p in a["predictions"].items():
-        lines.append(
+        lines.append(  # (thinned's "kept": the fraction its edge forwards, by design)
             f"| {NAMES[w]} | {p['link_mbps']:.3g} Mb/s ({_rate(p['demand_Bps'])}) | "
             f"{_rate(p['back_Bps'])} | {p['what']} {p['fraction']:.3g} | "
             f"{'yes' if p['capped'] else 'no'} |"

@@ -79,13 +79,35 @@ def test_the_command_prints_a_table_or_json(capsys):
     assert advise.main([*argv, "--json"]) == 0
     a = json.loads(capsys.readouterr().out)
     assert a["replay_at"] == "buffer" and a["inputs"]["rho"] == pytest.approx(0.25)
-    assert set(a["predictions"]) == {"learner", "buffer"}
+    assert set(a["predictions"]) == {"learner", "buffer", "thinned"}
     assert a["evidence"]["cell"] == "bandwidth_mbps=100, rho=0.25"
     assert advise.main(argv) == 0
     out = capsys.readouterr().out
     assert "| replay in the buffer (proposed) |" in out and "Use --replay-at buffer" in out
+    assert "| thinned at the edge (new; not advised: no evidence yet) |" in out
     assert advise.main(["--link-mbps", "5"]) == 2
     assert "--production" in capsys.readouterr().err
+
+
+def test_thinned_is_predicted_from_its_budgets_and_never_advised():
+    """The thinned placement's row: it forwards b = min(1, rho, 0.95 x capacity / demand) of
+    the experiences at the forwarded bytes plus its one-byte f, and the advice never picks it
+    (no committed evidence of its learning)."""
+    from mpirl.roles.placements.thinned import LINK_SHARE
+
+    per = CARTPOLE.forward + 1
+    # a fast link at rho 0.25: the rho-budget, a quarter of the existing placement's bytes
+    fast = advise.predict(_inputs(100, 0.25))
+    assert fast["thinned"].fraction == pytest.approx(0.25)
+    assert fast["thinned"].demand_Bps == pytest.approx(12000 * per * 0.25)
+    assert fast["thinned"].demand_Bps < fast["learner"].demand_Bps
+    # a thin link at rho 4: the link-budget, never capped
+    thin = advise.predict(_inputs(1.25, 4))["thinned"]
+    assert thin.link_Bps == pytest.approx(LINK_SHARE * 1.25e6 / 8) and not thin.capped
+    assert thin.fraction == pytest.approx(LINK_SHARE * 1.25e6 / 8 / (12000 * per))
+    for bw in (0.5, 1.25, 5, 100, 25000):
+        for rho in (0.25, 1, 4):
+            assert advise.advise(_inputs(bw, rho), None)["replay_at"] != "thinned"
 
 
 def test_config_takes_auto_and_only_the_three_names():

@@ -440,3 +440,22 @@ def test_forest_plot_renders_from_synthetic_rows(tmp_path):
     assert w > 2 * h  # two panels side by side
     one = plot_forest(rows[:2], tmp_path / "one.png")
     assert Image.open(one).size[0] < w  # one unit, one panel
+
+
+def test_a_third_placement_is_its_own_side_of_a_cell():
+    """analysis.tables.by_cell: a thinned run is not read as the buffer placement (it was: every
+    replay_at but learner went to the buffer side, so a three-arm cell's buffer seeds were
+    overwritten by thinned's)."""
+    from analysis.tables import by_cell
+
+    rows = [
+        {"cell": "c", "replay_at": place, "seed": s, "auc_return": auc + s}
+        for place, auc in (("learner", 100.0), ("buffer", 200.0), ("thinned", 300.0))
+        for s in (0, 1)
+    ]
+    cell = by_cell(rows)["c"]
+    assert sorted(cell) == ["buffer", "learner", "thinned"]
+    assert [r["auc_return"] for r in cell["buffer"].values()] == [200.0, 201.0]
+    assert [r["auc_return"] for r in cell["thinned"].values()] == [300.0, 301.0]
+    two = by_cell([r for r in rows if r["replay_at"] == "learner"])["c"]
+    assert two["buffer"] == {} and sorted(two) == ["buffer", "learner"]

@@ -357,8 +357,17 @@ def test_a_thinned_run_completes_and_writes_its_files(tmp_path):
     assert json.loads(attrs["config_json"])["replay_at"] == "thinned"
     assert len(learner["updates/loss"]) == 60 and np.isfinite(learner["updates/loss"]).all()
     assert (learner["transfers/kind"] == int(Tag.FORWARD)).all()
-    _, battrs = read_h5(run_dir / "buffer-0.h5")
+    buffer, battrs = read_h5(run_dir / "buffer-0.h5")
     assert 0 < battrs["forwarded"] < 0.8 * battrs["inserted"]  # rho 0.5: about half went
+    # every received transition is accounted for: forwarded, dropped, or thinned out
+    assert battrs["forwarded"] + battrs["forward_dropped"] + battrs["thinned"] == battrs["inserted"]
+    assert buffer["site/thinned"][-1] == battrs["thinned"] > 0
+    # the exported row keeps the fraction that reached the learner (NaN only for buffer)
+    from analysis.export import run_row
+    from analysis.runs import load_run
+
+    row = run_row(load_run(run_dir), tmp_path)
+    assert 0 < row["delivered_fraction"] < 0.8, row["delivered_fraction"]
     # the clean stop wrote a checkpoint: both sides resume from it (each slot's f, the queue)
     p = run_mpirl(3, "--resume", str(run_dir), "--max-updates", "90", timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -97,6 +97,7 @@ SITE = (
     "forward_queue",
     "forwarded",
     "forward_dropped",
+    "thinned",
     "inflight",
     "window",
     "rtt_s",

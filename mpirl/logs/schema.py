@@ -55,7 +55,7 @@ LEARNER = (
                 "i4",
                 "",
                 "5 = sampled batch (replay_at=buffer), 4 = forwarded experiences "
-                "(replay_at=learner)",
+                "(replay_at=learner or thinned)",
             ),
             Field("n", "i8", "transitions", "experiences in the message"),
             Field("nbytes", "i8", "bytes", "message size on the link"),
@@ -163,9 +163,10 @@ LEARNER = (
                 "delivered_fraction",
                 "f8",
                 "",
-                "replay_at=learner: transitions inserted into "
+                "replay_at=learner or thinned: transitions inserted into "
                 "the learner's memory / env steps produced, over the interval (< 1: the link or "
-                "--forward-overflow drop-oldest lost some; NaN for replay_at=buffer)",
+                "--forward-overflow drop-oldest lost some, or thinned left them at the edge; NaN "
+                "for replay_at=buffer)",
             ),
             Field(
                 "capped_s",
@@ -395,8 +396,14 @@ BUFFER = (
                 "forwarded",
                 "i8",
                 "transitions",
-                "sent toward the learner (replay_at=learner): "
-                "inserted = forwarded + forward_dropped + forward_queue",
+                "sent toward the learner (replay_at=learner or thinned): "
+                "inserted = forwarded + forward_dropped + forward_queue + thinned",
+            ),
+            Field(
+                "thinned",
+                "i8",
+                "transitions",
+                "left at the edge by the thinning draw (replay_at=thinned; 0 otherwise)",
             ),
             Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
             Field(

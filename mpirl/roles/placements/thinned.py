@@ -215,6 +215,9 @@ class SiteThinning(SiteForwarding):
             self.queue.add(records, m.td_abs[kept], frames, f[kept])
         self.pending += self.queue.dropped - dropped
 
+    def site_row(self) -> dict[str, float]:
+        return {**super().site_row(), "thinned": self.thinned}
+
     def ship(self, now: float, stopping: bool) -> bool:
         self.measure(now)
         return super().ship(now, stopping)
