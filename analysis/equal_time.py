@@ -324,16 +324,15 @@ def _control(cells: dict) -> list[str]:
 
 
 QUARTERS = (1, 2, 3, 4)
-#: the within-placement null of each placement's trained |td| (`analysis.export.trained_on`)
-NULL_NAME = {"learner": "arrived", "buffer": "stored"}
 
 
-def within_null(cell: dict, arm: str, k: int) -> float:
+def within_null(cell: dict, arm: str, k: int, null: str = "null_td") -> float:
     """Geometric mean over the placement's runs of trained |td| / null |td| in quarter ``k``
-    (NaN when no run has both: the null is not logged in that placement)."""
+    (``null``: ``null_td``, what arrived; ``uniform_td``, what a uniform draw from the same
+    memory would have met); NaN when no run has both (not logged in that placement or run)."""
     x = np.array(
         [
-            r.get(f"batch_td_q{k}", math.nan) / r.get(f"null_td_q{k}", math.nan)
+            r.get(f"batch_td_q{k}", math.nan) / r.get(f"{null}_q{k}", math.nan)
             for r in cell[arm].values()
         ],
         float,
@@ -370,24 +369,30 @@ def _trained_on(cells: dict) -> list[str]:
         f"{head}: trained-batch \\|td\\|, proposed / existing, over [0, T] and by quarter of T "
         "(paired t-intervals); beside it, within each placement, trained / arrived (existing: "
         "\\|td\\| on arrival of what was forwarded into the learner's memory) and trained / "
-        "stored (proposed), geometric mean over runs, Q1 to Q4. A ratio above 1 within a "
-        "placement is what prioritized sampling concentrates, which the transferred-priority "
-        "figure of F mixes with the placement.",
+        "uniform (each batch's \\|td\\| weighted by 1 / what it was drawn in proportion to: "
+        "what a uniform draw from the same memory would have met, the same figure in both), "
+        "geometric mean over runs, Q1 to Q4. A ratio above 1 within a placement is what "
+        "prioritized sampling concentrates, which the transferred-priority figure of F mixes "
+        "with the placement.",
         "",
-        "| cell | n | [0, T] | Q1 | Q2 | Q3 | Q4 | existing: trained / arrived | proposed: "
-        "trained / stored |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cell | n | [0, T] | Q1 | Q2 | Q3 | Q4 | existing: trained / arrived | existing: "
+        "trained / uniform | proposed: trained / uniform |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in has:
         cell = cells[c]
         rs = [ratio(cell, _maybe(f"batch_td{q}")) for q in ("", *(f"_q{k}" for k in QUARTERS))]
         nulls = []
-        for arm in ("learner", "buffer"):
-            q = [within_null(cell, arm, k) for k in QUARTERS]
+        for arm, null in (
+            ("learner", "null_td"),
+            ("learner", "uniform_td"),
+            ("buffer", "uniform_td"),
+        ):
+            q = [within_null(cell, arm, k, null) for k in QUARTERS]
             nulls.append(
                 ", ".join(brief(v) for v in q)
                 if any(math.isfinite(v) for v in q)
-                else f"not logged (nothing {NULL_NAME[arm]} is measured in this placement)"
+                else "not logged in these runs"
             )
         out.append(
             f"| {c} | {rs[0].n} | "

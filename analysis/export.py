@@ -36,7 +36,11 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
   |td| on arrival (under the learner's network) of what reached the learner's memory, the
   ``arrival_td_mean`` of the /transfers rows of kind FORWARD weighted by ``arrival_n`` (NaN in a
   placement that forwards nothing to the learner: the buffer logs no statistic of what it
-  stores). batch / null is what prioritized sampling adds within a placement.
+  stores); ``uniform_td`` and ``uniform_td_q1`` .. ``uniform_td_q4``, the mean ``/updates/
+  td_abs_uniform``: each trained batch's |td| weighted by 1 / what it was drawn in proportion
+  to, an estimate of what a uniform draw from the same memory would have met, the same figure
+  in every placement (NaN in runs logged before it existed). batch / null and batch / uniform
+  are what prioritized sampling adds within a placement.
 
 Curves: ``GRID`` + 1 points t_k = k T / GRID: ``return`` R(t_k), ``link_mb`` at t_k, and the
 means of ``/updates/loss`` and of the held |td|+eps over (t_(k-1), t_k].
@@ -97,6 +101,8 @@ RUN_FIELDS = (
     *(f"batch_td_q{k}" for k in QUARTERS),
     "null_td",
     *(f"null_td_q{k}" for k in QUARTERS),
+    "uniform_td",
+    *(f"uniform_td_q{k}" for k in QUARTERS),
 )
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
@@ -194,9 +200,11 @@ def _eval_metrics(run: Run, big_t: float) -> dict[str, Any]:
 
 
 def trained_on(run: Run, big_t: float) -> dict[str, float]:
-    """``batch_td`` and ``null_td``, over [0, T] and by quarter of it (module docstring)."""
+    """``batch_td``, ``null_td`` and ``uniform_td``, over [0, T] and by quarter of it (module
+    docstring)."""
     upd, xf = run.learner.stream("updates"), run.learner.stream("transfers")
     tu, td = _col(upd, "t"), _col(upd, "td_abs_mean")
+    uni = _col(upd, "td_abs_uniform") if "td_abs_uniform" in upd else np.full(tu.size, np.nan)
     tx, kind = _col(xf, "t"), _col(xf, "kind")
     fwd = kind == int(Kind.FORWARD)
     arr, an = _col(xf, "arrival_td_mean"), _col(xf, "arrival_n") if "arrival_n" in xf else None
@@ -205,6 +213,7 @@ def trained_on(run: Run, big_t: float) -> dict[str, float]:
     out = {
         "batch_td": _mean(td[(tu >= 0) & (tu <= big_t)]),
         "null_td": _mean(arr[fwd & (tx >= 0) & (tx <= big_t)], an[fwd & (tx >= 0) & (tx <= big_t)]),
+        "uniform_td": _mean(uni[(tu >= 0) & (tu <= big_t)]),
     }
     for k in QUARTERS:
         lo, hi = edges[k - 1], edges[k]
@@ -212,6 +221,7 @@ def trained_on(run: Run, big_t: float) -> dict[str, float]:
         ix = fwd & ((tx > lo) | ((k == 1) & (tx >= lo))) & (tx <= hi)
         out[f"batch_td_q{k}"] = _mean(td[iu])
         out[f"null_td_q{k}"] = _mean(arr[ix], an[ix])
+        out[f"uniform_td_q{k}"] = _mean(uni[iu])
     return out
 
 

@@ -391,3 +391,28 @@ def test_checkpoint_counts_held_rows_and_puts_them_on_disk(tmp_path: Path) -> No
     with h5py.File(tmp_path / "learner.h5", "r") as f:
         assert ck.file_rows(f) == counted
         assert f["updates/update"][()].tolist() == list(range(200))
+
+
+def test_td_abs_uniform_estimates_the_memory_mean_a_uniform_draw_would_meet():
+    """/updates td_abs_uniform (learner_rows.uniform_means): a PER batch's |td| weighted by
+    1 / p_i estimates the mean |td| over the whole memory, which td_abs_mean (the batch's own
+    mean) overstates by construction; NaN where what the batch was drawn as is not known."""
+    from mpirl.replay.memory import PrioritizedReplay
+    from mpirl.roles.learner_rows import uniform_means
+
+    rng = np.random.default_rng(3)
+    td = rng.lognormal(0, 1.2, 8192).astype(np.float32)
+    dtype = np.dtype([("x", "f4")])
+    mem = PrioritizedReplay(8192, dtype, alpha=0.6, beta=0.4, eps=1e-6, seed=1)
+    rec = np.zeros(td.size, dtype)
+    rec["x"] = td
+    mem.add(rec, td)
+    est, own = [], []
+    for _ in range(3000):
+        s = mem.sample(64)
+        est.append(uniform_means(s.records["x"][None, :], s.priorities[None, :])[0])
+        own.append(float(s.records["x"].mean()))
+    assert float(np.mean(est)) == pytest.approx(float(td.mean()), rel=0.05)
+    assert float(np.mean(own)) > 1.5 * float(td.mean())  # the prioritized batch's own mean
+    nan = uniform_means(np.ones((2, 4), np.float32), np.full((2, 4), np.nan, np.float32))
+    assert np.isnan(nan).all()

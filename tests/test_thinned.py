@@ -256,6 +256,15 @@ def test_at_beta_one_the_weighted_samples_estimate_the_mean_over_everything_prod
     produced = value.mean()
     assert num / den == pytest.approx(produced, abs=0.1)
     assert abs(plain_num / plain_den - produced) > 0.5  # without f: the forwarded ones' mean
+    # /updates td_abs_uniform's weights (1 / drawn_as = 1 / (p f)) estimate the same mean, per
+    # batch (learner_rows.uniform_means), whatever beta: 2000 batches' mean of the estimates
+    from mpirl.roles.learner_rows import uniform_means
+
+    got = [
+        uniform_means(d.records["reward"][None, :], d.drawn_as[None, :])[0]
+        for d in (source.draw(0.4) for _ in range(2000))
+    ]
+    assert float(np.mean(got)) == pytest.approx(produced, abs=0.1)
 
 
 def test_both_sides_resume_where_they_stopped():

@@ -41,6 +41,17 @@ LEARNER = (
                 "the same Huber loss with every importance weight 1 (from the batch's |td|)",
             ),
             Field("td_abs_mean", "f4", "", "mean |td| of the batch"),
+            Field(
+                "td_abs_uniform",
+                "f4",
+                "",
+                "the same |td| weighted by 1 / what each sample was drawn in proportion to (PER's "
+                "p_i; thinned: p_i f_i), self-normalized: an estimate of the mean |td| over the "
+                "memory the batch came from (thinned: over every produced transition), what a "
+                "uniform draw would have met; td_abs_mean / it is the concentration by "
+                "prioritized sampling, the same figure in every placement (NaN where not known: "
+                "a group's other learners)",
+            ),
             Field("beta", "f4", "", "importance-weight exponent used"),
         ),
     ),

@@ -320,7 +320,7 @@ class Learner:
         drawn, batch = self.staged
         before = st.updates
         self.group.before_update(st)
-        td, spent = self.update(batch)
+        td, spent = self.update(batch, drawn.drawn_as)
         self.source.trained(drawn, td, spent, st.updates)
         if st.updates != before:
             self.after_applied()
@@ -337,9 +337,12 @@ class Learner:
         self.state.busy += time.monotonic() - t0
         return drawn, batch
 
-    def update(self, batch: tuple[Any, ...]) -> tuple[np.ndarray, float]:
+    def update(
+        self, batch: tuple[Any, ...], drawn_as: np.ndarray | None = None
+    ) -> tuple[np.ndarray, float]:
         """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
-        way (prefetch).  Returns |td| per sample and the seconds the learner spent on it."""
+        way (prefetch).  Returns |td| per sample and the seconds the learner spent on it.
+        ``drawn_as``: what the batch was drawn in proportion to (`Drawn.drawn_as`)."""
         t, group = self.group.compute_step(self.trainer), self.group  # GBA: the lead's copy
         with group.let_go():  # the server thread serves the others meanwhile
             t0, cpu0 = time.monotonic(), time.thread_time()
@@ -352,7 +355,7 @@ class Learner:
             t3 = time.monotonic()
         if not group.logs_updates:  # async / gba: the group's global updates are counted
             self.state.updates = self.trainer.updates
-            self.count_update(None, loss, td)
+            self.count_update(None, loss, td, drawn_as)
         spent = (t1 - t0) + (t3 - t2)
         sync = t.sync
         waited = sync.wait_s if sync is not None else 0.0
@@ -370,7 +373,11 @@ class Learner:
         return td, spent
 
     def count_update(
-        self, applied: Applied | None, loss: float = 0.0, td: np.ndarray | None = None
+        self,
+        applied: Applied | None,
+        loss: float = 0.0,
+        td: np.ndarray | None = None,
+        drawn_as: np.ndarray | None = None,
     ) -> None:
         """An update's /updates row and the progress loss (``applied``: one the group made)."""
         st = self.state
@@ -378,7 +385,7 @@ class Learner:
             st.updates, loss, td = applied.update, applied.loss, applied.td
             self.after_applied()
         assert td is not None
-        self.rows.update(st.updates, loss, td, st.beta)
+        self.rows.update(st.updates, loss, td, st.beta, drawn_as)
         st.loss_sum += loss
         st.loss_n += 1
 

@@ -73,15 +73,26 @@ class HeldRows:
         self.u: list[tuple] = []  # (t, update, loss, beta)
         self.b: list[tuple] = []  # (t, buffer, update, n, nbytes, raw_nbytes, window)
         self.u_td = _Rows()  # |td| of each update's batch
+        self.u_p = _Rows()  # what each sample was drawn in proportion to (NaN: not known)
         self.b_pr = _Rows()  # each trained batch's priorities at its buffer
         self.b_td = _Rows()  # |td| of its arrival subsample (none: --arrival-sample 0)
         log.before_flush(self.flush)
 
-    def update(self, update: int, loss: float, td: np.ndarray, beta: float) -> None:
+    def update(
+        self,
+        update: int,
+        loss: float,
+        td: np.ndarray,
+        beta: float,
+        drawn_as: np.ndarray | None = None,
+    ) -> None:
+        """An update's row; ``drawn_as``: what its batch was drawn in proportion to (None: not
+        known, td_abs_uniform NaN)."""
         if not self.u_td.fits(td):
             self.flush()
         self.u.append((time.monotonic() - self.t0, update, loss, beta))
         self.u_td.add(td)
+        self.u_p.add(np.full(td.shape, np.nan, np.float32) if drawn_as is None else drawn_as)
         if len(self.u) >= self.BLOCK:
             self.flush()
 
@@ -109,7 +120,7 @@ class HeldRows:
         if self.u:
             t, update, loss, beta = zip(*self.u, strict=True)
             self.u = []
-            td = self.u_td.take()
+            td, p = self.u_td.take(), self.u_p.take()
             self.updates_stream.extend(
                 t=t,
                 update=update,
@@ -117,6 +128,7 @@ class HeldRows:
                 beta=beta,
                 loss_unweighted=_row_means(huber(td, self.delta)),
                 td_abs_mean=_row_means(td),
+                td_abs_uniform=uniform_means(td, p),
             )
         if self.b:
             t, buffer, update, n, nbytes, raw, window = zip(*self.b, strict=True)
@@ -175,6 +187,17 @@ class _Rows:
         out = self.a[: self.k].copy() if self.a is not None else np.zeros((0, 0), np.float32)
         self.k = 0
         return out
+
+
+def uniform_means(td: np.ndarray, drawn_as: np.ndarray) -> np.ndarray:
+    """Each row's self-normalized importance-sampling estimate of the mean |td| over the
+    population its batch was drawn from, sample i weighted by ``1 / drawn_as_i``: the |td| a
+    uniform draw would have met (NaN where ``drawn_as`` is not known or not positive)."""
+    if not td.shape[1]:
+        return np.full(len(td), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(drawn_as > 0, 1.0 / drawn_as.astype(np.float64), np.nan)
+        return (td * inv).sum(axis=1) / inv.sum(axis=1)
 
 
 def _row_means(a: np.ndarray) -> np.ndarray:

@@ -223,7 +223,9 @@ class LinkBatches:
         top = max(self.max_weight.values())
         scale = float(m.max_weight / top) if m.max_weight < top else 1.0
         weights = m.weights if scale == 1.0 else m.weights * np.float32(scale)
-        return Drawn(m.records, weights, m.frames, site=site, batch=m, scale=scale)
+        return Drawn(
+            m.records, weights, m.frames, site=site, batch=m, scale=scale, drawn_as=m.priorities
+        )
 
     def for_member(self, member: int, shard_len: int) -> Drawn | None:
         """A batch for another learner of the group: relayed as it came."""

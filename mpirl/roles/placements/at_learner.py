@@ -314,7 +314,10 @@ class LocalMemory:
         self.limiter.sampled += self.cfg.batch_size
         scale = self.scale_of(0, memory.max_weight())
         weights = s.weights if scale == 1.0 else s.weights * np.float32(scale)
-        return Drawn(s.records, weights, s.frames, s.indices, s.generations, scale=scale)
+        return Drawn(
+            s.records, weights, s.frames, s.indices, s.generations, scale=scale,
+            drawn_as=s.priorities,
+        )  # fmt: skip
 
     def scale_of(self, shard: int, max_weight: float) -> float:
         """The factor that puts a shard's importance weights (divided by its own max weight)

@@ -46,6 +46,10 @@ class Drawn:
     scale: float = 1.0  # the importance-weight scale applied to it
     member: int | None = None  # an order for learner ``member`` of the group to sample its shard
     max_weight: float = 0.0  # that shard's max importance weight, as its GRAD reported
+    #: what each transition was drawn in proportion to, over the transitions the placement's
+    #: memory stands for (PER's p_i; thinned: p_i f_i, every produced one): /updates
+    #: td_abs_uniform weighs the batch's |td| by its inverse (None: not known here)
+    drawn_as: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -297,8 +297,10 @@ class ThinnedMemory(LocalMemory):
         drawn = super().draw(beta)
         if drawn is None or drawn.indices is None or drawn.weights is None or self.keep_min >= 1:
             return drawn
-        ratio = self.keep[drawn.indices] / np.float32(self.keep_min)
-        drawn.weights = drawn.weights * ratio ** np.float32(-beta)
+        f = self.keep[drawn.indices]
+        drawn.weights = drawn.weights * (f / np.float32(self.keep_min)) ** np.float32(-beta)
+        if drawn.drawn_as is not None:  # a slot stands for 1 / f produced transitions
+            drawn.drawn_as = drawn.drawn_as * f
         return drawn
 
     def delivered(self) -> int | None:
