@@ -65,6 +65,7 @@ import numpy as np
 from mpirl.agent import frames as frames_mod
 from mpirl.agent.envs import inspect
 from mpirl.errors import ConfigError
+from mpirl.roles.placements.thinned import LINK_SHARE, RHO_SHARE
 from mpirl.run.config import Config
 from mpirl.transport.link import PROFILES
 from mpirl.transport.wire import HEADER, transition_dtype
@@ -202,8 +203,6 @@ def predict_thinned(inp: Inputs) -> Prediction:
     """``--replay-at thinned``: the budget b its edge forwards (the rho-budget and the
     link-budget of mpirl.roles.placements.thinned) and the bytes that takes; it thins rather
     than queue, so it is not capped."""
-    from mpirl.roles.placements.thinned import LINK_SHARE, RHO_SHARE
-
     cap = inp.link_mbps * 1e6 / 8
     per = inp.bytes.forward + 1.0  # each forwarded one carries its f code, one byte
     full = inp.production * per

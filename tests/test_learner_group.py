@@ -434,16 +434,16 @@ def test_an_exception_in_the_gba_server_thread_ends_the_lead_loop_with_its_cause
     state = SimpleNamespace(updates=0, beta=0.4, stop_reason=None)
     with lead.hold():
         lead.start(0)
-        assert lead.thread is not None and lead.thread.is_alive()
+        assert lead.server.thread is not None and lead.server.thread.is_alive()
         assert lead.serve(time.monotonic(), state) == []  # hands the state to the thread
         with lead.let_go():
-            lead.thread.join(timeout=10)  # it hands out an order: the source raises
-        assert not lead.thread.is_alive()
+            lead.server.thread.join(timeout=10)  # it hands out an order: the source raises
+        assert not lead.server.thread.is_alive()
         with pytest.raises(RuntimeError, match="GBA server thread failed.*no batch for you"):
             lead.serve(time.monotonic(), state)
         with pytest.raises(RuntimeError, match="GBA server thread failed"):
             lead.halt()
-    assert lead.thread is None
+    assert lead.server.thread is None
 
 
 def test_the_lead_computes_on_its_copy_while_the_server_thread_owns_the_master_weights():
@@ -461,7 +461,7 @@ def test_the_lead_computes_on_its_copy_while_the_server_thread_owns_the_master_w
         lead.start(0)
         try:
             c = lead.compute_step(trainer)
-            assert c is lead.compute and c is not trainer
+            assert c is lead.server.compute and c is not trainer
             with trainer.torch.no_grad():
                 trainer.params[0].add_(1.0)  # the master moved on: version 3
             trainer.updates = 3
@@ -486,11 +486,11 @@ def test_the_server_thread_sleeps_while_updates_are_synchronous():
         try:
             with lead.let_go():
                 time.sleep(0.3)
-            assert lead.rounds == 0
+            assert lead.server.rounds == 0
             lead.how = SUBMIT  # as `_switch` does
-            lead.serving.set()
+            lead.server.serving.set()
             with lead.let_go():
                 time.sleep(0.3)
-            assert lead.rounds > 10
+            assert lead.server.rounds > 10
         finally:
             lead.halt()

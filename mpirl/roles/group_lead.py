@@ -11,16 +11,16 @@ the updates it applies come back from `serve` as `Applied` values, and the batch
 out come from the placement's `BatchSource`, which also takes their priorities back.
 
 In ``async`` / ``gba`` (and ``switch`` while in GBA) the parameter server is a thread of the
-lead's rank (`LeadGroup._server`): it owns the master weights and Adam state (``trainer``),
-the token supply and the aggregator, and serves the other learners while the lead's loop
-computes its own batch on a copy (``compute``) or naps; the loop holds `LeadGroup.lock` the
-rest of its turn (`hold`, `let_go`).  docs/design.md, "Where the server runs".
+lead's rank (`mpirl.roles.group_server.ServerThread`, running `LeadGroup._serve_once`): it owns
+the master weights and Adam state (``trainer``), the token supply and the aggregator, and
+serves the other learners while the lead's loop computes its own batch on a copy (``compute``)
+or naps; the loop holds the thread's lock the rest of its turn (`hold`, `let_go`).
+docs/design.md, "Where the server runs".
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -29,13 +29,12 @@ import numpy as np
 
 from mpirl.agent.gba import PIPELINE, Contribution, GlobalBatch, SwitchRule, Tokens
 from mpirl.agent.grads import set_grads
-from mpirl.run.failure import Fault
+from mpirl.roles.group_server import ServerThread
 from mpirl.transport.group import SubmitSync, bcast_state, bcast_weights, state_crc
-from mpirl.transport.waiting import Backoff
 from mpirl.transport.wire import ALLREDUCE, RESYNC, SUBMIT, Tag
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from mpirl.agent.train_step import TrainStep
     from mpirl.logs.runlog import Stream
@@ -184,9 +183,10 @@ class LeadGroup:
 
         ``compute`` (async, gba, switch): a second train step of the same network, the one the
         lead's own batches are computed on while updates are not synchronous; with it `start`
-        runs the parameter server in a thread of its own (`_server`), which owns ``trainer``
-        (the master weights, Adam and the update count) between the lead's turns.  Without it
-        (None) the server runs in `serve`, between the lead's own train steps."""
+        runs the parameter server in a thread of its own (``server``, `ServerThread`), which
+        owns ``trainer`` (the master weights, Adam and the update count) between the lead's
+        turns.  Without it (None) the server runs in `serve`, between the lead's own train
+        steps."""
         self.cfg, self.comm, self.trainer, self.syncs = cfg, comm, trainer, syncs
         self.wire, self.rows, self.switches, self.inbox = wire, rows, switches, inbox
         self.k = comm.Get_size()
@@ -224,29 +224,14 @@ class LeadGroup:
         self.turn = 0  # round-robin position of the next forwarded message (0 = the lead)
         self.stopping = False
         # ---- the server thread (async / gba with ``compute``) ----
-        self.compute = compute
         if compute is not None:
             compute.sync = syncs[SUBMIT]  # the lead's own batch: its gradient is kept, not stepped
-        #: the version of the master weights the compute copy holds (-1: to be loaded)
-        self.compute_version = -1
+        self.server = ServerThread(
+            compute, self._serve_once, cfg.torch_threads, serving=self.how == SUBMIT
+        )
         self.lead_version = 0  # the version the lead's batch in flight is computed on
-        #: guards everything the server thread and the lead's loop share: this object, the
-        #: master weights and Adam state (``trainer``), the batch source, the /group rows.  The
-        #: lead's loop holds it except while it computes its own batch or naps (`let_go`)
-        self.lock = threading.Lock()
-        self.holder: int | None = None  # the thread id of the lead's loop while it holds it
-        self.thread: threading.Thread | None = None
-        self.halting = threading.Event()
-        #: set while updates are not synchronous: the thread sleeps on it otherwise (an idle
-        #: thread polling beside an all-reduce step took the GIL the step needs: 2.5 ms a
-        #: step against 1.5 for the other learner, and the switch rule saw a straggler)
-        self.serving = threading.Event()
-        if self.how == SUBMIT:
-            self.serving.set()
-        self.error: BaseException | None = None  # what ended the server thread
         self.applied: list[Applied] = []  # applied by the thread, not yet returned by `serve`
         self.state: LearnerState | None = None  # the lead's (its beta and stop reason)
-        self.rounds = 0  # the server thread's rounds (under the lock)
 
     @property
     def sync(self) -> LocalSync:
@@ -269,65 +254,19 @@ class LeadGroup:
         bcast_weights(self.comm, self.trainer, updates)
         for o in self.others:
             o.version = updates
-        if self.compute is not None:
-            self.thread = threading.Thread(target=self._server, name="gba-server", daemon=True)
-            self.thread.start()
+        self.server.start()
 
-    # ---- the server thread -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """The lead's loop holds the group's state (`lock`) for the length of the block."""
-        self.lock.acquire()
-        self.holder = threading.get_ident()
-        try:
-            yield
-        finally:
-            self.holder = None
-            self.lock.release()
+    # ---- the server thread (mpirl.roles.group_server) --------------------------------------------
+    def hold(self) -> contextlib.AbstractContextManager[Any]:
+        """The lead's loop holds the group's state for the length of the block."""
+        return self.server.hold()
 
-    @contextlib.contextmanager
-    def let_go(self) -> Iterator[None]:
-        """Inside `hold`: the server thread may run for the length of the block (the lead's own
-        compute, its naps); elsewhere (a bench that calls the loop's turn alone) nothing."""
-        mine = self.holder == threading.get_ident()
-        if mine:
-            self.holder = None
-            self.lock.release()
-        try:
-            yield
-        finally:
-            if mine:
-                self.lock.acquire()
-                self.holder = threading.get_ident()
-
-    def _server(self) -> None:
-        """The parameter server (async, gba): the other learners' replies, the global updates
-        (on ``trainer``, the master weights) and their orders, as they come, whatever the lead's
-        loop is doing.  It stops at `halt`; an exception stops it and is raised again in the
-        lead's loop (`_check`)."""
-        import torch
-
-        torch.set_num_threads(self.cfg.torch_threads)  # a thread's own intra-op setting
-        # idle naps up to 2 ms as the loop's: a shorter ceiling (0.5 ms) woke the thread for
-        # the GIL often enough that the lead's own compute took 10-20% more CPU than the other
-        # learner's (the switch rule's margin to come back is 1.2); after work it naps 50 us
-        backoff = Backoff()
-        fault = Fault("server", 0)  # MPIRL_FAULT=server:0:SECONDS (the lead is world rank 0)
-        try:
-            while not self.halting.is_set():
-                fault.check()
-                if not self.serving.is_set():
-                    self.serving.wait(0.05)  # all-reduce: nothing to serve (`halt` wakes it)
-                    continue
-                with self.lock:
-                    did = self._serve_once(time.monotonic())
-                    self.rounds += 1
-                backoff.work() if did else backoff.idle()
-        except BaseException as e:  # noqa: BLE001 - raised again in the lead's loop
-            self.error = e
+    def let_go(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside `hold`: the server thread may run for the length of the block."""
+        return self.server.let_go()
 
     def _serve_once(self, now: float) -> bool:
-        """One round of the server thread (under `lock`): while updates are not synchronous,
+        """One round of the server thread (under its lock): while updates are not synchronous,
         take the replies, apply what is assembled, hand out orders (none while a switch back to
         all-reduce waits for the orders out, which `serve` then makes)."""
         if self.how != SUBMIT or self.state is None or self.agg is None:
@@ -339,47 +278,18 @@ class LeadGroup:
             did |= self._hand_out(self.state)
         return did or bool(applied)
 
-    def _check(self) -> None:
-        """An exception ended the server thread: raise it in the lead's loop, which ends the
-        job (`mpirl.run.failure`)."""
-        if self.error is not None:
-            raise RuntimeError(
-                f"learner: the GBA server thread failed: {type(self.error).__name__}: {self.error}"
-            ) from self.error
-
     def halt(self) -> None:
-        """Stop the server thread and join it (the lead's loop, holding `lock`, lets go while it
-        joins); from here on `serve` serves in the loop.  Raises what ended the thread."""
-        if self.thread is not None:
-            self.halting.set()
-            self.serving.set()
-            with self.let_go():
-                self.thread.join()
-            self.thread = None
-        self._check()
+        """Stop the server thread and join it; from here on `serve` serves in the loop.  Raises
+        what ended the thread."""
+        self.server.halt()
 
     def compute_step(self, trainer: TrainStep) -> TrainStep:
         """The train step the lead computes its own batch on: while the server thread runs,
         the compute copy (the thread steps the master weights meanwhile); else ``trainer``."""
-        if self.compute is None or self.thread is None or self.how != SUBMIT:
+        c = self.server.compute
+        if c is None or not self.server.running or self.how != SUBMIT:
             return trainer
-        return self.compute
-
-    def _load_compute(self) -> int:
-        """The master weights into the compute copy when it holds an older version; returns the
-        version the lead's batch is computed on."""
-        step = self.trainer.updates
-        c = self.compute
-        if c is not None and self.thread is not None and self.compute_version != step:
-            with c.torch.no_grad():
-                for dst, src in zip(
-                    [*c.online.parameters(), *c.target.parameters()],
-                    [*self.trainer.online.parameters(), *self.trainer.target.parameters()],
-                    strict=True,
-                ):
-                    dst.copy_(src)
-            self.compute_version = step
-        return step
+        return c
 
     def saved(self) -> dict[str, Any]:
         """For the lead's checkpoint part: the transitions sent to each other learner's shard
@@ -424,7 +334,7 @@ class LeadGroup:
             for o in self.others:
                 self._order(o, state)
         else:
-            self.lead_version = self._load_compute()
+            self.lead_version = self.server.load_compute(self.trainer)
             if self.tokens is not None:  # the lead's batch takes a token (ready() saw one)
                 token = self.tokens.claim(0, self.trainer.updates, self._waiting())
                 assert token is not None, "before_update without ready()"
@@ -529,9 +439,9 @@ class LeadGroup:
         --learner-sync switch, switch when the rule says so.  While the server thread runs
         and updates are not synchronous, the thread does the first three: this returns the
         updates it applied since."""
-        self._check()
+        self.server.check()
         self.state = state
-        if self.thread is None or self.how != SUBMIT:
+        if not self.server.running or self.how != SUBMIT:
             self._receive(self.handlers, now)
             if self.how == SUBMIT and self.agg is not None:
                 self.applied += self._apply(now, state)
@@ -554,12 +464,12 @@ class LeadGroup:
                 return
             if self.how == ALLREDUCE:
                 self.how, self.trainer.sync = SUBMIT, self.syncs[SUBMIT]
-                self.serving.set()
+                self.server.serving.set()
                 for o in self.others:
                     o.version = state.updates
                 if self.tokens is not None:  # no GBA order is out: a fresh supply
                     self.tokens.reset()
-                self.compute_version = -1  # the lead computes on the master weights' copy
+                self.server.compute_version = -1  # the lead computes on the master's copy
                 self._log_switch(state.updates, 1, figures)
                 return
             self.draining = figures
@@ -577,7 +487,7 @@ class LeadGroup:
             self.next_id += 1
         bcast_state(self.comm, self.trainer, self.trainer.updates)
         self.how, self.trainer.sync = ALLREDUCE, self.syncs[ALLREDUCE]
-        self.serving.clear()
+        self.server.serving.clear()
         self._log_switch(state.updates, 0, self.draining)
         self.draining = None
 

@@ -320,7 +320,7 @@ class Learner:
         drawn, batch = self.staged
         before = st.updates
         self.group.before_update(st)
-        td, spent = self.update(batch, drawn.drawn_as)
+        td, spent = self.update(batch, drawn)
         self.source.trained(drawn, td, spent, st.updates)
         if st.updates != before:
             self.after_applied()
@@ -337,12 +337,9 @@ class Learner:
         self.state.busy += time.monotonic() - t0
         return drawn, batch
 
-    def update(
-        self, batch: tuple[Any, ...], drawn_as: np.ndarray | None = None
-    ) -> tuple[np.ndarray, float]:
-        """One DQN update on ``batch``; while it runs (on CUDA) the next batch is put on its
-        way (prefetch).  Returns |td| per sample and the seconds the learner spent on it.
-        ``drawn_as``: what the batch was drawn in proportion to (`Drawn.drawn_as`)."""
+    def update(self, batch: tuple[Any, ...], drawn: Drawn) -> tuple[np.ndarray, float]:
+        """One DQN update on ``batch`` (of ``drawn``); while it runs (on CUDA) the next batch is
+        put on its way (prefetch).  Returns |td| per sample and the seconds spent on it."""
         t, group = self.group.compute_step(self.trainer), self.group  # GBA: the lead's copy
         with group.let_go():  # the server thread serves the others meanwhile
             t0, cpu0 = time.monotonic(), time.thread_time()
@@ -355,7 +352,7 @@ class Learner:
             t3 = time.monotonic()
         if not group.logs_updates:  # async / gba: the group's global updates are counted
             self.state.updates = self.trainer.updates
-            self.count_update(None, loss, td, drawn_as)
+            self.count_update(None, loss, td, drawn.drawn_as)
         spent = (t1 - t0) + (t3 - t2)
         sync = t.sync
         waited = sync.wait_s if sync is not None else 0.0
