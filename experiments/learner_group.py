@@ -12,8 +12,9 @@ Per run (`run_figures`, on the learner's loop clock, T its horizon): ``ttt`` the
 ``updates_to_target`` (the update count at that evaluation: the per-update outcome); global
 updates/s and samples/s (/updates rows, and /group's samples not dropped) in each phase,
 ``before`` [0, S), ``during`` [S, E) and ``after`` [E, T], with [S, E) the --straggle window
-on the lead's loop clock (`window`); ``switches``
-(/switches rows).
+on the lead's loop clock (`window`); ``switches`` (/switches rows); ``lag_mean`` (the mean
+/group lag of the gradients applied: updates between the weights a gradient was computed on and
+its update; described, added after the runs began).
 
 The decision (plan.md): four paired comparisons, each of seed-paired runs: gba - allreduce,
 switch - allreduce, async - allreduce, switch - gba.  Primary outcome: the difference in
@@ -72,6 +73,7 @@ FIELDS = (
     "window_end",
     "switches",
     "load_max",
+    "lag_mean",
 )
 
 
@@ -150,7 +152,18 @@ def run_figures(d: Path) -> dict[str, Any]:
         "window_end": e,
         "switches": len(run.learner.stream("switches").get("t", [])),
         "load_max": row["load_max"],
+        "lag_mean": lag_mean(run),
     }
+
+
+def lag_mean(run: Any) -> float:
+    """Mean /group ``lag`` of the contributions applied: updates between the weights a gradient
+    was computed on and the update it went into (0 for all-reduce; described, added to the
+    analysis after the runs began, to read the modes' return per update)."""
+    g = run.learner.stream("group")
+    lag = np.asarray(g.get("lag", []), "f8")
+    ok = np.asarray(g.get("dropped", np.zeros(lag.size)), "f8") == 0
+    return float(lag[ok].mean()) if ok.any() else math.nan
 
 
 def rows(root: Path) -> list[dict[str, Any]]:
@@ -256,6 +269,7 @@ def mode_summary(runs: dict[int, dict], tau: float) -> dict[str, float]:
         "auc": float(np.mean([r["auc_return"] for r in rs])),
         "updates_to_target": float(np.median(utt)) if utt else math.nan,
         "updates": float(np.mean([r["updates"] for r in rs])),
+        "lag": _nanmean([r.get("lag_mean", math.nan) for r in rs]),
         **{f"ups_{p}": _nanmean([r[f"ups_{p}"] for r in rs]) for p in PHASES},
     }
 
@@ -389,19 +403,19 @@ def _modes_table(res: dict[str, Any]) -> list[str]:
     lines = [
         "| mode | runs | reached | restricted mean time to target (s) | median (s) "
         "| return AUC | updates | updates to target (median) "
-        "| updates/s before / during / after the window |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| updates/s before / during / after the window | gradient lag (updates) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, s in res["modes"].items():
         if not s["n"]:
-            lines.append(f"| {mode} | 0 | - | not yet run | - | - | - | - | - |")
+            lines.append(f"| {mode} | 0 | - | not yet run | - | - | - | - | - | - |")
             continue
         med = _f(s["median"]) if math.isfinite(s["median"]) else f"> {res['tau']:.0f}"
         ups = " / ".join(_f(s[f"ups_{p}"], "{:,.0f}") for p in PHASES)
         lines.append(
             f"| {mode} | {s['n']} | {s['reached']}/{s['n']} | {_f(s['rmst'])} | {med} "
             f"| {_f(s['auc'])} | {_f(s['updates'], '{:,.0f}')} "
-            f"| {_f(s['updates_to_target'], '{:,.0f}')} | {ups} |"
+            f"| {_f(s['updates_to_target'], '{:,.0f}')} | {ups} | {_f(s['lag'], '{:.2f}')} |"
         )
     return lines
 
