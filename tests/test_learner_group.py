@@ -78,7 +78,7 @@ def test_flags_are_checked():
     assert cfg.learners == 2 and cfg.learner_sync == "allreduce"
     assert parse_straggle(cfg.straggle) == (1, 20.0, 0.0, float("inf"))
     assert parse_straggle("1:20@5-10") == (1, 20.0, 5.0, 10.0)
-    assert parse([]).learners == 1 and parse([]).learner_sync == "gba"
+    assert parse([]).learners == 1 and parse([]).learner_sync == "switch"
     for bad in ("2:20", "x", "1:-3", "1", "1:20@5", "1:20@9-3"):
         with pytest.raises(ConfigError, match="straggle="):
             parse(["--learners", "2", "--straggle", bad])

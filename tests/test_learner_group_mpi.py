@@ -13,7 +13,7 @@ import pytest
 from mpirun import run_mpirl
 
 # Each run is 5 ranks (2 learners, 1 buffer, 2 actors) learning to 200 on 2 cores (10-40 s): the
-# default mode (gba) in the default placement (buffer) runs in every suite, the other five pairs
+# default mode (switch) in the default placement (buffer) runs in every suite, the other six pairs
 # with `python -m pytest -m slow`.  What each mode computes is checked exactly elsewhere
 # (test_gba.py; test_learner_group.py: allreduce equals one learner on the concatenated
 # batches), and the group in the learner placement (every learner's replay, rows, checkpoint
@@ -27,7 +27,8 @@ TARGET = 200
 @pytest.mark.parametrize(
     "sync, replay_at",
     [
-        ("gba", "buffer"),
+        ("switch", "buffer"),
+        pytest.param("gba", "buffer", marks=SLOW),
         pytest.param("gba", "learner", marks=SLOW),
         pytest.param("allreduce", "buffer", marks=SLOW),
         pytest.param("allreduce", "learner", marks=SLOW),
@@ -64,7 +65,8 @@ def test_two_learners_learn_cartpole(tmp_path, sync, replay_at):
         evals = f["evals/ret_mean"][()]
         assert evals.max() >= TARGET and evals[0] < 100
         learners = f["group/learner"][()]
-        if sync == "allreduce":  # one row per update, both learners in it
+        steady = sync == "switch" and not len(f["switches/t"])  # never left all-reduce
+        if sync == "allreduce" or steady:  # one row per update, both learners in it
             assert (learners == -1).all() and (f["group/samples"][()] == 128).all()
         else:  # both learners contributed gradients
             assert set(np.unique(learners)) == {0, 1}

@@ -227,7 +227,8 @@ def _evals(run: Path) -> np.ndarray:
     try:
         with h5py.File(run / "learner.h5", "r", locking=False) as f:
             return f["evals/ret_mean"][()] if "evals" in f else np.zeros(0)
-    except (OSError, KeyError):  # not created yet, or read overlapped a flush: try again
+    except (OSError, KeyError, RuntimeError):  # not created yet, or read overlapped a flush
+        # (h5py raises RuntimeError "addr overflow" for a read that met a half-written block)
         return np.zeros(0)
 
 

@@ -357,6 +357,8 @@ def test_a_thinned_run_completes_and_writes_its_files(tmp_path):
         "16",
         "--flush-seconds",
         "1",
+        "--progress-seconds",
+        "0.2",
         "--run-dir",
         str(run_dir),
         timeout=240,

@@ -11,7 +11,9 @@ paper's mechanism and this one side by side).  Token control:
   (pipelining: it computes its next gradient while its last one travels), a second one only
   while a token is left for every learner holding none.  With K learners at equal speed every
   learner takes one token of each step, and every gradient's token equals the step it is
-  applied at: staleness 0, as synchronous training.
+  applied at: staleness 0.  Its weights may still be older (a pipelined order for step v + 1 is
+  computed on the weights of step v): the lead logs that as ``lag``, and in learning runs it was
+  1.6 updates on average (docs/design.md), so token staleness 0 is not synchronous training.
 * staleness ``s = max(0, step_now - token)`` (read from the token: steps applied since the
   step its gradient was meant for); a contribution without a token (``async``) uses the version
   of the weights it was computed on;

@@ -146,13 +146,13 @@ class Config:
         "decides the stop",
     )
     learner_sync: str = _f(
-        "gba",
-        "how K > 1 learners combine gradients: 'allreduce' (every update averages every "
-        "learner's gradient: global batch K x batch_size), 'async' (parameter server at learner "
-        "0: each gradient applied as it arrives) or 'gba' (learner 0 applies one update per "
-        "K x batch_size samples of gradients from whichever learners deliver; stale ones "
-        "decayed or dropped, see --max-grad-staleness) or 'switch' (allreduce while the "
-        "learners keep pace, gba while one straggles: the same hyperparameters in both)",
+        "switch",
+        "how K > 1 learners combine gradients: 'switch' (allreduce while the learners keep "
+        "pace, gba while one straggles: the same hyperparameters in both), 'allreduce' (every "
+        "update averages every learner's gradient: global batch K x batch_size), 'async' "
+        "(parameter server at learner 0: each gradient applied as it arrives) or 'gba' (learner "
+        "0 applies one update per K x batch_size samples of gradients from whichever learners "
+        "deliver; stale ones decayed or dropped, see --max-grad-staleness)",
         choices=("allreduce", "async", "gba", "switch"),
     )
     max_grad_staleness: int = _f(
