@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DATA = ROOT / "docs" / "results" / "data" / "placement-3" / "pilot"
+SPEC = ROOT / "experiments" / "placement-3" / "pilot.toml"
 ARMS = ("learner", "buffer", "thinned")
 #: the committed map's T per rho (experiments/equal-time/map.toml)
 MAP_T = {0.25: 240.0, 1.0: 90.0, 4.0: 90.0}
@@ -146,13 +147,35 @@ def _f(x: float, fmt: str = "{:.2f}") -> str:
     return fmt.format(x) if math.isfinite(x) else "-"
 
 
-def markdown(rows: list[dict[str, Any]], curves: dict) -> str:
-    """The generated section: both rules, then what each arm did."""
+def planned() -> int:
+    """The runs the pilot's spec plans (27)."""
+    from mpirl.sweep import expand, load_spec
+
+    return len(expand(load_spec(SPEC)))
+
+
+def markdown(rows: list[dict[str, Any]], curves: dict, plan: int | None = None) -> str:
+    """The generated section: both rules, then what each arm did; with fewer rows than the
+    spec's runs (``plan``), the figures so far and no answer."""
     if not rows:
         return (
             "Not yet run: `python -m mpirl.sweep experiments/placement-3/pilot.toml`, then "
             "`python experiments/placement3_pilot.py --update docs/results.md`."
         )
+    plan = planned() if plan is None else plan
+    text = _rules(rows, curves)
+    if len(rows) < plan:
+        return (
+            f"**Interim: {len(rows)} of the {plan} pilot runs.** Neither rule is applied before "
+            "every run is in; the figures so far:\n\n"
+            + "\n".join(
+                line for line in text.splitlines() if not line.startswith(("- rho", "**Stage 1"))
+            )
+        )
+    return text
+
+
+def _rules(rows: list[dict[str, Any]], curves: dict) -> str:
     cells = by_cell(rows)
     loads = [r.get("load_max", math.nan) for r in rows]
     loads = [x for x in loads if isinstance(x, float) and math.isfinite(x)]

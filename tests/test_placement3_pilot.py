@@ -59,7 +59,7 @@ def test_t_is_the_first_candidate_where_every_arm_flattened(tmp_path):
     got = P.choose_t(rows, cv)
     assert got[0.25]["T"] == 300.0 and got[1.0]["T"] == 90.0
     assert got[0.25]["g"][(1.0, "cell=1.25-0.25", "thinned")] == pytest.approx(500 / 475, rel=0.01)
-    text = P.markdown(rows, cv)
+    text = P.markdown(rows, cv, 18)
     assert "rho 0.25: **T = 300 s**" in text and "rho 1: **T = 90 s**" in text
 
 
@@ -68,7 +68,7 @@ def test_a_curve_that_never_flattens_keeps_one_and_a_half_times_and_says_so(tmp_
     rows, cv = P.read(_write(tmp_path, lambda c, a: rising, lambda c, a: 400.0))
     assert P.choose_t(rows, cv)[1.0]["T"] is None
     assert "rho 1: **not flattened at 1.5x the map's T**; stage 1 runs at 135 s" in P.markdown(
-        rows, cv
+        rows, cv, 18
     )
 
 
@@ -78,7 +78,7 @@ def test_stage_one_runs_only_if_thinned_holds_four_fifths_of_the_learner_arm(tmp
     )
     s = P.stage1(ok[0])
     assert s["runs"] and s["ratios"]["cell=1.25-1"] == pytest.approx(330 / 400)
-    assert "**Stage 1 runs**" in P.markdown(*ok)
+    assert "**Stage 1 runs**" in P.markdown(*ok, 18)
     (tmp_path / "b").mkdir()
     low = P.read(
         _write(tmp_path / "b", lambda c, a: flat_early,
@@ -86,7 +86,18 @@ def test_stage_one_runs_only_if_thinned_holds_four_fifths_of_the_learner_arm(tmp
     )  # fmt: skip
     s = P.stage1(low[0])
     assert not s["runs"] and s["complete"]
-    assert "**Stage 1 does not run**" in P.markdown(*low) and "cell=1.25-1" in P.markdown(*low)
+    assert "**Stage 1 does not run**" in P.markdown(*low, 18) and "cell=1.25-1" in P.markdown(
+        *low, 18
+    )
+
+
+def test_fewer_runs_than_planned_apply_no_rule(tmp_path):
+    """Until all of the spec's runs are in, the section shows the figures and no answer."""
+    rows, cv = P.read(_write(tmp_path, lambda c, a: flat_early, lambda c, a: 400.0))
+    text = P.markdown(rows, cv, 27)
+    assert text.startswith("**Interim: 18 of the 27 pilot runs.**")
+    assert "**T =" not in text and "**Stage 1" not in text
+    assert P.planned() == 27
 
 
 def test_the_pilot_spec_is_what_the_rules_read():
