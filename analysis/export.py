@@ -24,8 +24,10 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
   otherwise T (censored);
 - ``link_mb``: learner-side link MB, both directions, over [0, T]; ``return_per_mb`` =
   ``auc_return`` / ``link_mb``;
-- achieved rates: medians of ``/progress`` ``env_steps_per_s``, ``updates_per_s``, ``rho`` and
-  ``delivered_fraction`` over the rows in [0.1 T, T]; requested: ``P_requested`` =
+- achieved rates: medians of ``/progress`` ``env_steps_per_s``, ``updates_per_s`` and ``rho``
+  over the rows in [0.1 T, T]; ``delivered_fraction``: the difference of the running totals
+  ``/progress/delivered`` over that of ``env_steps`` across those rows (the median of the rows'
+  ``delivered_fraction`` in runs logged before the totals were); requested: ``P_requested`` =
   ``--actor-steps-per-s`` x actor ranks, ``U_requested`` = ``--learner-updates-per-s`` (NaN:
   unpaced);
 - ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
@@ -157,7 +159,33 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
     for name, key in keys.items():
         x = _col(prog, key)[ok]
         out[name] = float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
+    if "delivered" in prog:  # the totals' ratio (logged since 2026-12-05): see _delivered
+        out["delivered_fraction"] = _delivered(prog, ok)
     return out
+
+
+def _delivered(prog: dict, ok: np.ndarray) -> float:
+    """Transitions that reached the learner's memory / env steps, over the window's rows, from
+    the running totals: from the last row before the window (the first in it if none) to the
+    window's last.  A per-row ratio is not used: the env steps arrive in the buffers' step
+    reports (every 0.25 s) while the transitions count as they land, so a short row can hold a
+    burst of transitions over a few steps (15x was seen on a loaded machine).  With no row
+    before the window, the first row's own interval is taken back out of its totals."""
+    d, steps = _col(prog, "delivered"), _col(prog, "env_steps")
+    rows = np.flatnonzero(ok)
+    if not len(rows) or d[rows[-1]] < 0:
+        return math.nan
+    end, k = rows[-1], rows[0]
+    if k > 0:
+        d0, s0 = d[k - 1], steps[k - 1]
+    else:  # the totals when the first row's interval began
+        ds = (_col(prog, "env_steps_per_s") * _col(prog, "interval_s"))[0]
+        frac = _col(prog, "delivered_fraction")[0]
+        d0, s0 = (
+            (d[0] - frac * ds, steps[0] - ds) if ds > 0 and np.isfinite(frac) else (d[0], steps[0])
+        )
+    span = steps[end] - s0
+    return float((d[end] - d0) / span) if span > 0 else math.nan
 
 
 def requested(run: Run) -> dict[str, float]:

@@ -100,6 +100,50 @@ def test_export_merges_across_sittings(tmp_path):
     assert float(first[-1]["t"]) == 10.0 and float(first[-1]["return"]) == 500.0
 
 
+def _with_progress(path, rows):
+    import h5py
+
+    with h5py.File(path / "learner.h5", "r+") as f:
+        g = f.create_group("progress")
+        for k, v in rows.items():
+            g[k] = np.asarray(v)
+        g.attrs["fields"] = list(rows)
+    return path
+
+
+def test_delivered_fraction_is_the_ratio_of_the_window_totals(tmp_path):
+    """The env steps arrive in the buffers' step reports while transitions count as they land:
+    a row whose report came late holds many transitions over few steps.  Here 10 transitions
+    land in every row, and every third row brings a report of 181 steps, the others 1: the
+    rows' median ratio reads 10 (the export gave 15.3 for a thinned run on a loaded machine in
+    CI, 2026-12-05); the totals say 100 / 730 (failed before: the export took the median)."""
+    t = np.arange(1.0, 11.0)
+    d_steps = np.where(np.arange(10) % 3 == 0, 181.0, 1.0)  # a late report every third row
+    d_in = np.full(10, 10.0)
+    steps, delivered = np.cumsum(d_steps), np.cumsum(d_in)
+    prog = {
+        "t": t,
+        "env_steps": steps.astype(int),
+        "env_steps_per_s": d_steps,
+        "interval_s": np.ones(10),
+        "delivered_fraction": d_in / d_steps,
+        "delivered": delivered.astype(int),
+    }
+    path = _with_progress(write_run(tmp_path / "r", replay_at="learner", seed=0), prog)
+    r = X.run_row(load_run(path), tmp_path)
+    # window rows t >= 1 (all ten): from the totals before the first row (0, 0) to the last
+    assert r["delivered_fraction"] == pytest.approx(100 / d_steps.sum())
+    assert r["delivered_fraction"] < 0.5 < np.median(prog["delivered_fraction"])
+    # a run logged before the totals: the rows' median, as before
+    del prog["delivered"]
+    path = _with_progress(write_run(tmp_path / "old", replay_at="learner", seed=0), prog)
+    assert X.run_row(load_run(path), tmp_path)["delivered_fraction"] == 10.0
+    # the buffer placement has none (its rows say -1)
+    prog["delivered"] = np.full(10, -1)
+    path = _with_progress(write_run(tmp_path / "b", replay_at="buffer", seed=0), prog)
+    assert math.isnan(X.run_row(load_run(path), tmp_path)["delivered_fraction"])
+
+
 def test_requested_rates_come_from_the_config_and_layout(tmp_path):
     import json
 

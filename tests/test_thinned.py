@@ -378,7 +378,9 @@ def test_a_thinned_run_completes_and_writes_its_files(tmp_path):
     from analysis.runs import load_run
 
     row = run_row(load_run(run_dir), tmp_path)
-    assert 0 < row["delivered_fraction"] < 0.8, row["delivered_fraction"]
+    # (from the window's totals; the steps arrive in 0.25 s reports, so a run this short can
+    # read above the buffer's forwarded / inserted, never above everything)
+    assert 0 < row["delivered_fraction"] < 1, row["delivered_fraction"]
     # the clean stop wrote a checkpoint: both sides resume from it (each slot's f, the queue)
     p = run_mpirl(3, "--resume", str(run_dir), "--max-updates", "90", timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -180,6 +180,15 @@ LEARNER = (
                 "for replay_at=buffer)",
             ),
             Field(
+                "delivered",
+                "i8",
+                "transitions",
+                "replay_at=learner or thinned: transitions inserted into the learner's memory "
+                "since the run began, at the row (-1 for replay_at=buffer); the export's "
+                "delivered fraction is its difference over env_steps' across a window (a short "
+                "row's own ratio is skewed: the buffers report env steps every 0.25 s)",
+            ),
+            Field(
                 "capped_s",
                 "f8",
                 "s",
