@@ -236,6 +236,55 @@ def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
     assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)
 
 
+@pytest.mark.mpi
+def test_the_allreduce_trains_in_its_buffer_without_a_copy():
+    """On a CPU learner every ``.grad`` is a view of the sync's buffer: backward writes there,
+    the all-reduce sums there, and the step reads the mean there (before, the gradients were
+    concatenated into a send buffer and the sum copied back, ~50 us of a 0.64 ms update).  One
+    learner over COMM_SELF steps exactly as a lone learner does; a gradient replaced from
+    outside (as `set_grads` on an unbound network) is bound again, with its values."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.grads import bind_grads
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
+    from mpirl.transport.group import AllreduceSync
+    from mpirl.transport.wire import transition_dtype
+
+    cfg, spec = Config(hidden=(8,), grad_clip=0.5), inspect("CartPole-v1")
+    torch.manual_seed(0)
+    group = TrainStep(cfg, spec)
+    lone = TrainStep(cfg, spec)
+    lone.online.load_state_dict(group.online.state_dict())
+    lone.target.load_state_dict(group.target.state_dict())
+    sync = group.sync = AllreduceSync(MPI.COMM_SELF, sum(p.numel() for p in group.params))
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        rec = np.zeros(16, transition_dtype(spec.obs_shape, np.float32))
+        rec["obs"], rec["next_obs"] = rng.normal(size=(2, 16, 4))
+        rec["action"], rec["reward"] = rng.integers(0, 2, 16), rng.normal(size=16)
+        rec["discount"] = 0.99
+        w = rng.uniform(0.2, 1.0, 16).astype(np.float32)
+        group.step(rec, w)
+        lone.step(rec, w)
+        at = sync.buf.ctypes.data
+        assert all(p.grad.data_ptr() - at in range(0, 4 * sync.buf.size) for p in group.params)
+        for a, b in zip(group.params, lone.params, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+        assert sync.buf[-1] == 16  # the count summed beside the gradient
+    # replaced from outside: bound again, keeping the values
+    p0 = group.params[0]
+    p0.grad = torch.full_like(p0, 3.0)
+    assert not bind_grads(group.params, sync.buf) and bind_grads(group.params, sync.buf)
+    assert sync.buf[0] == 3.0 and p0.grad.data_ptr() == sync.buf.ctypes.data
+    group.opt.zero_grad()  # zeroes the buffer and keeps the views
+    assert not sync.buf[:-1].any() and p0.grad.data_ptr() == sync.buf.ctypes.data
+
+
 class _End:
     """A lead's end toward another learner: what the lead posts, what the test delivers."""
 

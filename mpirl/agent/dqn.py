@@ -126,6 +126,9 @@ class Adam:
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.fused = True
         self._opt: torch.optim.Adam | None = None
+        #: the one host tensor every ``.grad`` is a view of, when a sync bound them
+        #: (`mpirl.agent.grads.bind_grads`): zero_grad zeroes it and keeps the views
+        self.grad_buffer: torch.Tensor | None = None
         if self._adam is not None:
             try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
                 self._update(dry=True)
@@ -149,6 +152,9 @@ class Adam:
         return self._opt is None
 
     def zero_grad(self) -> None:
+        if self.grad_buffer is not None:  # backward adds into the views in place
+            self.grad_buffer.zero_()
+            return
         for p in self.params:
             p.grad = None
 

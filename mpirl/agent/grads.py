@@ -24,6 +24,34 @@ def flat_grads(params: Sequence[torch.nn.Parameter], out: np.ndarray | None = No
     return out
 
 
+def bind_grads(params: Sequence[torch.nn.Parameter], out: np.ndarray) -> bool:
+    """Make every parameter's ``.grad`` a view of ``out`` (float32, on the host, ``flat_grads``
+    order), holding the gradients they hold now; True when they already were.  Backward adds
+    into an existing ``.grad`` in place (autograd's accumulation outside grad mode), so once
+    bound, and zeroed rather than dropped between steps, the gradients land in ``out`` with
+    no copy: the all-reduce sends it as it is.  CPU float32 parameters only."""
+    import torch
+
+    at, off, bound = out.ctypes.data, 0, True
+    for p in params:
+        g = p.grad
+        bound = bound and g is not None and g.data_ptr() == at + 4 * off
+        off += p.numel()
+    if off > out.size or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"{out.size} float32 gradient values for {off} parameters")
+    if bound:
+        return True
+    whole, off = torch.from_numpy(out), 0
+    with torch.no_grad():
+        for p in params:
+            k = p.numel()
+            view = whole[off : off + k].view_as(p)
+            view.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+            p.grad = view
+            off += k
+    return False
+
+
 def set_grads(params: Sequence[torch.nn.Parameter], flat: np.ndarray) -> None:
     """Write ``flat`` (``flat_grads`` order) into every parameter's ``.grad``."""
     import torch
