@@ -17,9 +17,11 @@ Reads the exported rows (``DIR/runs.csv``, ``DIR/curves.csv``; default the spec'
 2. **Whether stage 1 runs** (`stage1`): no, if in any pilot cell thinned's median return AUC
    (over the pilot's whole T) is below `FLOOR` (0.8) x the learner arm's median.
 
-Beside them, described: each arm's median link MB, delivered fraction, updates/s, and trained
+Beside them, described: each arm's median link MB, delivered fraction, updates/s, trained
 |td| / uniform |td| (`uniform_td`, what prioritized sampling concentrates, the same figure in
-every arm).
+every arm), and the importance-weighted loss / the unweighted loss over [T/2, T] (the mean
+weight a trained transition's gradient carries: thinned's weights hold the extra factor
+(f_i / f_min)^-beta, the step-size cost plan.md names as the design's risk).
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def _median(rs: list[dict[str, Any]], key: str) -> float:
     return float(np.median(x)) if x.size else math.nan
 
 
+def _median_ratio(rs: list[dict[str, Any]], num: str, den: str) -> float:
+    x = np.array([r.get(num, math.nan) / r.get(den, math.nan) for r in rs], dtype=float)
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else math.nan
+
+
 def stage1(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rule 2: per cell thinned's median AUC / the learner arm's, and whether stage 1 runs."""
     ratios = {}
@@ -222,7 +230,9 @@ def _rules(rows: list[dict[str, Any]], curves: dict) -> str:
         "",
         "| cell | thinned / learner | "
         + " | ".join(
-            f"{a}: AUC, link MB, delivered, updates/s, trained / uniform \\|td\\|" for a in ARMS
+            f"{a}: AUC, link MB, delivered, updates/s, trained / uniform \\|td\\|, "
+            "weighted / unweighted loss"
+            for a in ARMS
         )
         + " |",
         "|---|---|" + "---|" * len(ARMS),
@@ -232,12 +242,13 @@ def _rules(rows: list[dict[str, Any]], curves: dict) -> str:
         parts = []
         for a in ARMS:
             rs = arms.get(a, [])
-            ratio = [r.get("batch_td", math.nan) / r.get("uniform_td", math.nan) for r in rs]
+            ratio = _median_ratio(rs, "batch_td", "uniform_td")
             parts.append(
                 f"{_f(_median(rs, 'auc_return'), '{:.0f}')}, "
                 f"{_f(_median(rs, 'link_mb'), '{:.3g}')}, "
                 f"{_f(_median(rs, 'delivered_fraction'))}, {_f(_median(rs, 'U'), '{:.0f}')}, "
-                f"{_f(float(np.nanmedian(ratio)) if rs and np.isfinite(ratio).any() else math.nan)}"
+                f"{_f(ratio)}, "
+                f"{_f(_median_ratio(rs, 'train_loss', 'train_loss_unweighted'), '{:.2g}')}"
             )
         lines.append(f"| {c} | {_f(s1['ratios'][c])} | " + " | ".join(parts) + " |")
     lines.append("")
