@@ -141,6 +141,12 @@ def rank_main(
             wait_polled(comm.Ibarrier())
             return {}
         step.sync = None if alone else alone_sync if variant == "none" else sync
+        if step.sync is not sync and step.opt.grad_buffer is not None:
+            # a lone learner's gradients as its own (backward hands each .grad a new tensor),
+            # not the views an all-reduce window bound into its buffer (bound again there)
+            step.opt.grad_buffer = None
+            for p in step.params:
+                p.grad = None
         if step.sync is sync:
             sync.wait = waiters[variant]
             bcast_weights(comm, step)  # the same network again (the K = 1 window moved rank 0's)

@@ -283,6 +283,10 @@ def test_the_allreduce_trains_in_its_buffer_without_a_copy():
     assert sync.buf[0] == 3.0 and p0.grad.data_ptr() == sync.buf.ctypes.data
     group.opt.zero_grad()  # zeroes the buffer and keeps the views
     assert not sync.buf[:-1].any() and p0.grad.data_ptr() == sync.buf.ctypes.data
+    # one replaced after binding is dropped at zero_grad (not added onto by the next backward)
+    p0.grad = torch.full_like(p0, 3.0)
+    group.opt.zero_grad()
+    assert p0.grad is None and group.params[1].grad is not None
 
 
 class _End:

@@ -171,6 +171,32 @@ def test_resume_cuts_fields_to_shortest(tmp_path: Path) -> None:
         assert f["learner/q"][4] == 9.0
 
 
+def test_resume_adds_the_fields_a_newer_version_logs(tmp_path: Path) -> None:
+    """A run begun by a version whose stream lacked a field resumes under one that logs it (the
+    learner's /progress gained ``delivered`` on 2026-12-05, and such runs failed to resume with
+    "exists with other fields"): the rows already written hold the missing value (NaN, -1);
+    a field the file has and the code does not, or another dtype, is still an error."""
+    path = tmp_path / "r.h5"
+    old = [f for f in LEARNER if f.name != "q"]
+    with RunLog(path, {}) as log:
+        log.stream("learner", old).extend(step=np.arange(3), loss=np.zeros(3), done=np.zeros(3))
+    new = [*LEARNER, Field("n", "i8", "1", "a count")]
+    with RunLog(path, {}, resume=True) as log:
+        s = log.stream("learner", new)
+        assert s.rows_written == 3
+        s.append(step=3, loss=0.0, q=9.0, done=1, n=5)
+    with h5py.File(path, "r") as f:
+        g = f["learner"]
+        assert {ds.shape for ds in g.values()} == {(4,)}
+        assert np.isnan(g["q"][:3]).all() and g["q"][3] == 9.0
+        assert list(g["n"][:]) == [-1, -1, -1, 5] and g["n"].attrs["added_at_row"] == 3
+        assert list(g.attrs["fields"]) == ["t", *(f.name for f in new)]
+    with RunLog(path, {}, resume=True) as log, pytest.raises(ValueError, match="other fields"):
+        log.stream("learner", old)  # the file's q and n, which this declaration lacks
+    with RunLog(path, {}, resume=True) as log, pytest.raises(ValueError, match="other fields"):
+        log.stream("learner", [*LEARNER[:2], Field("q", "f4", "1", "mean Q"), *LEARNER[3:]])
+
+
 WRITER = textwrap.dedent(
     """
     import sys, time

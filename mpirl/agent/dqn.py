@@ -152,8 +152,14 @@ class Adam:
         return self._opt is None
 
     def zero_grad(self) -> None:
-        if self.grad_buffer is not None:  # backward adds into the views in place
-            self.grad_buffer.zero_()
+        buf = self.grad_buffer
+        if buf is not None:  # backward adds into the views in place
+            buf.zero_()
+            lo = buf.data_ptr()
+            hi = lo + buf.numel() * buf.element_size()
+            for p in self.params:  # one replaced from outside is not in the buffer: drop it
+                if p.grad is not None and not lo <= p.grad.data_ptr() < hi:
+                    p.grad = None
             return
         for p in self.params:
             p.grad = None

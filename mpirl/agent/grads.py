@@ -41,6 +41,8 @@ def bind_grads(params: Sequence[torch.nn.Parameter], out: np.ndarray) -> bool:
         raise ValueError(f"{out.size} float32 gradient values for {off} parameters")
     if bound:
         return True
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
+        raise ValueError("bind_grads: CPU float32 parameters only")
     whole, off = torch.from_numpy(out), 0
     with torch.no_grad():
         for p in params:

@@ -135,6 +135,31 @@ def _attr_value(key: str, value: Any) -> Any:
     )
 
 
+def missing_value(dt: np.dtype) -> Any:
+    """What a row holds in a field it was written without: NaN (floats), -1 (signed integers),
+    0 (anything else: HDF5's default fill)."""
+    return np.nan if dt.kind in "fc" else -1 if dt.kind == "i" else 0
+
+
+def _create_column(g: h5py.Group, f: Field, rows: int) -> None:
+    """One field's resizable, chunked dataset in stream group ``g``, ``rows`` long (filled with
+    the missing value: a field added to a stream that already has rows)."""
+    dt = _dtype(f)
+    shape = tuple(f.shape)
+    row_bytes = max(1, dt.itemsize * int(np.prod(shape, dtype=np.int64)))
+    chunk_rows = max(1, _CHUNK_BYTES // row_bytes)
+    ds = g.create_dataset(
+        f.name,
+        shape=(rows, *shape),
+        maxshape=(None, *shape),
+        dtype=dt,
+        chunks=(chunk_rows, *shape),
+        fillvalue=missing_value(dt) if rows and dt.kind in "fci" else None,
+    )
+    ds.attrs["units"] = f.unit
+    ds.attrs["doc"] = f.doc
+
+
 def _dtype(field: Field) -> np.dtype:
     try:
         dt = np.dtype(field.dtype)
@@ -447,19 +472,7 @@ class RunLog:
             g.attrs["doc"] = doc
             g.attrs["fields"] = np.array([f.name for f in fields], dtype=h5py.string_dtype())
             for f in fields:
-                dt = _dtype(f)
-                shape = tuple(f.shape)
-                row_bytes = max(1, dt.itemsize * int(np.prod(shape, dtype=np.int64)))
-                chunk_rows = max(1, _CHUNK_BYTES // row_bytes)
-                ds = g.create_dataset(
-                    f.name,
-                    shape=(0, *shape),
-                    maxshape=(None, *shape),
-                    dtype=dt,
-                    chunks=(chunk_rows, *shape),
-                )
-                ds.attrs["units"] = f.unit
-                ds.attrs["doc"] = f.doc
+                _create_column(g, f, 0)
             stream = Stream(self, g, fields, 0)
             self.file.flush()
         self.streams[name] = stream
@@ -487,11 +500,19 @@ class RunLog:
         have = []
         for k, ds in g.items():
             have.append((k, str(ds.dtype), str(ds.attrs.get("units", "")), "", ds.shape[1:]))
-        self._check_same(name, have, [tuple(f) for f in fields])
-        n = min(g[f.name].shape[0] for f in fields)
+        # a field this version adds to a stream (a run begun before it, resumed now): the rows
+        # already written get the missing value; any other difference is an error
+        added = [f for f in fields if f.name not in g]
+        self._check_same(name, have, [tuple(f) for f in fields if f.name in g])
+        n = min(g[f.name].shape[0] for f in fields if f.name in g)
         for f in fields:  # a kill during a flush can leave some fields longer
-            if g[f.name].shape[0] != n:
+            if f.name in g and g[f.name].shape[0] != n:
                 g[f.name].resize(n, axis=0)
+        for f in added:
+            _create_column(g, f, n)
+            g[f.name].attrs["added_at_row"] = n
+        if added:
+            g.attrs["fields"] = np.array([f.name for f in fields], dtype=h5py.string_dtype())
         if doc:
             g.attrs["doc"] = doc
         self.file.flush()
