@@ -160,17 +160,21 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
         x = _col(prog, key)[ok]
         out[name] = float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
     if "delivered" in prog:  # the totals' ratio (logged since 2026-12-05): see _delivered
-        out["delivered_fraction"] = _delivered(prog, ok)
+        frac = _delivered(prog, ok)
+        if frac is not None:
+            out["delivered_fraction"] = frac
     return out
 
 
-def _delivered(prog: dict, ok: np.ndarray) -> float:
+def _delivered(prog: dict, ok: np.ndarray) -> float | None:
     """Transitions that reached the learner's memory / env steps, over the window's rows, from
     the running totals: from the last row before the window (the first in it if none) to the
     window's last.  A per-row ratio is not used: the env steps arrive in the buffers' step
     reports (every 0.25 s) while the transitions count as they land, so a short row can hold a
     burst of transitions over a few steps (15x was seen on a loaded machine).  With no row
-    before the window, the first row's own interval is taken back out of its totals."""
+    before the window, the first row's own interval is taken back out of its totals.  None
+    (the rows' median stands) when the window starts in rows written before the totals were
+    (-1: a run resumed under a version that logs them)."""
     d, steps = _col(prog, "delivered"), _col(prog, "env_steps")
     rows = np.flatnonzero(ok)
     if not len(rows) or d[rows[-1]] < 0:
@@ -184,6 +188,8 @@ def _delivered(prog: dict, ok: np.ndarray) -> float:
         d0, s0 = (
             (d[0] - frac * ds, steps[0] - ds) if ds > 0 and np.isfinite(frac) else (d[0], steps[0])
         )
+    if d0 < 0:
+        return None
     span = steps[end] - s0
     return float((d[end] - d0) / span) if span > 0 else math.nan
 

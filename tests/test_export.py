@@ -138,6 +138,11 @@ def test_delivered_fraction_is_the_ratio_of_the_window_totals(tmp_path):
     del prog["delivered"]
     path = _with_progress(write_run(tmp_path / "old", replay_at="learner", seed=0), prog)
     assert X.run_row(load_run(path), tmp_path)["delivered_fraction"] == 10.0
+    # a run resumed under the version that logs the totals: its earlier rows hold -1 there,
+    # and a window that starts in them keeps the rows' median
+    prog["delivered"] = np.where(t < 5, -1, delivered.astype(int))
+    path = _with_progress(write_run(tmp_path / "mixed", replay_at="learner", seed=0), prog)
+    assert X.run_row(load_run(path), tmp_path)["delivered_fraction"] == 10.0
     # the buffer placement has none (its rows say -1)
     prog["delivered"] = np.full(10, -1)
     path = _with_progress(write_run(tmp_path / "b", replay_at="buffer", seed=0), prog)
