@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +43,18 @@ __all__ = ["H5Data", "Run", "find_runs", "load_experiment", "load_run", "read_h5
 Streams = dict[str, dict[str, np.ndarray]]
 
 
+#: a folder the sweep set aside (``<run>.incomplete-<n>``, `mpirl.sweep`): a partial run
+SET_ASIDE = re.compile(r"\.incomplete-\d+$")
+
+
 def find_runs(root: str | Path) -> list[Path]:
-    """Every folder under ``root`` (any depth, ``root`` included) that holds ``learner.h5``."""
+    """Every folder under ``root`` (any depth, ``root`` included) that holds ``learner.h5``,
+    except those the sweep set aside as incomplete (``*.incomplete-<n>``, kept beside the rerun
+    of the same run; ``root`` itself is read whatever its name)."""
     root = Path(root)
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not SET_ASIDE.search(d))
         if "learner.h5" in filenames:
             found.append(Path(dirpath))
     return sorted(found)

@@ -193,3 +193,19 @@ def test_trained_batch_td_by_quarter_and_the_within_placement_null(tmp_path):
     b = X.run_row(load_run(_run(tmp_path / "b", replay_at="buffer", seed=0)), tmp_path)
     assert b["batch_td_q1"] == 5.0 and math.isnan(b["null_td"]) and math.isnan(b["null_td_q1"])
     assert set(X.RUN_FIELDS) >= {"batch_td", "batch_td_q4", "null_td", "null_td_q4"}
+
+
+def test_a_folder_the_sweep_set_aside_is_not_a_run(tmp_path):
+    """The sweep moves a partial run to ``<run>.incomplete-<n>`` and runs it again beside it;
+    exporting the whole root took both (the pilot's seed 101 gave a 58-AUC row of a killed
+    run beside its rerun's, 2026-12-05; failed before)."""
+    from analysis.runs import find_runs
+
+    cell = tmp_path / "root" / "cell=a,replay_at=learner"
+    write_run(cell / "seed1", replay_at="learner", seed=1)
+    write_run(cell / "seed1.incomplete-1", replay_at="learner", seed=1)
+    assert find_runs(tmp_path / "root") == [cell / "seed1"]
+    assert find_runs(cell / "seed1.incomplete-1") == [cell / "seed1.incomplete-1"]  # named
+    X.main([str(tmp_path / "root"), "--into", str(tmp_path / "out")])
+    with open(tmp_path / "out" / "runs.csv", newline="") as f:
+        assert [r["run"] for r in csv.DictReader(f)] == [str(cell / "seed1")]
