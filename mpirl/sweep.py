@@ -46,7 +46,8 @@ are skipped, so rerunning the same command continues a sweep. With ``export``, a
 is already in the export's runs.csv is skipped too (it finished in an earlier sitting, maybe on
 another machine, and its row was committed; delete the row to run it again). An incomplete folder
 is renamed
-``<folder>.incomplete-<n>`` (kept, never deleted) and the run starts over, or, with
+``<folder>.incomplete-<n>`` (kept, never deleted; analysis skips it, `analysis.runs.find_runs`)
+and the run starts over, or, with
 ``resume = true`` and a complete checkpoint in it, continues with ``--resume`` (``--max-seconds``
 then counts the new launch only). After each run, ``sweep.json`` in its folder records the
 command, exit status, times, host and the load average sampled every 5 s while it ran (its own
