@@ -123,3 +123,37 @@ def test_committed_section_is_what_the_committed_rows_give():
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr + p.stdout[-500:]
+
+
+def test_stage1_specs_follow_the_plan_and_the_pilot():
+    """experiments/placement-3/{map,A,B,M}.toml as plan.md says: three arms with the same flags
+    but --replay-at, 10 seeds in map cells and 20 in A, B, M, the evaluation cadence of every
+    placement 2 s (M: 10), and T from the pilot's rule 1 as the committed rows give it (none
+    flattened: 1.5x the map's T); auto.toml checks auto's choice once per CartPole cell."""
+    from mpirl import sweep as S
+
+    root = P.ROOT / "experiments" / "placement-3"
+    rows, curves = P.read(P.DATA)
+    chosen = P.choose_t(rows, curves)
+    t = {rho: res["T"] or P.MAP_T[rho] * P.CANDIDATES[-1] for rho, res in chosen.items()}
+    want_t = {"0.25": t[0.25], "1": t[1.0], "4": P.MAP_T[4.0] * P.CANDIDATES[-1]}
+    for name, seeds in (("map", 10), ("A", 20), ("B", 20), ("M", 20)):
+        spec = S.load_spec(root / f"{name}.toml")
+        runs = S.expand(spec)
+        assert S.check(spec, runs) == [], name
+        assert len(spec.seeds) == seeds and str(spec.export) == "docs/results/data/placement-3"
+        by_arm: dict = {}
+        for run in runs:
+            f = dict(run.flags)
+            by_arm.setdefault(f.pop("replay_at"), []).append(tuple(sorted(f.items())))
+            assert f["eval_every_s"] == (10 if name == "M" else 2), name
+            assert f["max_updates"] == 0 and f["target_return"] == "none"
+            if name == "map":
+                rho = {46.875: "0.25", 187.5: "1", 750: "4"}[f["learner_updates_per_s"]]
+                assert f["max_seconds"] == want_t[rho], (name, rho)
+        assert set(by_arm) == {"learner", "buffer", "thinned"}, name
+        assert by_arm["learner"] == by_arm["buffer"] == by_arm["thinned"], name  # but --replay-at
+    assert S.expand(S.load_spec(root / "A.toml"))[0].flags["max_seconds"] == want_t["1"]
+    assert S.expand(S.load_spec(root / "B.toml"))[0].flags["max_seconds"] == want_t["0.25"]
+    auto = S.expand(S.load_spec(root / "auto.toml"))
+    assert len(auto) == 11 and {r.flags["replay_at"] for r in auto} == {"auto"}
