@@ -24,10 +24,11 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
   otherwise T (censored);
 - ``link_mb``: learner-side link MB, both directions, over [0, T]; ``return_per_mb`` =
   ``auc_return`` / ``link_mb``;
-- achieved rates: medians of ``/progress`` ``env_steps_per_s``, ``updates_per_s`` and ``rho``
-  over the rows in [0.1 T, T]; ``delivered_fraction``: the difference of the running totals
-  ``/progress/delivered`` over that of ``env_steps`` across those rows (the median of the rows'
-  ``delivered_fraction`` in runs logged before the totals were); requested: ``P_requested`` =
+- achieved rates: medians of ``/progress`` ``env_steps_per_s`` and ``updates_per_s`` over the
+  rows in [0.1 T, T]; ``rho`` and ``delivered_fraction``: the difference of the running totals
+  ``/progress/sampled`` and ``/progress/delivered`` over that of ``env_steps`` across those rows
+  (the median of the rows' ``rho`` and ``delivered_fraction`` in runs logged before the totals
+  were); requested: ``P_requested`` =
   ``--actor-steps-per-s`` x actor ranks, ``U_requested`` = ``--learner-updates-per-s`` (NaN:
   unpaced);
 - ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
@@ -159,23 +160,29 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
     for name, key in keys.items():
         x = _col(prog, key)[ok]
         out[name] = float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
-    if "delivered" in prog:  # the totals' ratio (logged since 2026-12-05): see _delivered
-        frac = _delivered(prog, ok)
-        if frac is not None:
-            out["delivered_fraction"] = frac
+    # the totals' ratios (logged since 2026-12-05): see _per_step
+    for name, total, per_row in (
+        ("delivered_fraction", "delivered", "delivered_fraction"),
+        ("rho", "sampled", "rho"),
+    ):
+        if total in prog:
+            frac = _per_step(prog, ok, total, per_row)
+            if frac is not None:
+                out[name] = frac
     return out
 
 
-def _delivered(prog: dict, ok: np.ndarray) -> float | None:
-    """Transitions that reached the learner's memory / env steps, over the window's rows, from
-    the running totals: from the last row before the window (the first in it if none) to the
-    window's last.  A per-row ratio is not used: the env steps arrive in the buffers' step
-    reports (every 0.25 s) while the transitions count as they land, so a short row can hold a
-    burst of transitions over a few steps (15x was seen on a loaded machine).  With no row
-    before the window, the first row's own interval is taken back out of its totals.  None
-    (the rows' median stands) when the window starts in rows written before the totals were
-    (-1: a run resumed under a version that logs them)."""
-    d, steps = _col(prog, "delivered"), _col(prog, "env_steps")
+def _per_step(prog: dict, ok: np.ndarray, total: str, per_row: str) -> float | None:
+    """A running total (``delivered``: transitions that reached the learner's memory;
+    ``sampled``: transitions trained on) per env step over the window's rows: from the last row
+    before the window (the first in it if none) to the window's last.  The rows' own ratio
+    (``per_row``) is not used: the env steps arrive in the buffers' step reports (every
+    0.25 s) while transitions count as they land or train, so a short row can hold a burst of
+    them over a few steps (a delivered fraction of 15 was seen on a loaded machine).  With no
+    row before the window, the first row's own interval is taken back out of its totals (by
+    its ``per_row``).  None (the rows' median stands) when the window starts in rows written
+    before the totals were (-1: a run resumed under a version that logs them)."""
+    d, steps = _col(prog, total), _col(prog, "env_steps")
     rows = np.flatnonzero(ok)
     if not len(rows) or d[rows[-1]] < 0:
         return math.nan
@@ -184,7 +191,7 @@ def _delivered(prog: dict, ok: np.ndarray) -> float | None:
         d0, s0 = d[k - 1], steps[k - 1]
     else:  # the totals when the first row's interval began
         ds = (_col(prog, "env_steps_per_s") * _col(prog, "interval_s"))[0]
-        frac = _col(prog, "delivered_fraction")[0]
+        frac = _col(prog, per_row)[0]
         d0, s0 = (
             (d[0] - frac * ds, steps[0] - ds) if ds > 0 and np.isfinite(frac) else (d[0], steps[0])
         )

@@ -128,11 +128,14 @@ def test_delivered_fraction_is_the_ratio_of_the_window_totals(tmp_path):
         "interval_s": np.ones(10),
         "delivered_fraction": d_in / d_steps,
         "delivered": delivered.astype(int),
+        "rho": 64 / d_steps,
+        "sampled": np.cumsum(np.full(10, 64)),
     }
     path = _with_progress(write_run(tmp_path / "r", replay_at="learner", seed=0), prog)
     r = X.run_row(load_run(path), tmp_path)
     # window rows t >= 1 (all ten): from the totals before the first row (0, 0) to the last
     assert r["delivered_fraction"] == pytest.approx(100 / d_steps.sum())
+    assert r["rho"] == pytest.approx(640 / d_steps.sum())  # 64 trained per row, likewise
     assert r["delivered_fraction"] < 0.5 < np.median(prog["delivered_fraction"])
     # a run logged before the totals: the rows' median, as before
     del prog["delivered"]

@@ -180,6 +180,15 @@ LEARNER = (
                 "for replay_at=buffer)",
             ),
             Field(
+                "sampled",
+                "i8",
+                "transitions",
+                "transitions the learners trained on since the run began (every learner's "
+                "batches), at the row; the export's rho is its difference over env_steps' across "
+                "a window (a short row's own rho is skewed: the buffers report env steps every "
+                "0.25 s)",
+            ),
+            Field(
                 "delivered",
                 "i8",
                 "transitions",

@@ -365,6 +365,7 @@ class Report:
                 if delivered is not None and d_steps > 0
                 else np.nan
             ),
+            sampled=self.source.sampled,
             delivered=-1 if delivered is None else delivered,
             capped_s=state.capped_s - p["capped"],
             idle_fraction=(self.backoff.idle_s - p["idle"]) / dt,
