@@ -25,10 +25,13 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
 - ``link_mb``: learner-side link MB, both directions, over [0, T]; ``return_per_mb`` =
   ``auc_return`` / ``link_mb``;
 - achieved rates: medians of ``/progress`` ``env_steps_per_s`` and ``updates_per_s`` over the
-  rows in [0.1 T, T]; ``rho`` and ``delivered_fraction``: the difference of the running totals
-  ``/progress/sampled`` and ``/progress/delivered`` over that of ``env_steps`` across those rows
-  (the median of the rows' ``rho`` and ``delivered_fraction`` in runs logged before the totals
-  were); requested: ``P_requested`` =
+  rows in [0.1 T, T]; ``delivered_fraction`` (NaN for the buffer placement): the buffers'
+  forwarded transitions over their env steps across [0.1 T, T], both from their ``/site`` rows
+  (counted at the buffer, so no report lag: see ``_per_step``); ``rho``: the difference of the
+  running total ``/progress/sampled`` across the window's rows over that of the env steps the
+  buffers' ``/site`` rows count at the same times (the learner's ``env_steps`` without
+  buffer files; the median of the rows' ``rho`` and ``delivered_fraction`` in runs logged
+  before the totals were); requested: ``P_requested`` =
   ``--actor-steps-per-s`` x actor ranks, ``U_requested`` = ``--learner-updates-per-s`` (NaN:
   unpaced);
 - ``load_mean`` / ``load_max``: the sweep's load-average samples during the run (``sweep.json``).
@@ -56,6 +59,7 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,43 +165,81 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
         x = _col(prog, key)[ok]
         out[name] = float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
     # the totals' ratios (logged since 2026-12-05): see _per_step
+    produced = _produced(run)
     for name, total, per_row in (
         ("delivered_fraction", "delivered", "delivered_fraction"),
         ("rho", "sampled", "rho"),
     ):
         if total in prog:
-            frac = _per_step(prog, ok, total, per_row)
+            frac = _per_step(prog, ok, total, per_row, produced, _resumed(run))
             if frac is not None:
                 out[name] = frac
+    forwarded = _produced(run, "forwarded")
+    if produced is not None and forwarded is not None and run.replay_at != "buffer":
+        a, b = 0.1 * big_t, big_t
+        span = produced(b) - produced(a)
+        out["delivered_fraction"] = (forwarded(b) - forwarded(a)) / span if span > 0 else math.nan
     return out
 
 
-def _per_step(prog: dict, ok: np.ndarray, total: str, per_row: str) -> float | None:
+def _resumed(run: Run) -> bool:
+    return "resumed_unix" in run.learner.attrs
+
+
+def _produced(run: Run, column: str = "env_steps") -> Callable[[float], float] | None:
+    """A buffers' running total at time t (the learner's clock): their /site rows' ``column``
+    summed, each linear between its rows (its first and last value outside them); None when no
+    buffer logged it.  Both the env steps and the forwarded transitions are counted where they
+    happen, at the buffer, so their ratio over a window has no report lag in it."""
+    rows = []
+    for b in run.buffers.values():
+        site = b.stream("site")
+        if len(site.get("t", ())) and column in site:
+            rows.append((np.asarray(site["t"], "f8"), np.asarray(site[column], "f8")))
+    if not rows:
+        return None
+    return lambda t: float(sum(np.interp(t, ts, xs) for ts, xs in rows))
+
+
+def _per_step(
+    prog: dict,
+    ok: np.ndarray,
+    total: str,
+    per_row: str,
+    produced: Callable[[float], float] | None = None,
+    resumed: bool = True,
+) -> float | None:
     """A running total (``delivered``: transitions that reached the learner's memory;
     ``sampled``: transitions trained on) per env step over the window's rows: from the last row
-    before the window (the first in it if none) to the window's last.  The rows' own ratio
-    (``per_row``) is not used: the env steps arrive in the buffers' step reports (every
-    0.25 s) while transitions count as they land or train, so a short row can hold a burst of
-    them over a few steps (a delivered fraction of 15 was seen on a loaded machine).  With no
-    row before the window, the first row's own interval is taken back out of its totals (by
-    its ``per_row``).  None (the rows' median stands) when the window starts in rows written
-    before the totals were (-1: a run resumed under a version that logs them)."""
-    d, steps = _col(prog, total), _col(prog, "env_steps")
+    before the window (the loop's start, at 0, in a run never resumed; else the first row's own
+    interval taken back out of its totals by its ``per_row``) to the window's last.  The env
+    steps at those times are the buffers' own counts (``produced``, their /site rows) where
+    there are any: the learner's ``env_steps`` arrive in the buffers' step reports (every
+    0.25 s, and after the link), while transitions count as they land or train, so a short
+    window holds transitions whose steps are not reported yet (a thinned run of 2 s read a
+    delivered fraction of 1.11 in CI).  The rows' own ratio (``per_row``) is not used: a row
+    whose report came late holds a burst of transitions over a few steps (15 was seen).  None
+    (the rows' median stands) when the window starts in rows written before the totals were
+    (-1: a run resumed under a version that logs them)."""
+    d, steps, tp = _col(prog, total), _col(prog, "env_steps"), _col(prog, "t")
     rows = np.flatnonzero(ok)
     if not len(rows) or d[rows[-1]] < 0:
         return math.nan
     end, k = rows[-1], rows[0]
     if k > 0:
-        d0, s0 = d[k - 1], steps[k - 1]
+        d0, s0, t0 = d[k - 1], steps[k - 1], tp[k - 1]
+    elif not resumed and d[0] >= 0:  # (-1: rows from before the totals, so resumed)
+        d0, s0, t0 = 0.0, 0.0, 0.0
     else:  # the totals when the first row's interval began
         ds = (_col(prog, "env_steps_per_s") * _col(prog, "interval_s"))[0]
         frac = _col(prog, per_row)[0]
+        t0 = tp[0] - _col(prog, "interval_s")[0]
         d0, s0 = (
             (d[0] - frac * ds, steps[0] - ds) if ds > 0 and np.isfinite(frac) else (d[0], steps[0])
         )
     if d0 < 0:
         return None
-    span = steps[end] - s0
+    span = produced(tp[end]) - produced(t0) if produced is not None else steps[end] - s0
     return float((d[end] - d0) / span) if span > 0 else math.nan
 
 

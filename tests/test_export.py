@@ -152,6 +152,50 @@ def test_delivered_fraction_is_the_ratio_of_the_window_totals(tmp_path):
     assert math.isnan(X.run_row(load_run(path), tmp_path)["delivered_fraction"])
 
 
+def _with_site(path, rows, site=0):
+    import h5py
+
+    with h5py.File(path / f"buffer-{site}.h5", "w") as f:
+        f.attrs["role"], f.attrs["site"], f.attrs["t0_unix"] = "buffer", site, 1000.0
+        g = f.create_group("site")
+        for k, v in rows.items():
+            g[k] = np.asarray(v)
+        g.attrs["fields"] = list(rows)
+    return path
+
+
+def test_delivered_fraction_and_rho_count_env_steps_at_the_buffers(tmp_path):
+    """The learner's env steps lag production by a step report (0.25 s) and the link, so over a
+    short window its totals can hold more transitions than reported steps: a 2 s thinned run
+    in CI read a delivered fraction of 1.11 where its buffer forwarded 0.49 of its steps.  The
+    buffers count both where they happen (/site env_steps and forwarded); here they produce 100
+    steps a second and forward half from t = 1 s, while the learner's reports lag by 2 s (failed
+    before: the learner's totals read 450 / 800 = 0.5625 and rho 0.45)."""
+    t = np.arange(1.0, 11.0)
+    reported = 100.0 * np.clip(t - 2, 0, None)
+    delivered = 50.0 * (t - 1)
+    prog = {
+        "t": t,
+        "env_steps": reported.astype(int),
+        "env_steps_per_s": np.diff(reported, prepend=0.0),
+        "interval_s": np.ones(10),
+        "delivered_fraction": np.full(10, np.nan),
+        "delivered": delivered.astype(int),
+        "rho": np.full(10, np.nan),
+        "sampled": (40.0 * t).astype(int),
+    }
+    ts = np.arange(0.0, 11.0)  # the buffer's rows, on its own clock
+    site = {"t": ts, "env_steps": 100.0 * ts, "forwarded": 50.0 * (ts - 1).clip(0)}
+    path = write_run(tmp_path / "r", replay_at="thinned", seed=0, max_seconds=10.0)
+    path = _with_site(_with_progress(path, prog), site)
+    r = X.run_row(load_run(path), tmp_path)
+    assert r["delivered_fraction"] == pytest.approx(0.5)  # the buffers' rows, [1, 10] s
+    assert r["rho"] == pytest.approx(0.4)  # 400 trained over 1000 steps produced in [0, 10] s
+    # without the buffers' files the learner's own totals stand (and show the lag)
+    path = _with_progress(write_run(tmp_path / "nob", replay_at="thinned", seed=0), prog)
+    assert X.run_row(load_run(path), tmp_path)["rho"] == pytest.approx(400 / 800)
+
+
 def test_requested_rates_come_from_the_config_and_layout(tmp_path):
     import json
 

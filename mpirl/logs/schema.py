@@ -184,9 +184,9 @@ LEARNER = (
                 "i8",
                 "transitions",
                 "transitions the learners trained on since the run began (every learner's "
-                "batches), at the row; the export's rho is its difference over env_steps' across "
-                "a window (a short row's own rho is skewed: the buffers report env steps every "
-                "0.25 s)",
+                "batches), at the row; the export's rho is its difference across a window over "
+                "the env steps the buffers' /site rows count in it (env_steps here lag in 0.25 s "
+                "step reports)",
             ),
             Field(
                 "delivered",
@@ -194,8 +194,8 @@ LEARNER = (
                 "transitions",
                 "replay_at=learner or thinned: transitions inserted into the learner's memory "
                 "since the run began, at the row (-1 for replay_at=buffer); the export's "
-                "delivered fraction is its difference over env_steps' across a window (a short "
-                "row's own ratio is skewed: the buffers report env steps every 0.25 s)",
+                "delivered fraction is the buffers' /site forwarded over their env_steps instead "
+                "(both counted at the buffer: env_steps here lag in 0.25 s step reports)",
             ),
             Field(
                 "capped_s",
