@@ -47,6 +47,10 @@ clock, with T the run's ``--max-seconds`` (its wall time if it stopped earlier):
   to, an estimate of what a uniform draw from the same memory would have met, the same figure
   in every placement (NaN in runs logged before it existed). batch / null and batch / uniform
   are what prioritized sampling adds within a placement.
+- replay_at=thinned (NaN otherwise): ``thin_kept``, the fraction of received transitions the
+  thinning draw kept over [0.1 T, T] (the buffers' /site ``thinned`` and ``inserted``), and
+  ``thin_budget``, the median /site ``thin_budget`` there (the expected fraction the rule aimed
+  at).
 
 Curves: ``GRID`` + 1 points t_k = k T / GRID: ``return`` R(t_k), ``link_mb`` at t_k, and the
 means of ``/updates/loss`` and of the held |td|+eps over (t_(k-1), t_k].
@@ -110,6 +114,8 @@ RUN_FIELDS = (
     *(f"null_td_q{k}" for k in QUARTERS),
     "uniform_td",
     *(f"uniform_td_q{k}" for k in QUARTERS),
+    "thin_kept",
+    "thin_budget",
 )
 CURVE_FIELDS = ("run", "t", "return", "link_mb", "train_loss", "prio_td_held")
 
@@ -179,6 +185,31 @@ def _achieved(run: Run, big_t: float) -> dict[str, float]:
         a, b = 0.1 * big_t, big_t
         span = produced(b) - produced(a)
         out["delivered_fraction"] = (forwarded(b) - forwarded(a)) / span if span > 0 else math.nan
+    return out
+
+
+def thinning(run: Run, big_t: float) -> dict[str, float]:
+    """replay_at=thinned (NaN otherwise): ``thin_kept``, the fraction of the transitions the
+    buffers received that the thinning draw kept over [0.1 T, T] (their mean f; drop-oldest
+    losses come after it and count in ``delivered_fraction`` only), and ``thin_budget``, the
+    median over the buffers' /site rows in that window of the expected fraction the rule
+    aimed at, min(1, rho-budget, link-budget)."""
+    out = {"thin_kept": math.nan, "thin_budget": math.nan}
+    thinned, received = _produced(run, "thinned"), _produced(run, "inserted")
+    if run.replay_at != "thinned" or thinned is None or received is None:
+        return out
+    a, b = 0.1 * big_t, big_t
+    span = received(b) - received(a)
+    if span > 0:
+        out["thin_kept"] = 1.0 - (thinned(b) - thinned(a)) / span
+    budgets = [
+        np.asarray(s["thin_budget"], "f8")[(s["t"] >= a) & (s["t"] <= b)]
+        for s in (d.stream("site") for d in run.buffers.values())
+        if "thin_budget" in s and len(s.get("t", ()))
+    ]
+    x = np.concatenate(budgets) if budgets else np.zeros(0)
+    if np.isfinite(x).any():
+        out["thin_budget"] = float(np.nanmedian(x))
     return out
 
 
@@ -347,6 +378,7 @@ def run_row(run: Run, root: Path) -> dict[str, Any]:
         "link_mb": float(link_mb_at(run, np.array([big_t]))[0]),
         **_load(run),
         **trained_on(run, big_t),
+        **thinning(run, big_t),
     }
     row["return_per_mb"] = (
         row["auc_return"] / row["link_mb"]

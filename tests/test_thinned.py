@@ -382,6 +382,9 @@ def test_a_thinned_run_completes_and_writes_its_files(tmp_path):
     # happen: the learner's own totals read 1.11 for a run this short in CI, its env steps
     # lagging in the 0.25 s step reports)
     assert 0 < row["delivered_fraction"] < 1, row["delivered_fraction"]
+    # the draw's kept fraction and the budget it aimed at (rho 0.5 x RHO_SHARE, link unbounded)
+    assert 0 < row["thin_kept"] < 1 and row["thin_budget"] == pytest.approx(0.5 * thinned.RHO_SHARE)
+    assert np.isnan(buffer["site/thin_budget"]).sum() == 0
     # the clean stop wrote a checkpoint: both sides resume from it (each slot's f, the queue)
     p = run_mpirl(3, "--resume", str(run_dir), "--max-updates", "90", timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

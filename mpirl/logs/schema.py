@@ -434,6 +434,13 @@ BUFFER = (
                 "transitions",
                 "left at the edge by the thinning draw (replay_at=thinned; 0 otherwise)",
             ),
+            Field(
+                "thin_budget",
+                "f4",
+                "",
+                "replay_at=thinned: the expected fraction forwarded now, min(1, rho-budget, "
+                "link-budget) (docs/design.md, A third placement); NaN otherwise",
+            ),
             Field("throttled", "i8", "tokens", "actor tokens held back so far (token control)"),
             Field(
                 "prio_received",

@@ -73,6 +73,7 @@ SITE_FIELDS = {
     "forward_queue": 0,
     "forward_dropped": 0,
     "thinned": 0,
+    "thin_budget": np.nan,
     "inflight": 0,
     "window": 0,
     "rtt_s": np.nan,

@@ -216,7 +216,7 @@ class SiteThinning(SiteForwarding):
         self.pending += self.queue.dropped - dropped
 
     def site_row(self) -> dict[str, float]:
-        return {**super().site_row(), "thinned": self.thinned}
+        return {**super().site_row(), "thinned": self.thinned, "thin_budget": self.thinner.budget}
 
     def ship(self, now: float, stopping: bool) -> bool:
         self.measure(now)
