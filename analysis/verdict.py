@@ -15,6 +15,13 @@ Each generated section sits between ``<!-- BEGIN generated: NAME -->`` and
     cell, and a forest plot per family: ``forest-F.png``, ``forest-U.png``) go to
     ``docs/results/equal-time/``.
 
+``placement3``
+    Stage 1 of experiments/placement-3/plan.md (three placements) from
+    ``docs/results/data/placement-3/`` (`analysis.placement3`, the pre-registered analysis): the
+    headline table (which placement to use per cell, with its evidence, and what
+    ``--replay-at auto`` chose), the three families' decisions with their simultaneous
+    intervals, and each cell's secondary outcomes.
+
 ``reanalysis``
     The withdrawn fixed-update design re-analysed from its committed per-run rows
     (``docs/results/appendix/fixed-updates/paper-cells.csv`` and ``.../minatar/paper-cells.csv``,
@@ -266,10 +273,17 @@ def pilot() -> str:
     return E.pilot_section(ROOT / "docs" / "results" / "data" / "equal-time-pilot")
 
 
+def placement3() -> str:
+    from analysis import placement3 as P3
+
+    return P3.section()
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "equal_time": equal_time,
     "pilot": pilot,
     "reanalysis": reanalysis,
+    "placement3": placement3,
 }
 
 

@@ -1,0 +1,181 @@
+"""analysis.placement3, stage 1's pre-registered analysis (experiments/placement-3/plan.md), on
+synthetic exported rows: the three families' decisions, that every decision is its printed
+interval's, interim until every cell has its seeds, the headline's rule and auto's choices."""
+
+import csv
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from analysis import placement3 as P
+from analysis.export import RUN_FIELDS
+from analysis.tables import field
+
+
+def _rows(auc, time=None, mb=None, seeds=None, drop=()):
+    """Every cell x arm x planned seed. ``auc(cell, arm, seed)`` -> return AUC;
+    ``time(cell, arm, seed)`` -> time to target (None: not reached); ``mb(cell, arm)``."""
+    rng = np.random.default_rng(0)
+    time = time or (lambda c, a, s: 60.0 + rng.normal(0, 1))
+    mb = mb or (lambda c, a: {"learner": 50.0, "buffer": 80.0, "thinned": 30.0}[a])
+    out = []
+    for c in P.CELLS:
+        big_t = 135.0
+        for a in P.ARMS:
+            for s in range((seeds or P.SEEDS)[c]):
+                if (c, a, s) in drop:
+                    continue
+                t = time(c, a, s)
+                out.append(
+                    {"run": f"runs/x/{c}/replay_at={a}/seed{s}", "cell": c, "replay_at": a,
+                     "seed": s, "T": big_t, "auc_return": auc(c, a, s),
+                     "final_return": auc(c, a, s) * 1.2, "target": 475.0,
+                     "reached": t is not None, "time_to_target_s": big_t if t is None else t,
+                     "link_mb": mb(c, a) * (1 + 0.01 * rng.normal()), "U": 47.0,
+                     "delivered_fraction": 0.5, "train_loss": 0.001,
+                     "train_loss_unweighted": 0.1, "batch_td_q1": 2.0, "null_td_q1": 1.0,
+                     "thin_kept": 0.25 if a == "thinned" else math.nan,
+                     "thin_budget": 0.25 if a == "thinned" else math.nan}
+                )  # fmt: skip
+    return out
+
+
+def _write(tmp, rows, auto=None):
+    with open(tmp / "runs.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, RUN_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows([{k: field(v) for k, v in r.items()} for r in rows])
+    if auto:
+        P.write_auto([{"cell": c, "replay_at": a} for c, a in auto.items()], tmp)
+    return tmp
+
+
+def noisy(level):
+    """AUC = level(cell, arm) x a per-seed factor shared by the arms (paired) x 1% own noise."""
+    rng = np.random.default_rng(1)
+    cache = {}
+
+    def f(c, a, s):
+        if (c, s) not in cache:
+            cache[c, s] = rng.lognormal(0, 0.2)
+        return level(c, a) * cache[c, s] * rng.lognormal(0, 0.01)
+
+    return f
+
+
+def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
+    """Thinned as good as the learner arm (buffer at 0.5x), 1.5x the learner arm in the capped
+    cells, fewest bytes: every claim clears, and the headline names thinned everywhere."""
+    level = lambda c, a: {
+        "learner": 400,
+        "buffer": 200,
+        "thinned": 400 * (1.5 if c in P.CAPPED else 1),
+    }[a]  # noqa: E731,E501
+    cells, _ = P.read(_write(tmp_path, _rows(noisy(level))))
+    assert P.complete(cells)
+    ts = P.tests(cells)
+    assert len([t for t in ts if t.family == "not worse"]) == P.M_NOT_WORSE == 48
+    assert len([t for t in ts if t.family == "no more bytes"]) == P.M_BYTES == 12
+    assert len([t for t in ts if t.family == "beats both"]) == P.M_BEATS == 8
+    v = P.verdicts(ts)
+    assert all(v[c]["not worse"] == "not worse than either" for c in P.CELLS), v
+    assert all(v[c]["no more bytes"] == "no more bytes than learner" for c in P.CELLS)
+    assert all(v[c]["beats both"] == "beats both" for c in P.CAPPED)
+    assert {pick for pick, _ in P.headline(cells, ts).values()} == {"thinned"}
+    page = P.section(tmp_path)
+    assert "Interim" not in page and "the decisions below are the plan's" in page
+
+
+def test_every_decision_is_its_printed_interval(tmp_path):
+    """A test clears exactly when its one-sided p is below 0.025 / m (the interval's end past
+    the margin), and whatever Holm says it never claims more."""
+    rng = np.random.default_rng(5)
+    level = lambda c, a: {"learner": 400, "buffer": 380, "thinned": 390}[a]  # noqa: E731
+    auc = noisy(level)
+    rows = _rows(lambda c, a, s: auc(c, a, s) * rng.lognormal(0, 0.08))
+    cells, _ = P.read(_write(tmp_path, rows))
+    ts = P.tests(cells)
+    m = {"not worse": P.M_NOT_WORSE, "no more bytes": P.M_BYTES, "beats both": P.M_BEATS}
+    kinds = set()
+    for t in ts:
+        assert t.cleared == (t.p < P.ALPHA / 2 / m[t.family]), t
+        if t.cleared:
+            assert t.p_holm < P.ALPHA / 2
+        kinds.add(t.status().split(" at ")[0])
+    assert "clears" in kinds and "not shown" in kinds  # the scenario exercises both sides
+
+
+def test_holm_alone_claims_nothing():
+    t = P.Test("not worse", "cell=A", "learner", "AUC", 1.0, 0.85, 1.2, 20, 0.0004, 0.9, True,
+               p_holm=0.01)  # fmt: skip
+    assert not t.cleared and t.status() == "Holm only, not claimed"
+    assert P.Test(**{**t.__dict__, "low": 0.91}).status() == "clears"
+    assert P.Test(**{**t.__dict__, "low": 0.5, "high": 0.8}).status() == "clear miss"
+
+
+def test_a_clear_miss_is_reported_as_one_and_the_headline_falls_back(tmp_path):
+    """Thinned at half the learner arm's AUC and 30 s later to target; buffer at 0.6x: thinned
+    is worse on both outcomes against the learner arm, and the headline names the learner arm
+    by the descriptive buffer / learner ratio."""
+    level = lambda c, a: {"learner": 400, "buffer": 240, "thinned": 200}[a]  # noqa: E731
+    rng = np.random.default_rng(2)
+    time = lambda c, a, s: (90.0 if a == "thinned" else 60.0) + rng.normal(0, 1)  # noqa: E731
+    cells, _ = P.read(_write(tmp_path, _rows(noisy(level), time=time)))
+    v = P.verdicts(P.tests(cells))
+    assert "AUC against learner" in v["cell=A"]["not worse"]
+    assert "time to target against learner" in v["cell=A"]["not worse"]
+    assert v["cell=A"]["not worse"].startswith("worse: ")
+    assert all(v[c]["beats both"] == "loses to learner and buffer" for c in P.CAPPED)
+    pick, why = P.headline(cells, P.tests(cells))["cell=B"]
+    assert pick == "learner" and "descriptive" in why
+
+
+def test_interim_until_every_cell_has_its_seeds(tmp_path):
+    level = lambda c, a: 400.0  # noqa: E731
+    rows = _rows(noisy(level), drop={("cell=M", "thinned", 19)})
+    cells, _ = P.read(_write(tmp_path, rows))
+    assert not P.complete(cells) and P.seeds_run(cells["cell=M"]) == 19
+    page = P.section(tmp_path)
+    assert "**Interim**" in page and "interim, not decided" in page
+    assert f"{len(rows)} of 450 runs" in page
+    # no rows: says so, and nothing else
+    (tmp_path / "runs.csv").unlink()
+    assert P.section(tmp_path).startswith("Stage 1 has not run yet: 0 of 450 runs")
+
+
+def test_no_more_bytes_is_against_the_cheaper_arm(tmp_path):
+    """At rho 0.25 the buffer arm ships less than the learner arm: the bytes test is against
+    the buffer, and thinned at 1.5x the buffer's MB is a clear miss."""
+    mb = lambda c, a: {"learner": 80.0, "buffer": 20.0, "thinned": 30.0}[a]  # noqa: E731
+    cells, _ = P.read(_write(tmp_path, _rows(noisy(lambda c, a: 400.0), mb=mb)))
+    (b,) = [t for t in P.tests(cells) if t.family == "no more bytes" and t.cell == "cell=B"]
+    assert b.against == "buffer" and b.estimate == pytest.approx(1.5, rel=0.02) and b.missed
+    assert P.verdicts(P.tests(cells))["cell=B"]["no more bytes"] == "more bytes than buffer"
+
+
+def test_auto_choices_come_from_the_run_folders(tmp_path):
+    for label, pick in (("1.25,4", "learner"), ("A", "buffer"), ("M", "learner")):
+        d = tmp_path / "runs" / f"cell={label}" / "seed0"
+        d.mkdir(parents=True)
+        with h5py.File(d / "learner.h5", "w") as f:
+            f.attrs["replay_at_auto_json"] = json.dumps(
+                {"replay_at": pick, "confidence": "measured", "why": "the bytes rule"}
+            )
+    rows = P.auto_choices(tmp_path / "runs")
+    assert {r["cell"]: r["replay_at"] for r in rows} == {
+        "bandwidth_mbps=1.25, rho=4": "learner",
+        "cell=A": "buffer",
+        "cell=M": "learner",
+    }
+    data = tmp_path / "data"
+    P.write_auto(rows, data)
+    P.write_auto([{"cell": "cell=A", "replay_at": "thinned"}], data)  # a later check replaces
+    level = lambda c, a: {"learner": 400, "buffer": 200, "thinned": 400}[a]  # noqa: E731
+    _write(data, _rows(noisy(level)))
+    cells, auto = P.read(data)
+    assert auto["cell=A"] == "thinned" and auto["cell=M"] == "learner"
+    page = P.section(data)
+    assert "| thinned (same) |" in page and "| learner (differs) |" in page
