@@ -506,10 +506,50 @@ def section(data: Path = DATA) -> str:
             ],
         ),
     ]
+    lines += ["Forest plots, one per family (point, simultaneous interval, the margin in red):", ""]
+    lines += [f"![{fam}](results/placement-3/{name}.png)" for fam, name in FAMILY_FILES.items()]
+    lines.append("")
     for c in CELLS:
         if c in cells:
             lines += _secondary(c, cells[c])
     return "\n".join(lines).rstrip()
+
+
+FIGURES = ROOT / "docs" / "results" / "placement-3"
+FAMILY_FILES = {"not worse": "forest-not-worse", "no more bytes": "forest-bytes",
+                "beats both": "forest-beats-both"}  # fmt: skip
+
+
+def figures(data: Path = DATA, out: Path = FIGURES) -> list[Path]:
+    """A forest plot per family (``FAMILY_FILES``): one row per test, its simultaneous interval
+    and its margin; nothing before stage 1's first rows."""
+    from analysis.plots import ForestRow, plot_forest
+
+    cells, _ = read(data)
+    if not cells:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fam, name in FAMILY_FILES.items():
+        rows = [
+            ForestRow(f"{t.cell}: {t.outcome} vs {t.against}", t.estimate, t.low, t.high,
+                      unit="s" if t.outcome == "time to target" else "ratio", margin=t.margin)
+            for t in tests(cells)
+            if t.family == fam and t.cell in cells
+        ]  # fmt: skip
+        if rows:
+            paths.append(
+                plot_forest(
+                    rows,
+                    out / f"{name}.png",
+                    f"Stage 1, {fam}: thinned against each other arm",
+                    {
+                        "ratio": "thinned / other, simultaneous interval",
+                        "s": "thinned - other (s), simultaneous interval",
+                    },
+                )  # fmt: skip
+            )
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -387,12 +387,20 @@ class ForestRow:
     high: float
     paper: float | None = None
     unit: str = "ratio"
+    margin: float | None = None  # a pre-registered margin, drawn as a red bar
 
 
-def plot_forest(rows: Sequence[ForestRow], path: Path, title: str = "") -> Path:
+def plot_forest(
+    rows: Sequence[ForestRow],
+    path: Path,
+    title: str = "",
+    xlabels: dict[str, str] | None = None,
+) -> Path:
     """A forest plot of ``rows``, top to bottom in their order: one panel per unit (ratios on a
     log axis, differences in seconds on a linear one), each row's point and interval, a line at
-    no effect (1 or 0) and the paper's value as a red cross where it has one. PNG at ``path``."""
+    no effect (1 or 0), the paper's value as a red cross and a margin as a red bar where a row
+    has one. ``xlabels``: each unit's axis label (default: proposed against existing, 95%).
+    PNG at ``path``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
@@ -411,7 +419,7 @@ def plot_forest(rows: Sequence[ForestRow], path: Path, title: str = "") -> Path:
         if u == "ratio":
             ax.set_xscale("log")
         xs = [none]
-        papered = False
+        papered = margined = False
         for i, r in enumerate(rs):
             y = n - 1 - i
             if math.isfinite(r.low) and math.isfinite(r.high):
@@ -432,15 +440,30 @@ def plot_forest(rows: Sequence[ForestRow], path: Path, title: str = "") -> Path:
                 )
                 xs.append(r.paper)
                 papered = True
+            if r.margin is not None and math.isfinite(r.margin):
+                ax.plot(
+                    [r.margin],
+                    [y],
+                    "|",
+                    color="tab:red",
+                    ms=12,
+                    mew=2,
+                    label=None if margined else "margin",
+                )
+                xs.append(r.margin)
+                margined = True
         ax.axvline(none, color="k", lw=1)
         xs = [x for x in xs if math.isfinite(x) and (u != "ratio" or x > 0)]
         lo, hi = min(xs), max(xs)
         if u == "ratio":
             lo, hi = lo / 1.3, hi * 1.3
             ax.set_xlim(lo, hi)
-            ticks = [
-                v for v in (0.01, 0.03, 0.1, 0.26, 0.5, 1, 2, 3.92, 10, 30, 100) if lo <= v <= hi
-            ]
+            marks = {r.margin for r in rs if r.margin is not None and math.isfinite(r.margin)}
+            ticks = sorted(
+                v
+                for v in {0.01, 0.03, 0.1, 0.26, 0.5, 1, 2, 3.92, 10, 30, 100} | marks
+                if lo <= v <= hi
+            )
             ax.xaxis.set_major_locator(FixedLocator(ticks))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -450,12 +473,13 @@ def plot_forest(rows: Sequence[ForestRow], path: Path, title: str = "") -> Path:
         ax.set_yticks(range(n))
         ax.set_yticklabels([r.label for r in rs][::-1], fontsize=8)
         ax.set_ylim(-0.7, n - 0.3)
-        ax.set_xlabel(
+        default = (
             "proposed / existing, 95% interval"
             if u == "ratio"
             else "proposed - existing (s), 95% interval"
         )
-        if papered:
+        ax.set_xlabel((xlabels or {}).get(u, default))
+        if papered or margined:
             ax.legend(loc="best", fontsize=8)
     if title:
         fig.suptitle(title)

@@ -347,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         from analysis import equal_time as E
 
         E.figures(DATA, FIGURE_DIR)
+        from analysis import placement3 as P3
+
+        P3.figures()
     return 0
 
 

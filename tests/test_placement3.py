@@ -69,11 +69,10 @@ def noisy(level):
 def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
     """Thinned as good as the learner arm (buffer at 0.5x), 1.5x the learner arm in the capped
     cells, fewest bytes: every claim clears, and the headline names thinned everywhere."""
-    level = lambda c, a: {
-        "learner": 400,
-        "buffer": 200,
-        "thinned": 400 * (1.5 if c in P.CAPPED else 1),
-    }[a]  # noqa: E731,E501
+
+    def level(c, a):
+        return {"learner": 400, "buffer": 200, "thinned": 400 * (1.5 if c in P.CAPPED else 1)}[a]
+
     cells, _ = P.read(_write(tmp_path, _rows(noisy(level))))
     assert P.complete(cells)
     ts = P.tests(cells)
@@ -179,3 +178,13 @@ def test_auto_choices_come_from_the_run_folders(tmp_path):
     assert auto["cell=A"] == "thinned" and auto["cell=M"] == "learner"
     page = P.section(data)
     assert "| thinned (same) |" in page and "| learner (differs) |" in page
+
+
+def test_a_forest_plot_per_family(tmp_path):
+    pytest.importorskip("matplotlib")
+    level = lambda c, a: {"learner": 400, "buffer": 200, "thinned": 400}[a]  # noqa: E731
+    data = _write(tmp_path, _rows(noisy(level)))
+    paths = P.figures(data, tmp_path / "fig")
+    assert [p.name for p in paths] == [f"{n}.png" for n in P.FAMILY_FILES.values()]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    assert P.figures(tmp_path / "empty", tmp_path / "none") == []
