@@ -19,28 +19,41 @@ intervals shown are already the final level's).
 - *not worse* (m = 48 = 12 cells x 2 arms x 2 outcomes): the return AUC ratio
   thinned / other (paired t on log ratios) with margin 0.9, and time to target as the
   difference of restricted times (thinned - other, paired t on per-seed times each censored at
-  tau = the cell's shortest T; `analysis.stats.rmst_paired`) with margin +0.1 tau. A cell is
-  **not worse** when all four of its tests clear.
-- *no more bytes* (m = 12): link MB thinned / the cheaper arm (the one of learner and buffer
-  with the smaller median link MB in the cell), margin 1.05 from above.
+  tau = the cell's planned T, its spec's ``max_seconds``; `analysis.stats.rmst_paired`) with
+  margin +0.1 T. A cell is **not worse** when its two AUC tests and every informative time
+  test clear. A time test is **uninformative** when the env has no target (MinAtar Breakout:
+  cell M is judged on AUC alone, its m unchanged) or when no run of either arm reached the
+  target by T (every restricted time is T: a difference of exactly 0 by construction); it
+  neither clears nor misses and its p is left out of Holm.
+- *no more bytes* (m = 12, one claim per cell): link MB thinned / each of learner and buffer,
+  margin 1.05 from above ("at or below"). Both must clear: that implies the plan's "against the
+  cheaper arm" without choosing the cheaper one from the data, and as an intersection-union
+  test each test at the plan's level keeps the claim's level.
 - *beats both* (m = 8, the capped cells 1.25 and 5 Mb/s x rho 1 and 4): the AUC ratio against
   both, margin 1.
+
+Seeds present in one arm only, or whose ratio has a value <= 0 (an AUC of 0), are left out of
+that ratio and counted as unpaired beside it. A run that stopped before 95% of its cell's T is
+listed; its time to target counts as not reached by T.
 
 **Decisions and intervals are one procedure.** Every test is one-sided against its margin; its
 interval is the two-sided t-interval at 1 - 0.05/m (the plan's simultaneous level), whose end
 on the margin's side is the one-sided test at 0.025/m (Bonferroni). A test **clears** (the
 claim is made) when that end is past the margin, and is a **clear miss** when the whole
 interval lies on the wrong side of it. Holm's adjusted p of the same one-sided p-values is
-reported beside each test (at the one-sided 0.025): Holm rejects every test that clears, and a
-test that Holm rejects but that does not clear is marked "Holm only" and claims nothing, so no
-decision disagrees with the interval printed next to it. A test without an interval (n < 2) is
-"not shown".
+reported beside each test (at the one-sided 0.025; for bytes over the 12 cells' claims, each the
+larger p of its two tests): Holm rejects every test that clears, and a test that Holm rejects
+but that does not clear is marked "Holm only" and claims nothing, so no decision disagrees with
+the interval printed next to it. This reads plan.md's "Holm within each" together with its
+claims' wording ("the simultaneous lower end is above 0.9"): the interval decides, which is the
+more conservative of the two. A test without an interval (n < 2) is "not shown".
 
-**Headline** (where the replay memory should live, per cell): thinned where it beats both or
-is not worse than both; otherwise the better of learner and buffer by the paired AUC ratio when
-its 95% interval excludes 1 (descriptive: that comparison is in no family), and where it does
-not, "either", naming the one with fewer median link MB. Auto's choice (``auto.csv``) is shown
-beside it and whether it is the headline's.
+**Headline** (where the replay memory should live, per cell): thinned where it beats both, or
+where it is not worse than both and not a clear miss on bytes; otherwise the better of learner
+and buffer by the paired AUC ratio when its 95% interval excludes 1 (descriptive: that
+comparison is in no family), and where it does not, "either", naming the one with fewer median
+link MB. Auto's choice (``auto.csv``) is shown beside it: the same, one of "either", or
+different.
 
 **Secondary, reported, not tested**: per arm, the median return AUC, the final-window return
 IQM (mean of the middle half of the seeds' ``final_return``), restricted time to target and
@@ -78,6 +91,14 @@ MAP = tuple(f"bandwidth_mbps={b}, rho={r}" for b in BANDWIDTHS for r in RHOS)
 CELLS = DECIDING + MAP
 CAPPED = tuple(f"bandwidth_mbps={b}, rho={r}" for b in ("5", "1.25") for r in ("1", "4"))
 SEEDS = {c: 20 if c in DECIDING else 10 for c in CELLS}
+#: each cell's planned T (its spec's max_seconds): tau of the restricted times and their margin
+PLANNED_T = {
+    "cell=A": 135.0,
+    "cell=B": 360.0,
+    "cell=M": 600.0,
+    **{f"bandwidth_mbps={b}, rho={r}": 360.0 if r == "0.25" else 135.0 for b in BANDWIDTHS
+       for r in RHOS},
+}  # fmt: skip
 
 ALPHA = 0.05
 AUC_MARGIN, TIME_MARGIN, BYTES_MARGIN, BEATS_MARGIN = 0.9, 0.1, 1.05, 1.0
@@ -85,10 +106,11 @@ M_NOT_WORSE = len(CELLS) * len(OTHERS) * 2
 M_BYTES = len(CELLS)
 M_BEATS = len(CAPPED) * len(OTHERS)
 
-#: an auto check's folder label (experiments/placement-3/auto.toml) -> the stage-1 cell
+#: an auto check's folder (``cell=<label>``, experiments/placement-3/auto.toml and auto-M.toml,
+#: as mpirl.sweep.label writes the axis label "100,0.25") -> the stage-1 cell
 AUTO_CELL = {
-    **{f"{b},{r}": f"bandwidth_mbps={b}, rho={r}" for b in BANDWIDTHS for r in RHOS},
-    **{c[len("cell=") :]: c for c in DECIDING},
+    **{f"cell={b}-{r}": f"bandwidth_mbps={b}, rho={r}" for b in BANDWIDTHS for r in RHOS},
+    **{c: c for c in DECIDING},
 }
 
 Cell = dict[str, dict[int, dict[str, Any]]]  # arm -> seed -> row
@@ -110,17 +132,28 @@ class Test:
     margin: float
     above: bool  # the claim is "above the margin" (AUC) or "below it" (time, bytes)
     p_holm: float = math.nan
+    inclusive: bool = False  # "at or below" (bytes) rather than strictly past the margin
+    #: why the test cannot speak (no target for the env; neither arm reached it by T): it
+    #: neither clears nor misses, and its p is left out of Holm
+    uninformative: str = ""
+    unpaired: int = 0  # seeds in one arm only, or with a ratio's value <= 0 (left out)
+
+    @property
+    def _interval(self) -> bool:
+        return not self.uninformative and math.isfinite(self.low) and math.isfinite(self.high)
 
     @property
     def cleared(self) -> bool:
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+        if not self._interval:
             return False
-        return self.low > self.margin if self.above else self.high < self.margin
+        if self.above:
+            return self.low > self.margin
+        return self.high <= self.margin if self.inclusive else self.high < self.margin
 
     @property
     def missed(self) -> bool:
         """The whole interval on the wrong side of the margin."""
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+        if not self._interval:
             return False
         return self.high < self.margin if self.above else self.low > self.margin
 
@@ -129,6 +162,8 @@ class Test:
         return (not self.cleared) and math.isfinite(self.p_holm) and self.p_holm < ALPHA / 2
 
     def status(self) -> str:
+        if self.uninformative:
+            return self.uninformative
         if self.cleared:
             return "clears"
         if self.missed:
@@ -136,6 +171,8 @@ class Test:
         return "Holm only, not claimed" if self.holm_only else f"not shown at n = {self.n}"
 
     def interval_text(self) -> str:
+        if self.uninformative and not math.isfinite(self.estimate):
+            return "-"
         if self.outcome == "time to target":
             if not math.isfinite(self.low):
                 return f"{self.estimate:+.1f} s (no interval, n = {self.n})"
@@ -165,18 +202,26 @@ def ratio_test(
         lo = hi = r.estimate
     mean = math.log(r.estimate) if r.n and r.estimate > 0 else math.nan
     p = _one_sided(mean, r.sd, r.n, math.log(margin), above)
-    return Test(family, cell, against, outcome, r.estimate, lo, hi, r.n, p, margin, above)
+    return Test(family, cell, against, outcome, r.estimate, lo, hi, r.n, p, margin, above,
+                inclusive=family == "no more bytes", unpaired=r.unpaired)  # fmt: skip
 
 
 def time_test(cell_name: str, cell: Cell, against: str, m: int) -> Test:
-    d = time_diff(cell, against)
-    margin = TIME_MARGIN * d.tau if math.isfinite(d.tau) else math.nan
+    d = time_diff(cell_name, cell, against)
+    margin = TIME_MARGIN * PLANNED_T[cell_name]
     lo, hi = d.interval(1 - ALPHA / m) if d.n >= 2 else (math.nan, math.nan)
     if d.n >= 2 and d.sd == 0.0:
         lo = hi = d.estimate
     p = _one_sided(d.estimate, d.sd, d.n, margin, above=False)
-    return Test("not worse", cell_name, against, "time to target", d.estimate, lo, hi, d.n, p,
-                margin, False)  # fmt: skip
+    why = ""
+    rows = [r for a in (NEW, against) for r in cell.get(a, {}).values()]
+    if rows and not any(math.isfinite(float(r.get("target", math.nan))) for r in rows):
+        why = "no target for this env"
+    elif d.n and d.reached_learner == 0 and d.reached_buffer == 0:
+        why = "neither arm reached the target by T"
+    return Test("not worse", cell_name, against, "time to target", d.estimate, lo, hi, d.n,
+                math.nan if why else p, margin, False, uninformative=why,
+                unpaired=d.unpaired)  # fmt: skip
 
 
 def _values(cell: Cell, arm: str, key: str) -> dict[int, float]:
@@ -187,12 +232,13 @@ def auc_ratio(cell: Cell, against: str) -> LogRatio:
     return log_ratio_t(_values(cell, NEW, "auc_return"), _values(cell, against, "auc_return"))
 
 
-def time_diff(cell: Cell, against: str, arm: str = NEW) -> TimeDiff:
-    """``arm`` - ``against``: restricted times to target, censored at the cell's shortest T."""
+def time_diff(cell_name: str, cell: Cell, against: str, arm: str = NEW) -> TimeDiff:
+    """``arm`` - ``against``: restricted times to target, censored at the cell's planned T
+    (`PLANNED_T`; a run that stopped before it is listed by `short_runs`)."""
     rows = [r for a in (arm, against) for r in cell.get(a, {}).values()]
     if not rows or not all(math.isfinite(float(r.get("target", math.nan))) for r in rows):
         return TimeDiff(math.nan, math.nan, math.nan, math.nan, 0)
-    tau = min(float(r["T"]) for r in rows)
+    tau = PLANNED_T[cell_name]
 
     def side(a: str) -> dict[int, tuple[float, bool]]:
         return {
@@ -203,11 +249,24 @@ def time_diff(cell: Cell, against: str, arm: str = NEW) -> TimeDiff:
     return rmst_paired(side(arm), side(against), tau)
 
 
-def cheaper(cell: Cell) -> str:
-    """The one of learner and buffer with the smaller median link MB (learner on a tie)."""
+def cheaper(cell: Cell) -> str | None:
+    """The one of learner and buffer with the smaller median link MB (learner on a tie); None
+    while either has none."""
     med = {a: _median(cell, a, "link_mb") for a in OTHERS}
-    ok = {a: v for a, v in med.items() if math.isfinite(v)}
-    return min(ok, key=lambda a: (ok[a], OTHERS.index(a))) if ok else OTHERS[0]
+    if not all(math.isfinite(v) for v in med.values()):
+        return None
+    return min(OTHERS, key=lambda a: (med[a], OTHERS.index(a)))
+
+
+def short_runs(cells: dict[str, Cell]) -> list[str]:
+    """Runs whose T is under 95% of their cell's planned T (they stopped early)."""
+    return [
+        f"{c} {a} seed {s} (T {brief(float(r['T']))} s)"
+        for c, cell in cells.items()
+        for a in ARMS
+        for s, r in sorted(cell.get(a, {}).items())
+        if float(r.get("T", math.nan)) < 0.95 * PLANNED_T[c]
+    ]
 
 
 def _median(cell: Cell, arm: str, key: str) -> float:
@@ -225,17 +284,25 @@ def tests(cells: dict[str, Cell]) -> list[Test]:
             nw.append(ratio_test("not worse", c, o, "AUC", auc_ratio(cell, o), AUC_MARGIN,
                                  M_NOT_WORSE, True))  # fmt: skip
             nw.append(time_test(c, cell, o, M_NOT_WORSE))
-        o = cheaper(cell)
-        r = log_ratio_t(_values(cell, NEW, "link_mb"), _values(cell, o, "link_mb"))
-        by.append(ratio_test("no more bytes", c, o, "link MB", r, BYTES_MARGIN, M_BYTES, False))
+        for o in OTHERS:  # against both: implies "against the cheaper", with no choice
+            r = log_ratio_t(_values(cell, NEW, "link_mb"), _values(cell, o, "link_mb"))
+            by.append(ratio_test("no more bytes", c, o, "link MB", r, BYTES_MARGIN, M_BYTES,
+                                 False))  # fmt: skip
         if c in CAPPED:
             for o in OTHERS:
                 bb.append(ratio_test("beats both", c, o, "AUC", auc_ratio(cell, o), BEATS_MARGIN,
                                      M_BEATS, True))  # fmt: skip
     out = []
-    for fam in (nw, by, bb):
+    for fam in (nw, bb):
         adj = holm([t.p for t in fam])
         out += [Test(**{**t.__dict__, "p_holm": a}) for t, a in zip(fam, adj, strict=True)]
+    # bytes: one claim per cell, both of its tests (intersection-union: its p is the larger)
+    per_cell = [
+        max(by[i].p, by[i + 1].p) if math.isfinite(by[i].p + by[i + 1].p) else math.nan
+        for i in range(0, len(by), 2)
+    ]
+    adj = holm(per_cell)
+    out += [Test(**{**t.__dict__, "p_holm": adj[i // 2]}) for i, t in enumerate(by)]
     return out
 
 
@@ -255,21 +322,27 @@ def verdicts(ts: list[Test]) -> dict[str, dict[str, str]]:
     for c in CELLS:
         mine = [t for t in ts if t.cell == c]
         nw = [t for t in mine if t.family == "not worse"]
-        n = min((t.n for t in nw), default=0)
-        miss = [f"{t.outcome} against {t.against}" for t in nw if t.missed]
-        if all(t.cleared for t in nw):
-            out[c]["not worse"] = "not worse than either"
+        speak = [t for t in nw if not t.uninformative]
+        silent = sorted({t.uninformative for t in nw if t.uninformative})
+        n = min((t.n for t in speak), default=0)
+        miss = [f"{t.outcome} against {t.against}" for t in speak if t.missed]
+        aucs = [t for t in speak if t.outcome == "AUC"]
+        if len(aucs) == len(OTHERS) and all(t.cleared for t in speak):
+            out[c]["not worse"] = "not worse than either" + (
+                f" (time to target: {'; '.join(silent)})" if silent else ""
+            )
         elif miss:
             out[c]["not worse"] = "worse: " + ", ".join(miss)
         else:
             out[c]["not worse"] = f"not shown at n = {n}"
-        (b,) = [t for t in mine if t.family == "no more bytes"]
+        by = [t for t in mine if t.family == "no more bytes"]
+        over = [t.against for t in by if t.missed]
         out[c]["no more bytes"] = (
-            f"no more bytes than {b.against}"
-            if b.cleared
-            else f"more bytes than {b.against}"
-            if b.missed
-            else f"not shown at n = {b.n}"
+            "no more bytes than either"
+            if all(t.cleared for t in by)
+            else "more bytes than " + " and ".join(over)
+            if over
+            else f"not shown at n = {min(t.n for t in by)}"
         )
         bb = [t for t in mine if t.family == "beats both"]
         if bb:
@@ -291,57 +364,61 @@ def headline(cells: dict[str, Cell], ts: list[Test]) -> dict[str, tuple[str, str
     for c in CELLS:
         cell = cells.get(c, {})
         if v[c].get("beats both") == "beats both":
-            out[c] = (NEW, "beats both on return AUC")
+            out[c] = (NEW, f"beats both on return AUC; {v[c]['no more bytes']}")
             continue
-        if v[c]["not worse"] == "not worse than either":
-            out[c] = (NEW, f"not worse than either; {v[c]['no more bytes']}")
+        if v[c]["not worse"].startswith("not worse than either") and not v[c][
+            "no more bytes"
+        ].startswith("more bytes"):
+            out[c] = (NEW, f"{v[c]['not worse']}; {v[c]['no more bytes']}")
             continue
         r = log_ratio_t(
             _values(cell, "buffer", "auc_return"), _values(cell, "learner", "auc_return")
         )
+        thin = f"thinned: {v[c]['not worse']}, {v[c]['no more bytes']}"
         if r.n >= 2 and math.isfinite(r.low) and (r.low > 1 or r.high < 1):
             best = "buffer" if r.low > 1 else "learner"
-            out[c] = (best, f"buffer / learner AUC {r.text(2)} (95%, descriptive); thinned "
-                            f"{v[c]['not worse']}")  # fmt: skip
+            out[c] = (best, f"buffer / learner AUC {r.text(2)} (95%, descriptive); {thin}")
         elif r.n >= 2:
             cheap = cheaper(cell)
             out[c] = (
-                f"either ({cheap}: fewer bytes)",
-                f"buffer / learner AUC {r.text(2)} (95%, descriptive); thinned {v[c]['not worse']}",
+                "either" + (f" ({cheap}: fewer bytes)" if cheap else ""),
+                f"buffer / learner AUC {r.text(2)} (95%, descriptive); {thin}",
             )
         else:
-            out[c] = ("-", "not run")
+            out[c] = ("-", f"too few seeds in learner and buffer (n = {r.n})")
     return out
 
 
 # ---- auto's choices --------------------------------------------------------------------------
 
 
-def auto_choices(root: Path) -> list[dict[str, str]]:
+def auto_choices(root: Path) -> tuple[list[dict[str, str]], list[str]]:
     """What ``--replay-at auto`` chose in each auto check under ``root`` (its learner.h5
-    attribute ``replay_at_auto_json``), one row per cell (`AUTO_CELL`)."""
+    attribute ``replay_at_auto_json``), one row per cell (`AUTO_CELL`), and the cells with no
+    check there.  Folders the sweep set aside (``*.incomplete-<n>``) are not checks."""
     import h5py
 
-    rows = []
+    rows = {}
     for h5 in sorted(root.rglob("learner.h5")):
-        label = next((p[len("cell=") :] for p in h5.parts if p.startswith("cell=")), None)
-        if label not in AUTO_CELL:
+        if any(".incomplete" in p for p in h5.parts):
+            continue
+        folder = next((p for p in h5.parts if p in AUTO_CELL), None)
+        if folder is None:
             continue
         with h5py.File(h5, "r") as f:
             raw = f.attrs.get("replay_at_auto_json")
         if raw is None:
             raise SystemExit(f"{h5}: no replay_at_auto_json attribute (not an auto run?)")
         advice = json.loads(raw)
-        rows.append(
-            {
-                "cell": AUTO_CELL[label],
-                "replay_at": advice["replay_at"],
-                "confidence": advice.get("confidence", ""),
-                "why": advice.get("why", ""),
-                "run": str(h5.parent),
-            }
-        )
-    return rows
+        rows[AUTO_CELL[folder]] = {
+            "cell": AUTO_CELL[folder],
+            "replay_at": advice["replay_at"],
+            "confidence": advice.get("confidence", ""),
+            "why": advice.get("why", ""),
+            "run": str(h5.parent),
+        }
+    missing = [c for c in CELLS if c not in rows]
+    return [rows[c] for c in CELLS if c in rows], missing
 
 
 def write_auto(rows: list[dict[str, str]], data: Path = DATA) -> Path:
@@ -387,10 +464,10 @@ def _secondary(c: str, cell: Cell) -> list[str]:
         med = lambda k, a=a: brief(_median(cell, a, k))  # noqa: E731
         tq = [_median_ratio(cell, a, f"batch_td_q{k}", f"null_td_q{k}") for k in (1, 2, 3, 4)]
         if a == NEW:
-            d = time_diff(cell, "learner", arm=NEW)
+            d = time_diff(c, cell, "learner", arm=NEW)
             rm, hit = d.rmst_buffer, d.reached_buffer
         else:
-            d = time_diff(cell, NEW, arm=a)
+            d = time_diff(c, cell, NEW, arm=a)
             rm, hit = d.rmst_buffer, d.reached_buffer
         rows.append(
             [
@@ -450,7 +527,15 @@ def section(data: Path = DATA) -> str:
             continue
         pick, why = hl[c]
         a = auto.get(c, "-")
-        same = "" if a == "-" else (" (same)" if a == pick or "either" in pick else " (differs)")
+        same = (
+            ""
+            if a == "-"
+            else " (same)"
+            if a == pick
+            else " (one of either)"
+            if pick.startswith("either") and a in OTHERS
+            else " (differs)"
+        )
         head_rows.append([c, f"{seeds_run(cells[c])}/{SEEDS[c]}", pick, why, a + same])
     lines += [
         "",
@@ -473,7 +558,8 @@ def section(data: Path = DATA) -> str:
             ],
         ),
         "Every test (one-sided against its margin; interval at 1 - 0.05/m, whose end on the "
-        "margin's side decides; Holm's p beside):",
+        "margin's side decides; Holm's p beside, for bytes per cell over both arms' tests; "
+        "unpaired: seeds in one arm only, or with a value <= 0, left out of the ratio):",
         "",
         md_table(
             [
@@ -496,7 +582,7 @@ def section(data: Path = DATA) -> str:
                     t.against,
                     t.interval_text(),
                     (f"+{t.margin:.1f} s" if t.outcome == "time to target" else f"{t.margin:g}"),
-                    str(t.n),
+                    str(t.n) + (f" ({t.unpaired} unpaired)" if t.unpaired else ""),
                     brief(t.p),
                     brief(t.p_holm),
                     t.status(),
@@ -506,6 +592,13 @@ def section(data: Path = DATA) -> str:
             ],
         ),
     ]
+    short = short_runs(cells)
+    if short:
+        lines += [
+            f"Runs that stopped before 95% of their cell's T ({len(short)}; their time to "
+            "target counts as not reached by T): " + ", ".join(short) + ".",
+            "",
+        ]
     lines += ["Forest plots, one per family (point, simultaneous interval, the margin in red):", ""]
     lines += [f"![{fam}](results/placement-3/{name}.png)" for fam, name in FAMILY_FILES.items()]
     lines.append("")
@@ -565,9 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         if not a.auto.exists():
             print(f"analysis.placement3: {a.auto} does not exist", file=sys.stderr)
             return 2
-        rows = auto_choices(a.auto)
+        rows, missing = auto_choices(a.auto)
         print(f"analysis.placement3: {len(rows)} auto choices into {write_auto(rows, a.data)}")
-        return 0 if rows else 1
+        if missing:
+            print(
+                f"analysis.placement3: no auto check under {a.auto} for {', '.join(missing)}: "
+                "run experiments/placement-3/auto.toml and auto-M.toml",
+                file=sys.stderr,
+            )
+        return 1 if missing else 0
     print(section(a.data))
     return 0
 

@@ -23,7 +23,7 @@ def _rows(auc, time=None, mb=None, seeds=None, drop=()):
     mb = mb or (lambda c, a: {"learner": 50.0, "buffer": 80.0, "thinned": 30.0}[a])
     out = []
     for c in P.CELLS:
-        big_t = 135.0
+        big_t = P.PLANNED_T[c]
         for a in P.ARMS:
             for s in range((seeds or P.SEEDS)[c]):
                 if (c, a, s) in drop:
@@ -77,11 +77,11 @@ def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
     assert P.complete(cells)
     ts = P.tests(cells)
     assert len([t for t in ts if t.family == "not worse"]) == P.M_NOT_WORSE == 48
-    assert len([t for t in ts if t.family == "no more bytes"]) == P.M_BYTES == 12
+    assert len([t for t in ts if t.family == "no more bytes"]) == 2 * P.M_BYTES == 24
     assert len([t for t in ts if t.family == "beats both"]) == P.M_BEATS == 8
     v = P.verdicts(ts)
     assert all(v[c]["not worse"] == "not worse than either" for c in P.CELLS), v
-    assert all(v[c]["no more bytes"] == "no more bytes than learner" for c in P.CELLS)
+    assert all(v[c]["no more bytes"] == "no more bytes than either" for c in P.CELLS)
     assert all(v[c]["beats both"] == "beats both" for c in P.CAPPED)
     assert {pick for pick, _ in P.headline(cells, ts).values()} == {"thinned"}
     page = P.section(tmp_path)
@@ -145,39 +145,96 @@ def test_interim_until_every_cell_has_its_seeds(tmp_path):
     assert P.section(tmp_path).startswith("Stage 1 has not run yet: 0 of 450 runs")
 
 
-def test_no_more_bytes_is_against_the_cheaper_arm(tmp_path):
-    """At rho 0.25 the buffer arm ships less than the learner arm: the bytes test is against
-    the buffer, and thinned at 1.5x the buffer's MB is a clear miss."""
+def test_no_more_bytes_is_against_both_arms(tmp_path):
+    """At rho 0.25 the buffer arm ships less than the learner arm: thinned at 1.5x the buffer's
+    MB (0.375x the learner's) is a clear miss against the buffer, so not "no more bytes"."""
     mb = lambda c, a: {"learner": 80.0, "buffer": 20.0, "thinned": 30.0}[a]  # noqa: E731
     cells, _ = P.read(_write(tmp_path, _rows(noisy(lambda c, a: 400.0), mb=mb)))
-    (b,) = [t for t in P.tests(cells) if t.family == "no more bytes" and t.cell == "cell=B"]
-    assert b.against == "buffer" and b.estimate == pytest.approx(1.5, rel=0.02) and b.missed
-    assert P.verdicts(P.tests(cells))["cell=B"]["no more bytes"] == "more bytes than buffer"
+    ts = P.tests(cells)
+    b = {t.against: t for t in ts if t.family == "no more bytes" and t.cell == "cell=B"}
+    assert b["buffer"].estimate == pytest.approx(1.5, rel=0.02) and b["buffer"].missed
+    assert b["learner"].cleared and P.cheaper(cells["cell=B"]) == "buffer"
+    assert P.verdicts(ts)["cell=B"]["no more bytes"] == "more bytes than buffer"
+    # one Holm p per cell's claim, on both its rows
+    assert b["buffer"].p_holm == b["learner"].p_holm
 
 
-def test_auto_choices_come_from_the_run_folders(tmp_path):
-    for label, pick in (("1.25,4", "learner"), ("A", "buffer"), ("M", "learner")):
-        d = tmp_path / "runs" / f"cell={label}" / "seed0"
-        d.mkdir(parents=True)
-        with h5py.File(d / "learner.h5", "w") as f:
+def test_time_to_target_is_uninformative_without_a_target_or_a_hit(tmp_path):
+    """No run reaches the target in the capped cells (every restricted time is T, a difference
+    of 0 by construction), and cell M's env has none: those time tests neither clear nor miss,
+    carry no p into Holm, and the cells are judged on their AUC tests."""
+    capped_never = lambda c, a, s: None if c in P.CAPPED else 60.0 + s * 0.1 + (a == "buffer")  # noqa: E731
+    rows = _rows(noisy(lambda c, a: 400.0), time=capped_never)
+    for r in rows:
+        if r["cell"] == "cell=M":
+            r["target"], r["reached"] = math.nan, False
+    cells, _ = P.read(_write(tmp_path, rows))
+    ts = P.tests(cells)
+    t = {(x.cell, x.against): x for x in ts if x.outcome == "time to target"}
+    never = t[P.CAPPED[0], "learner"]
+    assert never.uninformative == "neither arm reached the target by T" and math.isnan(never.p)
+    assert not never.cleared and not never.missed and never.status() == never.uninformative
+    assert t["cell=M", "buffer"].uninformative == "no target for this env"
+    assert t["cell=A", "learner"].cleared and not t["cell=A", "learner"].uninformative
+    v = P.verdicts(ts)
+    assert v["cell=M"]["not worse"] == (
+        "not worse than either (time to target: no target for this env)"
+    )
+    assert v["cell=A"]["not worse"] == "not worse than either"
+
+
+def test_tau_and_the_margin_are_the_planned_t_and_a_short_run_is_listed(tmp_path):
+    """One learner run of cell A stopped at 30 s: the cell's tau stays 135 s (the margin
+    13.5 s), that run counts as not reached, and the section lists it."""
+    late = lambda c, a, s: 60.0 + s * 0.1 + (40.0 if a == "thinned" else 0.0)  # noqa: E731
+    rows = _rows(noisy(lambda c, a: 400.0), time=late)
+    for r in rows:
+        if r["cell"] == "cell=A" and r["replay_at"] == "learner" and r["seed"] == 3:
+            r["T"], r["reached"], r["time_to_target_s"] = 30.0, False, 30.0
+    cells, _ = P.read(_write(tmp_path, rows))
+    t = {(x.cell, x.against): x for x in P.tests(cells) if x.outcome == "time to target"}
+    assert t["cell=A", "learner"].margin == t["cell=A", "buffer"].margin == 13.5
+    assert t["cell=A", "learner"].missed and t["cell=A", "buffer"].missed  # 40 s later
+    assert P.short_runs(cells) == ["cell=A learner seed 3 (T 30 s)"]
+    assert "cell=A learner seed 3 (T 30 s)" in P.section(tmp_path)
+
+
+def test_auto_choices_come_from_the_run_folders(tmp_path, monkeypatch):
+    """The auto checks' folders as mpirl.sweep names them from auto.toml and auto-M.toml (a
+    label "100,0.25" becomes cell=100-0.25); a set-aside folder is not a check; a cell without
+    one is named."""
+    from mpirl.sweep import expand, load_spec
+
+    root = P.ROOT / "experiments" / "placement-3"
+    monkeypatch.chdir(tmp_path)
+    runs = [r for f in ("auto.toml", "auto-M.toml") for r in expand(load_spec(root / f))]
+    assert len(runs) == 12
+    for i, r in enumerate(runs[:-1]):  # every check but the last (M)
+        r.run_dir.mkdir(parents=True)
+        with h5py.File(r.run_dir / "learner.h5", "w") as f:
+            pick = "buffer" if i == 9 else "learner"  # the tenth is cell A
             f.attrs["replay_at_auto_json"] = json.dumps(
                 {"replay_at": pick, "confidence": "measured", "why": "the bytes rule"}
             )
-    rows = P.auto_choices(tmp_path / "runs")
-    assert {r["cell"]: r["replay_at"] for r in rows} == {
-        "bandwidth_mbps=1.25, rho=4": "learner",
-        "cell=A": "buffer",
-        "cell=M": "learner",
-    }
+    aside = runs[0].run_dir.with_name("seed0.incomplete-1")
+    aside.mkdir()
+    with h5py.File(aside / "learner.h5", "w") as f:
+        f.attrs["replay_at_auto_json"] = json.dumps({"replay_at": "thinned"})
+    rows, missing = P.auto_choices(tmp_path / "runs" / "placement-3" / "auto")
+    got = {r["cell"]: r["replay_at"] for r in rows}
+    assert len(got) == 11 and missing == ["cell=M"]
+    assert got["cell=A"] == "buffer" and got["bandwidth_mbps=100, rho=0.25"] == "learner"
     data = tmp_path / "data"
     P.write_auto(rows, data)
     P.write_auto([{"cell": "cell=A", "replay_at": "thinned"}], data)  # a later check replaces
     level = lambda c, a: {"learner": 400, "buffer": 200, "thinned": 400}[a]  # noqa: E731
     _write(data, _rows(noisy(level)))
     cells, auto = P.read(data)
-    assert auto["cell=A"] == "thinned" and auto["cell=M"] == "learner"
+    assert auto["cell=A"] == "thinned" and auto["cell=B"] == "learner"
     page = P.section(data)
     assert "| thinned (same) |" in page and "| learner (differs) |" in page
+    assert P.main(["--auto", str(tmp_path / "runs" / "placement-3" / "auto"), "--data",
+                   str(data)]) == 1  # fmt: skip
 
 
 def test_a_forest_plot_per_family(tmp_path):
