@@ -46,7 +46,8 @@ larger p of its two tests): Holm rejects every test that clears, and a test that
 but that does not clear is marked "Holm only" and claims nothing, so no decision disagrees with
 the interval printed next to it. This reads plan.md's "Holm within each" together with its
 claims' wording ("the simultaneous lower end is above 0.9"): the interval decides, which is the
-more conservative of the two. A test without an interval (n < 2) is "not shown".
+more conservative of the two. A test without an interval (n < 2) is "not shown"; Holm counts
+it as p = 1 (its m stays the planned family's while cells are still running).
 
 **Headline** (where the replay memory should live, per cell): thinned where it beats both, or
 where it is not worse than both and not a clear miss on bytes; otherwise the better of learner
@@ -294,16 +295,21 @@ def tests(cells: dict[str, Cell]) -> list[Test]:
                                      M_BEATS, True))  # fmt: skip
     out = []
     for fam in (nw, bb):
-        adj = holm([t.p for t in fam])
+        adj = holm([_for_holm(t) for t in fam])
         out += [Test(**{**t.__dict__, "p_holm": a}) for t, a in zip(fam, adj, strict=True)]
     # bytes: one claim per cell, both of its tests (intersection-union: its p is the larger)
-    per_cell = [
-        max(by[i].p, by[i + 1].p) if math.isfinite(by[i].p + by[i + 1].p) else math.nan
-        for i in range(0, len(by), 2)
-    ]
+    per_cell = [max(_for_holm(by[i]), _for_holm(by[i + 1])) for i in range(0, len(by), 2)]
     adj = holm(per_cell)
     out += [Test(**{**t.__dict__, "p_holm": adj[i // 2]}) for i, t in enumerate(by)]
     return out
+
+
+def _for_holm(t: Test) -> float:
+    """A test's p as Holm counts it: an uninformative one is no test (NaN, left out), one
+    without a p yet (n < 2, interim) counts as p = 1 so Holm's m stays the planned family's."""
+    if t.uninformative:
+        return math.nan
+    return t.p if math.isfinite(t.p) else 1.0
 
 
 def seeds_run(cell: Cell) -> int:
@@ -529,7 +535,7 @@ def section(data: Path = DATA) -> str:
         a = auto.get(c, "-")
         same = (
             ""
-            if a == "-"
+            if a == "-" or pick == "-"
             else " (same)"
             if a == pick
             else " (one of either)"
@@ -537,12 +543,17 @@ def section(data: Path = DATA) -> str:
             else " (differs)"
         )
         head_rows.append([c, f"{seeds_run(cells[c])}/{SEEDS[c]}", pick, why, a + same])
+    grid = [
+        [f"{b} Mb/s"] + [hl[f"bandwidth_mbps={b}, rho={r}"][0] for r in RHOS] for b in BANDWIDTHS
+    ]
     lines += [
         "",
         "**Where should the replay memory live?** (the plan's rule; "
         + ("decided" if done else "interim, not decided")
-        + ")",
+        + "): by link rate and replay ratio (CartPole-v1, 12,000 env steps/s, 30 ms), then "
+        "every cell with its evidence and what `--replay-at auto` chose.",
         "",
+        md_table(["link", *(f"rho {r}" for r in RHOS)], grid),
         md_table(["cell", "seeds", "use", "evidence", "auto chose"], head_rows),
     ]
     v = verdicts(ts)
@@ -600,7 +611,12 @@ def section(data: Path = DATA) -> str:
             "",
         ]
     lines += ["Forest plots, one per family (point, simultaneous interval, the margin in red):", ""]
-    lines += [f"![{fam}](results/placement-3/{name}.png)" for fam, name in FAMILY_FILES.items()]
+    drawn = {t.family for t in ts if t.cell in cells}  # as `figures` draws them
+    lines += [
+        f"![{fam}](results/placement-3/{name}.png)"
+        for fam, name in FAMILY_FILES.items()
+        if fam in drawn
+    ]
     lines.append("")
     for c in CELLS:
         if c in cells:

@@ -86,6 +86,7 @@ def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
     assert {pick for pick, _ in P.headline(cells, ts).values()} == {"thinned"}
     page = P.section(tmp_path)
     assert "Interim" not in page and "the decisions below are the plan's" in page
+    assert "| 1.25 Mb/s | thinned | thinned | thinned |" in page  # the link x rho grid
 
 
 def test_every_decision_is_its_printed_interval(tmp_path):
@@ -245,3 +246,14 @@ def test_a_forest_plot_per_family(tmp_path):
     assert [p.name for p in paths] == [f"{n}.png" for n in P.FAMILY_FILES.values()]
     assert all(p.stat().st_size > 10_000 for p in paths)
     assert P.figures(tmp_path / "empty", tmp_path / "none") == []
+
+
+def test_holm_counts_the_planned_family_while_cells_run(tmp_path):
+    """Only cell A has run: Holm's m is still the planned 48 (the missing tests count as p = 1),
+    so the smallest p is multiplied by 48, not by A's 4 (the interim table read "Holm only"
+    where the final family would not)."""
+    rows = [r for r in _rows(noisy(lambda c, a: 400.0)) if r["cell"] == "cell=A"]
+    cells, _ = P.read(_write(tmp_path, rows))
+    nw = [t for t in P.tests(cells) if t.family == "not worse" and t.cell == "cell=A"]
+    best = min(nw, key=lambda t: t.p)
+    assert best.p_holm == pytest.approx(min(1.0, 48 * best.p))
