@@ -318,7 +318,7 @@ def seeds_run(cell: Cell) -> int:
     return len(set.intersection(*sets)) if sets else 0
 
 
-def complete(cells: dict[str, Cell]) -> bool:
+def all_seeds_in(cells: dict[str, Cell]) -> bool:
     return all(seeds_run(cells.get(c, {})) >= SEEDS[c] for c in CELLS)
 
 
@@ -363,7 +363,7 @@ def verdicts(ts: list[Test]) -> dict[str, dict[str, str]]:
     return out
 
 
-def headline(cells: dict[str, Cell], ts: list[Test]) -> dict[str, tuple[str, str]]:
+def placement_to_use(cells: dict[str, Cell], ts: list[Test]) -> dict[str, tuple[str, str]]:
     """Per cell: (the placement to use, the evidence), by the module docstring's rule."""
     out = {}
     v = verdicts(ts)
@@ -442,7 +442,7 @@ def write_auto(rows: list[dict[str, str]], data: Path = DATA) -> Path:
 # ---- the section -----------------------------------------------------------------------------
 
 
-def read(data: Path = DATA) -> tuple[dict[str, Cell], dict[str, str]]:
+def read_stage1(data: Path = DATA) -> tuple[dict[str, Cell], dict[str, str]]:
     rows = read_rows(data / "runs.csv") if (data / "runs.csv").exists() else []
     cells = {c: v for c, v in by_cell(rows).items() if c in CELLS}
     auto = {}
@@ -503,20 +503,19 @@ def _median_ratio(cell: Cell, arm: str, num: str, den: str) -> float:
     return float(np.median(x)) if len(x) else math.nan
 
 
-def section(data: Path = DATA) -> str:
-    cells, auto = read(data)
+def stage1_section(data: Path = DATA) -> str:
+    """docs/results.md's ``placement3`` section from the committed rows."""
+    cells, auto = read_stage1(data)
     n_runs = sum(len(s) for cell in cells.values() for s in cell.values())
     planned = sum(SEEDS[c] * len(ARMS) for c in CELLS)
-    lines = []
     if not n_runs:
-        lines.append(
+        return (
             f"Stage 1 has not run yet: 0 of {planned} runs (experiments/placement-3/*.toml). "
             "This section is generated from `docs/results/data/placement-3/runs.csv` by the "
             "analysis committed before any of them (`analysis.placement3`)."
         )
-        return "\n".join(lines)
-    done = complete(cells)
-    lines.append(
+    done = all_seeds_in(cells)
+    lines = [
         f"{n_runs} of {planned} runs. "
         + (
             "Every cell has its planned seeds: the decisions below are the plan's."
@@ -524,29 +523,52 @@ def section(data: Path = DATA) -> str:
             else "**Interim**: not every cell has its planned seeds, so nothing below is "
             "decided; the intervals are already at the final simultaneous level."
         )
-    )
+    ]
     ts = tests(cells)
-    head_rows = []
-    hl = headline(cells, ts)
+    lines += _use_block(cells, ts, auto, done) + _tests_block(cells, ts)
+    short = short_runs(cells)
+    if short:
+        lines += [
+            f"Runs that stopped before 95% of their cell's T ({len(short)}; their time to "
+            "target counts as not reached by T): " + ", ".join(short) + ".",
+            "",
+        ]
+    lines += ["Forest plots, one per family (point, simultaneous interval, the margin in red):", ""]
+    drawn = {t.family for t in ts if t.cell in cells}  # as `stage1_figures` draws them
+    lines += [
+        f"![{fam}](results/placement-3/{name}.png)"
+        for fam, name in FAMILY_FILES.items()
+        if fam in drawn
+    ]
+    lines.append("")
     for c in CELLS:
-        if c not in cells:
-            continue
-        pick, why = hl[c]
-        a = auto.get(c, "-")
-        same = (
-            ""
-            if a == "-" or pick == "-"
-            else " (same)"
-            if a == pick
-            else " (one of either)"
-            if pick.startswith("either") and a in OTHERS
-            else " (differs)"
-        )
-        head_rows.append([c, f"{seeds_run(cells[c])}/{SEEDS[c]}", pick, why, a + same])
+        if c in cells:
+            lines += _secondary(c, cells[c])
+    return "\n".join(lines).rstrip()
+
+
+def _agrees(pick: str, auto: str) -> str:
+    """How auto's choice stands to the headline's pick."""
+    if auto == "-" or pick == "-":
+        return ""
+    if auto == pick:
+        return " (same)"
+    return " (one of either)" if pick.startswith("either") and auto in OTHERS else " (differs)"
+
+
+def _use_block(cells: dict[str, Cell], ts: list[Test], auto: dict[str, str], done: bool) -> list:
+    """The headline: the link x rho grid, then every cell with its evidence and auto's choice."""
+    hl = placement_to_use(cells, ts)
+    head_rows = [
+        [c, f"{seeds_run(cells[c])}/{SEEDS[c]}", hl[c][0], hl[c][1],
+         auto.get(c, "-") + _agrees(hl[c][0], auto.get(c, "-"))]
+        for c in CELLS
+        if c in cells
+    ]  # fmt: skip
     grid = [
         [f"{b} Mb/s"] + [hl[f"bandwidth_mbps={b}, rho={r}"][0] for r in RHOS] for b in BANDWIDTHS
     ]
-    lines += [
+    return [
         "",
         "**Where should the replay memory live?** (the plan's rule; "
         + ("decided" if done else "interim, not decided")
@@ -556,8 +578,22 @@ def section(data: Path = DATA) -> str:
         md_table(["link", *(f"rho {r}" for r in RHOS)], grid),
         md_table(["cell", "seeds", "use", "evidence", "auto chose"], head_rows),
     ]
+
+
+def _tests_block(cells: dict[str, Cell], ts: list[Test]) -> list:
+    """The per-cell claims, then every test with its simultaneous interval."""
     v = verdicts(ts)
-    lines += [
+    head = ["family", "cell", "outcome", "thinned against", "estimate [simultaneous]", "margin",
+            "n", "p", "Holm p", "status"]  # fmt: skip
+    rows = [
+        [t.family, t.cell, t.outcome, t.against, t.interval_text(),
+         f"+{t.margin:.1f} s" if t.outcome == "time to target" else f"{t.margin:g}",
+         str(t.n) + (f" ({t.unpaired} unpaired)" if t.unpaired else ""),
+         brief(t.p), brief(t.p_holm), t.status()]
+        for t in ts
+        if t.cell in cells
+    ]  # fmt: skip
+    return [
         "Per cell, the three claims (thinned against the others):",
         "",
         md_table(
@@ -572,56 +608,8 @@ def section(data: Path = DATA) -> str:
         "margin's side decides; Holm's p beside, for bytes per cell over both arms' tests; "
         "unpaired: seeds in one arm only, or with a value <= 0, left out of the ratio):",
         "",
-        md_table(
-            [
-                "family",
-                "cell",
-                "outcome",
-                "thinned against",
-                "estimate [simultaneous]",
-                "margin",
-                "n",
-                "p",
-                "Holm p",
-                "status",
-            ],  # fmt: skip
-            [
-                [
-                    t.family,
-                    t.cell,
-                    t.outcome,
-                    t.against,
-                    t.interval_text(),
-                    (f"+{t.margin:.1f} s" if t.outcome == "time to target" else f"{t.margin:g}"),
-                    str(t.n) + (f" ({t.unpaired} unpaired)" if t.unpaired else ""),
-                    brief(t.p),
-                    brief(t.p_holm),
-                    t.status(),
-                ]  # fmt: skip
-                for t in ts
-                if t.cell in cells
-            ],
-        ),
+        md_table(head, rows),
     ]
-    short = short_runs(cells)
-    if short:
-        lines += [
-            f"Runs that stopped before 95% of their cell's T ({len(short)}; their time to "
-            "target counts as not reached by T): " + ", ".join(short) + ".",
-            "",
-        ]
-    lines += ["Forest plots, one per family (point, simultaneous interval, the margin in red):", ""]
-    drawn = {t.family for t in ts if t.cell in cells}  # as `figures` draws them
-    lines += [
-        f"![{fam}](results/placement-3/{name}.png)"
-        for fam, name in FAMILY_FILES.items()
-        if fam in drawn
-    ]
-    lines.append("")
-    for c in CELLS:
-        if c in cells:
-            lines += _secondary(c, cells[c])
-    return "\n".join(lines).rstrip()
 
 
 FIGURES = ROOT / "docs" / "results" / "placement-3"
@@ -629,12 +617,12 @@ FAMILY_FILES = {"not worse": "forest-not-worse", "no more bytes": "forest-bytes"
                 "beats both": "forest-beats-both"}  # fmt: skip
 
 
-def figures(data: Path = DATA, out: Path = FIGURES) -> list[Path]:
+def stage1_figures(data: Path = DATA, out: Path = FIGURES) -> list[Path]:
     """A forest plot per family (``FAMILY_FILES``): one row per test, its simultaneous interval
     and its margin; nothing before stage 1's first rows."""
     from analysis.plots import ForestRow, plot_forest
 
-    cells, _ = read(data)
+    cells, _ = read_stage1(data)
     if not cells:
         return []
     out.mkdir(parents=True, exist_ok=True)
@@ -683,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 1 if missing else 0
-    print(section(a.data))
+    print(stage1_section(a.data))
     return 0
 
 

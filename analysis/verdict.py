@@ -276,7 +276,7 @@ def pilot() -> str:
 def placement3() -> str:
     from analysis import placement3 as P3
 
-    return P3.section()
+    return P3.stage1_section()
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         E.figures(DATA, FIGURE_DIR)
         from analysis import placement3 as P3
 
-        P3.figures()
+        P3.stage1_figures()
     return 0
 
 

@@ -73,8 +73,8 @@ def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
     def level(c, a):
         return {"learner": 400, "buffer": 200, "thinned": 400 * (1.5 if c in P.CAPPED else 1)}[a]
 
-    cells, _ = P.read(_write(tmp_path, _rows(noisy(level))))
-    assert P.complete(cells)
+    cells, _ = P.read_stage1(_write(tmp_path, _rows(noisy(level))))
+    assert P.all_seeds_in(cells)
     ts = P.tests(cells)
     assert len([t for t in ts if t.family == "not worse"]) == P.M_NOT_WORSE == 48
     assert len([t for t in ts if t.family == "no more bytes"]) == 2 * P.M_BYTES == 24
@@ -83,8 +83,8 @@ def test_a_design_that_wins_everywhere_clears_every_claim(tmp_path):
     assert all(v[c]["not worse"] == "not worse than either" for c in P.CELLS), v
     assert all(v[c]["no more bytes"] == "no more bytes than either" for c in P.CELLS)
     assert all(v[c]["beats both"] == "beats both" for c in P.CAPPED)
-    assert {pick for pick, _ in P.headline(cells, ts).values()} == {"thinned"}
-    page = P.section(tmp_path)
+    assert {pick for pick, _ in P.placement_to_use(cells, ts).values()} == {"thinned"}
+    page = P.stage1_section(tmp_path)
     assert "Interim" not in page and "the decisions below are the plan's" in page
     assert "| 1.25 Mb/s | thinned | thinned | thinned |" in page  # the link x rho grid
 
@@ -96,7 +96,7 @@ def test_every_decision_is_its_printed_interval(tmp_path):
     level = lambda c, a: {"learner": 400, "buffer": 380, "thinned": 390}[a]  # noqa: E731
     auc = noisy(level)
     rows = _rows(lambda c, a, s: auc(c, a, s) * rng.lognormal(0, 0.08))
-    cells, _ = P.read(_write(tmp_path, rows))
+    cells, _ = P.read_stage1(_write(tmp_path, rows))
     ts = P.tests(cells)
     m = {"not worse": P.M_NOT_WORSE, "no more bytes": P.M_BYTES, "beats both": P.M_BEATS}
     kinds = set()
@@ -123,34 +123,34 @@ def test_a_clear_miss_is_reported_as_one_and_the_headline_falls_back(tmp_path):
     level = lambda c, a: {"learner": 400, "buffer": 240, "thinned": 200}[a]  # noqa: E731
     rng = np.random.default_rng(2)
     time = lambda c, a, s: (90.0 if a == "thinned" else 60.0) + rng.normal(0, 1)  # noqa: E731
-    cells, _ = P.read(_write(tmp_path, _rows(noisy(level), time=time)))
+    cells, _ = P.read_stage1(_write(tmp_path, _rows(noisy(level), time=time)))
     v = P.verdicts(P.tests(cells))
     assert "AUC against learner" in v["cell=A"]["not worse"]
     assert "time to target against learner" in v["cell=A"]["not worse"]
     assert v["cell=A"]["not worse"].startswith("worse: ")
     assert all(v[c]["beats both"] == "loses to learner and buffer" for c in P.CAPPED)
-    pick, why = P.headline(cells, P.tests(cells))["cell=B"]
+    pick, why = P.placement_to_use(cells, P.tests(cells))["cell=B"]
     assert pick == "learner" and "descriptive" in why
 
 
 def test_interim_until_every_cell_has_its_seeds(tmp_path):
     level = lambda c, a: 400.0  # noqa: E731
     rows = _rows(noisy(level), drop={("cell=M", "thinned", 19)})
-    cells, _ = P.read(_write(tmp_path, rows))
-    assert not P.complete(cells) and P.seeds_run(cells["cell=M"]) == 19
-    page = P.section(tmp_path)
+    cells, _ = P.read_stage1(_write(tmp_path, rows))
+    assert not P.all_seeds_in(cells) and P.seeds_run(cells["cell=M"]) == 19
+    page = P.stage1_section(tmp_path)
     assert "**Interim**" in page and "interim, not decided" in page
     assert f"{len(rows)} of 450 runs" in page
     # no rows: says so, and nothing else
     (tmp_path / "runs.csv").unlink()
-    assert P.section(tmp_path).startswith("Stage 1 has not run yet: 0 of 450 runs")
+    assert P.stage1_section(tmp_path).startswith("Stage 1 has not run yet: 0 of 450 runs")
 
 
 def test_no_more_bytes_is_against_both_arms(tmp_path):
     """At rho 0.25 the buffer arm ships less than the learner arm: thinned at 1.5x the buffer's
     MB (0.375x the learner's) is a clear miss against the buffer, so not "no more bytes"."""
     mb = lambda c, a: {"learner": 80.0, "buffer": 20.0, "thinned": 30.0}[a]  # noqa: E731
-    cells, _ = P.read(_write(tmp_path, _rows(noisy(lambda c, a: 400.0), mb=mb)))
+    cells, _ = P.read_stage1(_write(tmp_path, _rows(noisy(lambda c, a: 400.0), mb=mb)))
     ts = P.tests(cells)
     b = {t.against: t for t in ts if t.family == "no more bytes" and t.cell == "cell=B"}
     assert b["buffer"].estimate == pytest.approx(1.5, rel=0.02) and b["buffer"].missed
@@ -169,7 +169,7 @@ def test_time_to_target_is_uninformative_without_a_target_or_a_hit(tmp_path):
     for r in rows:
         if r["cell"] == "cell=M":
             r["target"], r["reached"] = math.nan, False
-    cells, _ = P.read(_write(tmp_path, rows))
+    cells, _ = P.read_stage1(_write(tmp_path, rows))
     ts = P.tests(cells)
     t = {(x.cell, x.against): x for x in ts if x.outcome == "time to target"}
     never = t[P.CAPPED[0], "learner"]
@@ -192,12 +192,12 @@ def test_tau_and_the_margin_are_the_planned_t_and_a_short_run_is_listed(tmp_path
     for r in rows:
         if r["cell"] == "cell=A" and r["replay_at"] == "learner" and r["seed"] == 3:
             r["T"], r["reached"], r["time_to_target_s"] = 30.0, False, 30.0
-    cells, _ = P.read(_write(tmp_path, rows))
+    cells, _ = P.read_stage1(_write(tmp_path, rows))
     t = {(x.cell, x.against): x for x in P.tests(cells) if x.outcome == "time to target"}
     assert t["cell=A", "learner"].margin == t["cell=A", "buffer"].margin == 13.5
     assert t["cell=A", "learner"].missed and t["cell=A", "buffer"].missed  # 40 s later
     assert P.short_runs(cells) == ["cell=A learner seed 3 (T 30 s)"]
-    assert "cell=A learner seed 3 (T 30 s)" in P.section(tmp_path)
+    assert "cell=A learner seed 3 (T 30 s)" in P.stage1_section(tmp_path)
 
 
 def test_auto_choices_come_from_the_run_folders(tmp_path, monkeypatch):
@@ -230,9 +230,9 @@ def test_auto_choices_come_from_the_run_folders(tmp_path, monkeypatch):
     P.write_auto([{"cell": "cell=A", "replay_at": "thinned"}], data)  # a later check replaces
     level = lambda c, a: {"learner": 400, "buffer": 200, "thinned": 400}[a]  # noqa: E731
     _write(data, _rows(noisy(level)))
-    cells, auto = P.read(data)
+    cells, auto = P.read_stage1(data)
     assert auto["cell=A"] == "thinned" and auto["cell=B"] == "learner"
-    page = P.section(data)
+    page = P.stage1_section(data)
     assert "| thinned (same) |" in page and "| learner (differs) |" in page
     assert P.main(["--auto", str(tmp_path / "runs" / "placement-3" / "auto"), "--data",
                    str(data)]) == 1  # fmt: skip
@@ -242,10 +242,10 @@ def test_a_forest_plot_per_family(tmp_path):
     pytest.importorskip("matplotlib")
     level = lambda c, a: {"learner": 400, "buffer": 200, "thinned": 400}[a]  # noqa: E731
     data = _write(tmp_path, _rows(noisy(level)))
-    paths = P.figures(data, tmp_path / "fig")
+    paths = P.stage1_figures(data, tmp_path / "fig")
     assert [p.name for p in paths] == [f"{n}.png" for n in P.FAMILY_FILES.values()]
     assert all(p.stat().st_size > 10_000 for p in paths)
-    assert P.figures(tmp_path / "empty", tmp_path / "none") == []
+    assert P.stage1_figures(tmp_path / "empty", tmp_path / "none") == []
 
 
 def test_holm_counts_the_planned_family_while_cells_run(tmp_path):
@@ -253,7 +253,7 @@ def test_holm_counts_the_planned_family_while_cells_run(tmp_path):
     so the smallest p is multiplied by 48, not by A's 4 (the interim table read "Holm only"
     where the final family would not)."""
     rows = [r for r in _rows(noisy(lambda c, a: 400.0)) if r["cell"] == "cell=A"]
-    cells, _ = P.read(_write(tmp_path, rows))
+    cells, _ = P.read_stage1(_write(tmp_path, rows))
     nw = [t for t in P.tests(cells) if t.family == "not worse" and t.cell == "cell=A"]
     best = min(nw, key=lambda t: t.p)
     assert best.p_holm == pytest.approx(min(1.0, 48 * best.p))
