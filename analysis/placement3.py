@@ -342,25 +342,20 @@ def verdicts(ts: list[Test]) -> dict[str, dict[str, str]]:
         else:
             out[c]["not worse"] = f"not shown at n = {n}"
         by = [t for t in mine if t.family == "no more bytes"]
-        over = [t.against for t in by if t.missed]
-        out[c]["no more bytes"] = (
-            "no more bytes than either"
-            if all(t.cleared for t in by)
-            else "more bytes than " + " and ".join(over)
-            if over
-            else f"not shown at n = {min(t.n for t in by)}"
-        )
+        out[c]["no more bytes"] = _claim(by, "no more bytes than either", "more bytes than ")
         bb = [t for t in mine if t.family == "beats both"]
         if bb:
-            lost = [t.against for t in bb if t.missed]
-            out[c]["beats both"] = (
-                "beats both"
-                if all(t.cleared for t in bb)
-                else "loses to " + " and ".join(lost)
-                if lost
-                else f"not shown at n = {min(t.n for t in bb)}"
-            )
+            out[c]["beats both"] = _claim(bb, "beats both", "loses to ")
     return out
+
+
+def _claim(ts: list[Test], made: str, missed: str) -> str:
+    """A claim that needs every test of ``ts`` to clear: ``made``, or ``missed`` + the arms
+    with a clear miss, or "not shown"."""
+    if all(t.cleared for t in ts):
+        return made
+    lost = [t.against for t in ts if t.missed]
+    return missed + " and ".join(lost) if lost else f"not shown at n = {min(t.n for t in ts)}"
 
 
 def placement_to_use(cells: dict[str, Cell], ts: list[Test]) -> dict[str, tuple[str, str]]:

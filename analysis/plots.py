@@ -419,7 +419,7 @@ def plot_forest(
         if u == "ratio":
             ax.set_xscale("log")
         xs = [none]
-        papered = margined = False
+        labelled: set[str] = set()  # a legend entry once per kind of mark
         for i, r in enumerate(rs):
             y = n - 1 - i
             if math.isfinite(r.low) and math.isfinite(r.high):
@@ -428,30 +428,12 @@ def plot_forest(
             if math.isfinite(r.estimate):
                 ax.plot([r.estimate], [y], "D", color="C0", ms=5)
                 xs.append(r.estimate)
-            if r.paper is not None and math.isfinite(r.paper):
-                ax.plot(
-                    [r.paper],
-                    [y],
-                    "x",
-                    color="tab:red",
-                    ms=8,
-                    mew=2,
-                    label=None if papered else "paper",
-                )
-                xs.append(r.paper)
-                papered = True
-            if r.margin is not None and math.isfinite(r.margin):
-                ax.plot(
-                    [r.margin],
-                    [y],
-                    "|",
-                    color="tab:red",
-                    ms=12,
-                    mew=2,
-                    label=None if margined else "margin",
-                )
-                xs.append(r.margin)
-                margined = True
+            for kind, v, marker, ms in (("paper", r.paper, "x", 8), ("margin", r.margin, "|", 12)):
+                if v is not None and math.isfinite(v):
+                    label = None if kind in labelled else kind
+                    ax.plot([v], [y], marker, color="tab:red", ms=ms, mew=2, label=label)
+                    xs.append(v)
+                    labelled.add(kind)
         ax.axvline(none, color="k", lw=1)
         xs = [x for x in xs if math.isfinite(x) and (u != "ratio" or x > 0)]
         lo, hi = min(xs), max(xs)
@@ -479,7 +461,7 @@ def plot_forest(
             else "proposed - existing (s), 95% interval"
         )
         ax.set_xlabel((xlabels or {}).get(u, default))
-        if papered or margined:
+        if labelled:
             ax.legend(loc="best", fontsize=8)
     if title:
         fig.suptitle(title)
