@@ -124,7 +124,8 @@ def rank_main(
     cfg = dataclasses.replace(Config(), batch_size=batch)
     spec = envs.inspect(cfg.env)
     step = TrainStep(cfg, spec)
-    sync = make_sync("allreduce", comm, sum(p.numel() for p in step.params), step.device)
+    n_params = sum(p.numel() for p in step.params)
+    sync = make_sync("allreduce", comm, n_params, step.device, batch=batch)
     assert isinstance(sync, AllreduceSync)
     if rank == k - 1:  # the straggler: the last learner, as bench/learner_group.py's
         sync.straggle_s = straggle_ms / 1e3

@@ -138,7 +138,9 @@ def group_syncs(cfg: Config, comm: Any, trainer: TrainStep, learner: int) -> dic
     ``comm``: the all-reduce one sets up the group's sum); the trainer starts with the first."""
     n_params = sum(p.numel() for p in trainer.params)
     sleep, window = straggle_of(cfg, learner)
-    syncs = make_syncs(cfg.learner_sync, comm, n_params, trainer.device, sleep, window)
+    syncs = make_syncs(
+        cfg.learner_sync, comm, n_params, trainer.device, sleep, window, cfg.batch_size
+    )
     out = {ALLREDUCE: syncs["allreduce"]} if "allreduce" in syncs else {}
     out |= {SUBMIT: syncs["gba"]} if "gba" in syncs else {}
     trainer.sync = next(iter(out.values()))

@@ -1,6 +1,11 @@
 """Run under `mpirun -n K`: K learners with AllreduceSync, each on its own batch, against one
 lone learner (rank 0) on the K batches concatenated; rank 0 prints the largest parameter
-difference and the Adam state's as JSON (used by tests/test_learner_group.py)."""
+difference and the Adam state's as JSON (used by tests/test_learner_group.py).
+
+    group_allreduce.py B UPDATES [uneven]
+
+``uneven``: the last learner's batches hold B / 2 transitions (the sync is told B, so its
+gradient is weighted by 1/2: the mean is still over every transition)."""
 
 import dataclasses
 import json
@@ -19,24 +24,28 @@ from mpirl.transport.wire import transition_dtype
 comm = MPI.COMM_WORLD
 rank, k = comm.Get_rank(), comm.Get_size()
 B, UPDATES = int(sys.argv[1]), int(sys.argv[2])
+UNEVEN = sys.argv[3:] == ["uneven"]
+SIZES = [B] * (k - 1) + [B // 2 if UNEVEN else B]  # each learner's batch
+STARTS = np.concatenate([[0], np.cumsum(SIZES)])
 cfg = dataclasses.replace(Config(), hidden=(32, 32), grad_clip=0.5, target_update=2)
 spec = envs.inspect("CartPole-v1")
 torch.manual_seed(100 + rank)  # different initial networks: bcast_weights must align them
 group = TrainStep(cfg, spec)
-group.sync = AllreduceSync(comm, sum(p.numel() for p in group.params))
+group.sync = sync = AllreduceSync(comm, sum(p.numel() for p in group.params), batch=B)
 bcast_weights(comm, group)
 
 
 def batches(update: int):
     """The K batches of one update (the same on every rank: seeded by the update)."""
     rng = np.random.default_rng(update)
-    rec = np.zeros(k * B, transition_dtype(spec.obs_shape, np.float32))
+    total = int(STARTS[-1])
+    rec = np.zeros(total, transition_dtype(spec.obs_shape, np.float32))
     rec["obs"] = rng.normal(size=rec["obs"].shape)
     rec["next_obs"] = rng.normal(size=rec["obs"].shape)
-    rec["action"] = rng.integers(0, spec.n_actions, k * B)
-    rec["reward"] = rng.normal(size=k * B)
-    rec["discount"] = 0.99 * (rng.random(k * B) > 0.1)
-    return rec, rng.uniform(0.2, 1.0, k * B).astype(np.float32)
+    rec["action"] = rng.integers(0, spec.n_actions, total)
+    rec["reward"] = rng.normal(size=total)
+    rec["discount"] = 0.99 * (rng.random(total) > 0.1)
+    return rec, rng.uniform(0.2, 1.0, total).astype(np.float32)
 
 
 lone = None
@@ -46,7 +55,7 @@ if rank == 0:
     lone.target.load_state_dict(group.target.state_dict())
 for u in range(UPDATES):
     rec, w = batches(u)
-    mine = slice(rank * B, (rank + 1) * B)
+    mine = slice(STARTS[rank], STARTS[rank + 1])
     group.step(rec[mine], w[mine])
     if lone is not None:
         lone.step(rec, w)
@@ -62,6 +71,13 @@ if rank == 0:
     )
     print(
         json.dumps(
-            {"param_diff": diff, "target_diff": tdiff, "moved": moved, "updates": group.updates}
+            {
+                "param_diff": diff,
+                "target_diff": tdiff,
+                "moved": moved,
+                "updates": group.updates,
+                "persistent": sync.request is not None,
+                "summed_w": float(sync.buf[-1]),
+            }
         )
     )

@@ -50,9 +50,23 @@ MUTATIONS = [
     Mutation(
         "train step: gradient clip off",
         "mpirl/agent/train_step.py",
-        "        if self.grad_clip > 0:\n            self._clip()",
-        "        if False:\n            self._clip()",
+        "        if self.grad_clip > 0:\n            self._clip(scale)",
+        "        if False:\n            self._clip(scale)",
         ("tests/test_learning_parts.py", "-k", "clip"),
+    ),
+    Mutation(
+        "allreduce: a short batch's gradient not weighted",
+        "mpirl/transport/group.py",
+        "        if w != 1.0:\n            grad *= w",
+        "        if False:\n            grad *= w",
+        ("tests/test_learner_group.py", "-k", "weighs or concatenated"),
+    ),
+    Mutation(
+        "allreduce: the gradients' binding trusted once",
+        "mpirl/transport/group.py",
+        "        if same and all(p.grad is v for p, v in zip(params, views, strict=True)):",
+        "        if views:",
+        ("tests/test_learner_group.py", "-k", "weighs"),
     ),
     Mutation(
         "train step: target copied every update",

@@ -13,10 +13,17 @@ from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
 @pytest.mark.mpi
-def test_allreduce_equals_one_learner_on_the_concatenated_batches():
-    """3 learners (a mean hard-wired to 2 learners shows here, not with 2), 5 updates."""
+@pytest.mark.parametrize("uneven", [False, True], ids=["full", "uneven"])
+def test_allreduce_equals_one_learner_on_the_concatenated_batches(uneven):
+    """3 learners (a mean hard-wired to 2 learners shows here, not with 2), 5 updates, through
+    the persistent all-reduce (MPICH has it), which MPI_Finalize finds freed.  Uneven: the
+    last learner's batches are half size, so its gradient counts half (a plain mean of the
+    three gradients would differ from the lone learner's)."""
+    from mpirl.launch import launcher
+
     p = subprocess.run(
-        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5"],
+        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5"]
+        + (["uneven"] if uneven else []),
         capture_output=True,
         text=True,
         timeout=240,
@@ -27,6 +34,10 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches():
     assert out["updates"] == 5
     assert out["moved"] > 1e-3  # the updates did something (clip and target copy included)
     assert out["param_diff"] < 1e-5 and out["target_diff"] < 1e-5, out
+    assert out["summed_w"] == (2.5 if uneven else 3.0)  # full batches weigh 1
+    if launcher() == "mpich":
+        assert out["persistent"], out
+    assert "persistent request" not in p.stderr, p.stderr
 
 
 def test_learners_are_the_first_ranks():
@@ -287,6 +298,54 @@ def test_the_allreduce_trains_in_its_buffer_without_a_copy():
     p0.grad = torch.full_like(p0, 3.0)
     group.opt.zero_grad()
     assert p0.grad is None and group.params[1].grad is not None
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "iallreduce"])
+def test_the_allreduce_weighs_a_short_batch_and_binds_a_replaced_gradient_again(persistent):
+    """Told the learners' batch (32), a batch of 16 is sent weighted 1/2 and the step scales
+    the sum by 1 / (summed weights) in its clip: one learner over COMM_SELF still steps as a
+    lone learner does, through the persistent request or an Iallreduce.  A gradient dropped
+    and made anew by backward (not a view of the buffer) is bound again before the sum: the
+    binding is checked every step, not trusted once."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from mpirl.agent.envs import inspect
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
+    from mpirl.transport.group import AllreduceSync
+    from mpirl.transport.wire import transition_dtype
+
+    cfg, spec = Config(hidden=(8,), grad_clip=0.5), inspect("CartPole-v1")
+    torch.manual_seed(1)
+    group, lone = TrainStep(cfg, spec), TrainStep(cfg, spec)
+    lone.online.load_state_dict(group.online.state_dict())
+    lone.target.load_state_dict(group.target.state_dict())
+    n_params = sum(p.numel() for p in group.params)
+    sync = group.sync = AllreduceSync(MPI.COMM_SELF, n_params, batch=32)
+    first = sync.request
+    if not persistent:
+        sync.request = None
+    rng = np.random.default_rng(1)
+    for i in range(5):
+        if i == 3:  # replaced from outside, then dropped at zero_grad: backward makes a new one
+            group.params[0].grad = torch.ones_like(group.params[0])
+        rec = np.zeros(16, transition_dtype(spec.obs_shape, np.float32))
+        rec["obs"], rec["next_obs"] = rng.normal(size=(2, 16, 4))
+        rec["action"], rec["reward"] = rng.integers(0, 2, 16), rng.normal(size=16)
+        rec["discount"] = 0.99
+        w = rng.uniform(0.2, 1.0, 16).astype(np.float32)
+        group.step(rec, w)
+        lone.step(rec, w)
+        assert sync.buf[-1] == 0.5  # 16 of 32
+        at = sync.buf.ctypes.data
+        assert all(p.grad.data_ptr() - at in range(0, 4 * sync.buf.size) for p in group.params)
+        for a, b in zip(group.params, lone.params, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+    assert (sync.request is first) if persistent else sync.request is None
 
 
 class _End:

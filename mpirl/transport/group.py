@@ -7,9 +7,10 @@ backward pass (no sync: the learner alone clips and steps).  The modes (``--lear
 
 ``allreduce``  every update the lead sends each other learner an ORDER (a batch relayed from a
                buffer, or "sample B from your shard"); every learner computes its gradient and
-               `AllreduceSync` sums ``[n * grad, n]`` over the group in one MPI Allreduce of one
-               contiguous float32 buffer; each divides by the summed n and takes the same
-               Adam step: one update of global batch K x B, the same parameters on every rank.
+               `AllreduceSync` sums ``[w * grad, w]`` (w = n / B, 1 for a full batch) over the
+               group in one persistent MPI all-reduce of one contiguous float32 buffer; each
+               scales the sum by 1 / (summed w) and takes the same Adam step: one update of
+               global batch K x B, the same parameters on every rank.
 ``async``      parameter server (a thread of the lead's rank, `mpirl.roles.group_lead`): the
                other learners send GRAD (gradient, the weights' version, |td|); the server
                applies each as it arrives (`mpirl.agent.gba.GlobalBatch` of B, no decay).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import socket
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -48,7 +50,7 @@ class Steppable(Protocol):
     torch: Any
     opt: Any  # `mpirl.agent.dqn.Adam`: its ``grad_buffer`` (CPU all-reduce)
 
-    def apply_step(self) -> None: ...
+    def apply_step(self, scale: float = 1.0) -> None: ...
 
 
 def wait_polled(req: Any) -> float:
@@ -92,10 +94,15 @@ class LocalSync:
 
 
 class AllreduceSync(LocalSync):
-    """allreduce: ``[n * grad, n]`` summed over ``comm`` in one MPI Iallreduce, completed by
-    ``wait`` (a bounded adaptive spin on ``Test``, then naps with short ``Test`` bursts:
-    `mpirl.transport.waiting.SpinThenNap`), the gradient set to the sum / total n (the mean over
-    the global batch), then clip and step.
+    """allreduce: ``[w * grad, w]`` summed over ``comm``, ``w = n / batch`` (1 for a full batch,
+    so a full batch is sent as it is), completed by ``wait`` (a bounded adaptive spin on
+    ``Test``, then naps with short ``Test`` bursts: `mpirl.transport.waiting.SpinThenNap`); the
+    step scales the sum by 1 / (summed w), the mean over the global batch, in its clip's pass.
+
+    The sum is one persistent request (MPI-4 ``MPI_Allreduce_init``, made with the sync) that
+    each update only starts: an ``Iallreduce`` builds its schedule anew each time (~15 us of a
+    0.9 ms update, docs/benchmarks.md).  Where the MPI library lacks persistent collectives it
+    is an ``Iallreduce`` per update.
 
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `process_group`."""
@@ -107,17 +114,25 @@ class AllreduceSync(LocalSync):
         straggle_s: float = 0.0,
         nccl: Any = None,
         window: tuple[float, float] = (0.0, float("inf")),
+        batch: int = 0,
     ) -> None:
         super().__init__(straggle_s, window)
         self.comm, self.nccl = comm, nccl
-        #: completes the Iallreduce's request, returns the seconds waited: a bounded, adaptive
+        #: the learners' batch size B (0: unknown, every gradient weighted by its n)
+        self.batch = batch
+        #: completes the all-reduce's request, returns the seconds waited: a bounded, adaptive
         #: spin on ``Test`` and then naps (`mpirl.transport.waiting.SpinThenNap`)
         self.wait: Callable[[Any], float] = SpinThenNap().wait
-        #: ``[grad, n]``, summed in place; on a CPU learner every ``.grad`` is a view of it
+        #: ``[grad, w]``, summed in place; on a CPU learner every ``.grad`` is a view of it
         #: (`bind_grads`), so backward writes the gradient where the all-reduce sends it from
         #: and the step reads the sum there: no copy either way (the two copies were ~50 us of
         #: a 0.64 ms update, docs/benchmarks.md)
         self.buf = np.zeros(n_params + 1, np.float32)
+        #: the ``.grad`` views `bind_grads` made, checked by identity each step (its own check
+        #: reads every pointer through numpy's ctypes, ~20 us an update)
+        self._views: list[Any] = []
+        #: the persistent sum of ``buf`` (None: an Iallreduce each update; or NCCL)
+        self.request = None if nccl is not None else persistent_sum(self, comm, self.buf)
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
         self.straggle()
@@ -127,18 +142,32 @@ class AllreduceSync(LocalSync):
             return
         buf, grad = self.buf, self.buf[:-1]
         if trainer.device.type == "cpu":
-            if not bind_grads(trainer.params, buf):  # (once, or after something replaced them)
-                trainer.opt.grad_buffer = trainer.torch.from_numpy(grad)
+            self._bind(trainer)
         else:  # CUDA learners that cannot use NCCL: through the host
             flat_grads(trainer.params, buf)
-        grad *= n
-        buf[-1] = n
-        req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
+        w = n / self.batch if self.batch else n
+        if w != 1.0:
+            grad *= w
+        buf[-1] = w
+        req = self.request
+        if req is None:
+            req = self.comm.Iallreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
+        else:
+            req.Start()
         self.wait_s = self.wait(req)
-        np.divide(grad, buf[-1], out=grad)
         if trainer.device.type != "cpu":
             set_grads(trainer.params, grad)
-        trainer.apply_step()
+        trainer.apply_step(1.0 / float(buf[-1]))
+
+    def _bind(self, trainer: Steppable) -> None:
+        """Every ``.grad`` a view of ``buf`` (once, or after something replaced one)."""
+        views, params = self._views, trainer.params
+        same = len(views) == len(params)
+        if same and all(p.grad is v for p, v in zip(params, views, strict=True)):
+            return
+        if not bind_grads(params, self.buf):
+            trainer.opt.grad_buffer = trainer.torch.from_numpy(self.buf[:-1])
+        self._views = [p.grad for p in params]
 
     def _step_nccl(self, trainer: Steppable, n: float) -> None:  # pragma: no cover - needs 2+ GPUs
         torch, dist = trainer.torch, self.nccl
@@ -160,6 +189,26 @@ class AllreduceSync(LocalSync):
                 p.grad.copy_(flat[off : off + k].view_as(p) / flat[-1])
                 off += k
         trainer.apply_step()
+
+
+def persistent_sum(owner: object, comm: Any, buf: np.ndarray) -> Any:
+    """A persistent in-place float32 sum of ``buf`` over ``comm`` (``MPI_Allreduce_init``;
+    collective: every rank makes it at the same point), freed when ``owner`` goes or at exit,
+    before MPI_Finalize; None where the MPI library has no persistent collectives."""
+    try:
+        req = comm.Allreduce_init(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
+    except (AttributeError, NotImplementedError, MPI.Exception):
+        return None
+    weakref.finalize(owner, _free_request, req)
+    return req
+
+
+def _free_request(req: Any) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        try:
+            req.Free()
+        except MPI.Exception:  # still active (a run torn down mid-sum): MPI_Finalize's
+            pass
 
 
 class SubmitSync(LocalSync):
@@ -234,27 +283,29 @@ def make_syncs(
     device: Any,
     straggle_s: float = 0.0,
     window: tuple[float, float] = (0.0, float("inf")),
+    batch: int = 0,
 ) -> dict[str, LocalSync]:
     """This learner's sync objects by the way an update is made: ``allreduce`` (synchronous)
     and ``gba`` (the gradient goes to the lead's aggregator); ``switch`` has both.  Making the
-    allreduce one is collective over ``comm`` (every learner makes the same)."""
+    allreduce one is collective over ``comm`` (every learner makes the same); ``batch``: the
+    learners' batch size (`AllreduceSync`)."""
     out: dict[str, LocalSync] = {}
     if mode in ("allreduce", "switch"):
         devices = learner_devices(comm, device)  # collective: the same verdict on every learner
         nccl = process_group(comm, "nccl", device) if nccl_usable(devices) else None
-        out["allreduce"] = AllreduceSync(comm, n_params, straggle_s, nccl, window)
+        out["allreduce"] = AllreduceSync(comm, n_params, straggle_s, nccl, window, batch)
     if mode in ("async", "gba", "switch"):
         out["gba"] = SubmitSync(straggle_s, window)
     return out
 
 
 def make_sync(
-    mode: str, comm: Any, n_params: int, device: Any, straggle_s: float = 0.0
+    mode: str, comm: Any, n_params: int, device: Any, straggle_s: float = 0.0, batch: int = 0
 ) -> LocalSync:
     """This learner's one sync object in a fixed mode (``comm`` None or of size 1: K = 1)."""
     if comm is None or comm.Get_size() == 1:
         return LocalSync(straggle_s)
-    syncs = make_syncs(mode, comm, n_params, device, straggle_s)
+    syncs = make_syncs(mode, comm, n_params, device, straggle_s, batch=batch)
     return syncs.get("allreduce") or syncs["gba"]
 
 
