@@ -566,12 +566,19 @@ def execute(spec: Spec, run: Run, stop: Relay, say: Callable[[str], object] = pr
     }
     if run.run_dir.is_dir():
         (run.run_dir / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
-    verdict = "ok" if rc == 0 else f"FAILED (exit {rc}; see {log_path})"
+    # a clean stop (the sweep's own SIGTERM relayed, a scancel) exits 0 too: only a run that
+    # reached its end is complete, and only its row is exported (an exported row is never run
+    # again, so a stopped run's row would stay in the data)
+    done = run_status(run.run_dir) == "done"
+    if rc != 0:
+        verdict = f"FAILED (exit {rc}; see {log_path})"
+    else:
+        verdict = "ok" if done else "stopped by a signal, not complete (the next sweep reruns it)"
     say(
         f"[{run.index}] {run.run_dir}: {verdict}, {time.time() - t0:.0f} s, "
         f"load {min(loads):.1f}-{max(loads):.1f}"
     )
-    if rc == 0 and spec.export is not None:
+    if rc == 0 and done and spec.export is not None:
         export_run(spec, run, say)
     return rc
 

@@ -277,6 +277,30 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path, capsys):
     assert out.count("FAILED (exit 1") == 8 and "8 of 8 run(s) failed" in err
 
 
+def test_a_run_stopped_by_a_signal_is_not_exported_and_runs_again(tmp_path, monkeypatch, capsys):
+    """A stop signal mid-run (the sweep's SIGTERM, relayed as a clean stop) ends the run with
+    exit 0 and a summary whose stop is the signal.  Its row must not be exported: an exported
+    row is skipped by every later sweep, so the stopped run would stay in the data (it did: a
+    4 s run of a 360 s cell).  The next sweep sets the folder aside and runs it again."""
+    fake = tmp_path / "fake_mpirun.py"
+    fake.write_text(
+        "import json, pathlib, sys\n"
+        "d = pathlib.Path(sys.argv[sys.argv.index('--run-dir') + 1])\n"
+        "d.mkdir(parents=True, exist_ok=True)\n"
+        "(d / 'summary.json').write_text(json.dumps({'stop_reason': 'SIGUSR1'}))\n"
+    )
+    extra = f'ranks = 3\n    launcher = ["{sys.executable}", "{fake}"]\n    export = "data"'
+    monkeypatch.chdir(tmp_path)
+    p = spec_file(tmp_path, BASIC.replace('"OUT"', '"out"').replace("ranks = 3", extra))
+    exports = []
+    monkeypatch.setattr(S, "export_run", lambda spec, run, say=print: exports.append(run.index))
+    assert S.main([str(p), "--index", "0"]) == 0
+    assert exports == [] and "stopped by a signal, not complete" in capsys.readouterr().out
+    assert S.main([str(p), "--index", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "incomplete, moved to" in out and "skipped" not in out and exports == []
+
+
 def test_runs_whose_rows_are_exported_are_skipped(tmp_path, monkeypatch, capsys):
     """A sweep continued on another machine (no runs/ folder) skips the runs whose rows the
     spec's export already holds, by the export's own run key; the rest still run (here the
