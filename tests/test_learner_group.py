@@ -247,6 +247,21 @@ def test_allreduce_sync_completes_its_request_with_the_adaptive_wait():
     assert not isinstance(make_sync("allreduce", MPI.COMM_SELF, 3, None), AllreduceSync)
 
 
+def _step_both(group, lone, spec, rng):
+    """One update of both train steps on the same random CartPole batch of 16."""
+    import numpy as np
+
+    from mpirl.transport.wire import transition_dtype
+
+    rec = np.zeros(16, transition_dtype(spec.obs_shape, np.float32))
+    rec["obs"], rec["next_obs"] = rng.normal(size=(2, 16, 4))
+    rec["action"], rec["reward"] = rng.integers(0, 2, 16), rng.normal(size=16)
+    rec["discount"] = 0.99
+    w = rng.uniform(0.2, 1.0, 16).astype(np.float32)
+    group.step(rec, w)
+    lone.step(rec, w)
+
+
 @pytest.mark.mpi
 def test_the_allreduce_trains_in_its_buffer_without_a_copy():
     """On a CPU learner every ``.grad`` is a view of the sync's buffer: backward writes there,
@@ -263,7 +278,6 @@ def test_the_allreduce_trains_in_its_buffer_without_a_copy():
     from mpirl.agent.train_step import TrainStep
     from mpirl.run.config import Config
     from mpirl.transport.group import AllreduceSync
-    from mpirl.transport.wire import transition_dtype
 
     cfg, spec = Config(hidden=(8,), grad_clip=0.5), inspect("CartPole-v1")
     torch.manual_seed(0)
@@ -274,13 +288,7 @@ def test_the_allreduce_trains_in_its_buffer_without_a_copy():
     sync = group.sync = AllreduceSync(MPI.COMM_SELF, sum(p.numel() for p in group.params))
     rng = np.random.default_rng(0)
     for _ in range(4):
-        rec = np.zeros(16, transition_dtype(spec.obs_shape, np.float32))
-        rec["obs"], rec["next_obs"] = rng.normal(size=(2, 16, 4))
-        rec["action"], rec["reward"] = rng.integers(0, 2, 16), rng.normal(size=16)
-        rec["discount"] = 0.99
-        w = rng.uniform(0.2, 1.0, 16).astype(np.float32)
-        group.step(rec, w)
-        lone.step(rec, w)
+        _step_both(group, lone, spec, rng)
         at = sync.buf.ctypes.data
         assert all(p.grad.data_ptr() - at in range(0, 4 * sync.buf.size) for p in group.params)
         for a, b in zip(group.params, lone.params, strict=True):
@@ -316,7 +324,6 @@ def test_the_allreduce_weighs_a_short_batch_and_binds_a_replaced_gradient_again(
     from mpirl.agent.train_step import TrainStep
     from mpirl.run.config import Config
     from mpirl.transport.group import AllreduceSync
-    from mpirl.transport.wire import transition_dtype
 
     cfg, spec = Config(hidden=(8,), grad_clip=0.5), inspect("CartPole-v1")
     torch.manual_seed(1)
@@ -332,13 +339,7 @@ def test_the_allreduce_weighs_a_short_batch_and_binds_a_replaced_gradient_again(
     for i in range(5):
         if i == 3:  # replaced from outside, then dropped at zero_grad: backward makes a new one
             group.params[0].grad = torch.ones_like(group.params[0])
-        rec = np.zeros(16, transition_dtype(spec.obs_shape, np.float32))
-        rec["obs"], rec["next_obs"] = rng.normal(size=(2, 16, 4))
-        rec["action"], rec["reward"] = rng.integers(0, 2, 16), rng.normal(size=16)
-        rec["discount"] = 0.99
-        w = rng.uniform(0.2, 1.0, 16).astype(np.float32)
-        group.step(rec, w)
-        lone.step(rec, w)
+        _step_both(group, lone, spec, rng)
         assert sync.buf[-1] == 0.5  # 16 of 32
         at = sync.buf.ctypes.data
         assert all(p.grad.data_ptr() - at in range(0, 4 * sync.buf.size) for p in group.params)
