@@ -2,14 +2,17 @@
 training `TrainStep` on scripted batches, against one learner; the cost of the sync itself.
 
     python bench/learner_allreduce.py [--k 2] [--seconds 1] [--rounds 10] [--batch-size 64]
-        [--straggle-ms MS] [--wait none polled adaptive spin blocking adaptive:CAP_US:BURST_US]
+        [--straggle-ms MS] [--wait none polled adaptive spin blocking adaptive:CAP_US:BURST_US
+        adaptive@mpi ...]
 
 One job, ``mpirun -n K python bench/learner_allreduce.py _rank ...``: rank r pins itself to
 core r (``os.sched_setaffinity``, as ``taskset -c``), one torch thread, and trains
 `mpirl.agent.train_step.TrainStep` (CartPole-v1's MLP, the default configuration) on pre-made
 random CartPole-shaped batches (64 per rank, seeded by rank, used in turn): no actors, no
 buffer, no replay memory, no learner role (as `bench/learner_loop.py` isolates the loop).  The
-sync is the real one, ``mpirl.transport.group.make_sync('allreduce', comm, ...)``, its ``wait``
+sync is the real one, ``mpirl.transport.group.make_sync('allreduce', comm, ...)`` (its sum
+through the node's shared memory, `mpirl.transport.node_sum`; a wait named ``...@mpi``: the
+same sync with MPI's persistent all-reduce instead, ``shared=False``), its ``wait``
 (how the Iallreduce's request is completed) set per window by ``--wait``: ``adaptive`` is the
 default (`mpirl.transport.waiting.SpinThenNap`), ``adaptive:CAP_US:BURST_US`` the same with
 another spin cap and burst, ``polled`` the former naps-only `group.wait_polled`, ``spin`` polls
@@ -125,12 +128,16 @@ def rank_main(
     spec = envs.inspect(cfg.env)
     step = TrainStep(cfg, spec)
     n_params = sum(p.numel() for p in step.params)
-    sync = make_sync("allreduce", comm, n_params, step.device, batch=batch)
-    assert isinstance(sync, AllreduceSync)
-    if rank == k - 1:  # the straggler: the last learner, as bench/learner_group.py's
-        sync.straggle_s = straggle_ms / 1e3
-    alone_sync = LocalSync(sync.straggle_s)  # "none": the same sleep, no group
-    waiters = {w: waiter(w) for w in waits if w != "none"}
+    node = make_sync("allreduce", comm, n_params, step.device, batch=batch)
+    assert isinstance(node, AllreduceSync)
+    syncs = {"node": node}
+    if any(w.endswith("@mpi") for w in waits):  # (collective: every rank makes it)
+        syncs["mpi"] = AllreduceSync(comm, n_params, batch=batch, shared=False)
+    for s in syncs.values():
+        if rank == k - 1:  # the straggler: the last learner, as bench/learner_group.py's
+            s.straggle_s = straggle_ms / 1e3
+    alone_sync = LocalSync(node.straggle_s)  # "none": the same sleep, no group
+    waiters = {w: waiter(w.removesuffix("@mpi")) for w in waits if w != "none"}
     data = batches(spec, batch, rank)
     flag = np.zeros(1, np.int32)
 
@@ -138,6 +145,7 @@ def rank_main(
         """Update until every rank is past ``t_end`` (agreed every CHECK_EVERY updates, so all
         make the same number).  K = 1: rank 0 alone, the others nap on a barrier."""
         alone = variant == "K=1"
+        sync = syncs["mpi" if variant.endswith("@mpi") else "node"]
         if alone and rank > 0:
             wait_polled(comm.Ibarrier())
             return {}
@@ -234,8 +242,9 @@ def main() -> None:
     if not 2 <= a.k <= ncpu:
         ap.error(f"--k {a.k}: give 2..{ncpu} (this machine's cores, one per learner)")
     for w in a.wait:
-        if w not in WAITS and not w.startswith("adaptive:"):
-            ap.error(f"--wait {w}: one of {WAITS} or adaptive:CAP_US:BURST_US")
+        plain = w.removesuffix("@mpi") if w != "none" else w
+        if plain not in WAITS and not plain.startswith("adaptive:"):
+            ap.error(f"--wait {w}: one of {WAITS} or adaptive:CAP_US:BURST_US, each but none")
     from mpirl.launch import mpirun_cmd
 
     cmd = [*mpirun_cmd(a.k), sys.executable, str(Path(__file__).resolve()), "_rank"]

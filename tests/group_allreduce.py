@@ -2,10 +2,12 @@
 lone learner (rank 0) on the K batches concatenated; rank 0 prints the largest parameter
 difference and the Adam state's as JSON (used by tests/test_learner_group.py).
 
-    group_allreduce.py B UPDATES [uneven]
+    group_allreduce.py B UPDATES [uneven] [mpi]
 
 ``uneven``: the last learner's batches hold B / 2 transitions (the sync is told B, so its
-gradient is weighted by 1/2: the mean is still over every transition)."""
+gradient is weighted by 1/2: the mean is still over every transition).  ``mpi``: the sum is
+MPI's all-reduce even though the learners share a node (else it is the node's shared memory,
+`mpirl.transport.node_sum`)."""
 
 import dataclasses
 import json
@@ -18,20 +20,21 @@ from mpi4py import MPI
 from mpirl.agent import envs
 from mpirl.agent.train_step import TrainStep
 from mpirl.run.config import Config
-from mpirl.transport.group import AllreduceSync, bcast_weights
+from mpirl.transport.group import AllreduceSync, bcast_weights, state_crc
 from mpirl.transport.wire import transition_dtype
 
 comm = MPI.COMM_WORLD
 rank, k = comm.Get_rank(), comm.Get_size()
 B, UPDATES = int(sys.argv[1]), int(sys.argv[2])
-UNEVEN = sys.argv[3:] == ["uneven"]
+UNEVEN, MPI_SUM = "uneven" in sys.argv[3:], "mpi" in sys.argv[3:]
 SIZES = [B] * (k - 1) + [B // 2 if UNEVEN else B]  # each learner's batch
 STARTS = np.concatenate([[0], np.cumsum(SIZES)])
 cfg = dataclasses.replace(Config(), hidden=(32, 32), grad_clip=0.5, target_update=2)
 spec = envs.inspect("CartPole-v1")
 torch.manual_seed(100 + rank)  # different initial networks: bcast_weights must align them
 group = TrainStep(cfg, spec)
-group.sync = sync = AllreduceSync(comm, sum(p.numel() for p in group.params), batch=B)
+n_params = sum(p.numel() for p in group.params)
+group.sync = sync = AllreduceSync(comm, n_params, batch=B, shared=not MPI_SUM)
 bcast_weights(comm, group)
 
 
@@ -59,6 +62,8 @@ for u in range(UPDATES):
     group.step(rec[mine], w[mine])
     if lone is not None:
         lone.step(rec, w)
+crcs = np.zeros(k, np.int64)  # every learner's weights and Adam state, bitwise
+comm.Allgather([np.array([state_crc(group)], np.int64), MPI.INT64_T], [crcs, MPI.INT64_T])
 if rank == 0:
     diff = max(float((a - b).abs().max()) for a, b in zip(group.params, lone.params, strict=True))
     tdiff = max(
@@ -77,6 +82,8 @@ if rank == 0:
                 "moved": moved,
                 "updates": group.updates,
                 "persistent": sync.request is not None,
+                "sum": type(sync.request).__name__,
+                "same_on_every_learner": bool((crcs == crcs[0]).all()),
                 "summed_w": float(sync.buf[-1]),
             }
         )

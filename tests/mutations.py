@@ -62,10 +62,32 @@ MUTATIONS = [
         ("tests/test_learner_group.py", "-k", "weighs or concatenated"),
     ),
     Mutation(
+        "node sum: one slot per rank, not two by parity (a rank an update ahead overwrites it)",
+        "mpirl/transport/node_sum.py",
+        "        self._all = tuple(tuple(self.slots[s, r] for r in range(self.k)) for s in (0, 1))",
+        "        self._all = tuple(tuple(self.slots[s, r] for r in range(self.k)) for s in (0, 0))",
+        ("tests/test_learner_group.py", "-k", "node_sum"),
+    ),
+    Mutation(
+        "node sum: a flag one update behind taken as in",
+        "mpirl/transport/node_sum.py",
+        "            if flags[i] < seq:",
+        "            if flags[i] < seq - 1:",
+        ("tests/test_learner_group.py", "-k", "node_sum"),
+    ),
+    Mutation(
+        "allreduce: Adam's zero_grad says intact though it dropped a gradient",
+        "mpirl/agent/dqn.py",
+        "            self._checked = (buf, views)\n"
+        "            self.intact = all(v is not None for v in views)",
+        "            self._checked = (buf, views)\n            self.intact = True",
+        ("tests/test_learner_group.py", "-k", "weighs"),
+    ),
+    Mutation(
         "allreduce: the gradients' binding trusted once",
         "mpirl/transport/group.py",
-        "        if same and all(p.grad is v for p, v in zip(params, views, strict=True)):",
-        "        if views:",
+        "        if not (same and all(p.grad is v for p, v in zip(params, views, strict=True))):",
+        "        if not views:",
         ("tests/test_learner_group.py", "-k", "weighs"),
     ),
     Mutation(

@@ -13,17 +13,19 @@ from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("uneven", [False, True], ids=["full", "uneven"])
-def test_allreduce_equals_one_learner_on_the_concatenated_batches(uneven):
+@pytest.mark.parametrize(
+    "args", [[], ["uneven"], ["uneven", "mpi"]], ids=["full", "uneven", "uneven-mpi"]
+)
+def test_allreduce_equals_one_learner_on_the_concatenated_batches(args):
     """3 learners (a mean hard-wired to 2 learners shows here, not with 2), 5 updates, through
-    the persistent all-reduce (MPICH has it), which MPI_Finalize finds freed.  Uneven: the
-    last learner's batches are half size, so its gradient counts half (a plain mean of the
-    three gradients would differ from the lone learner's)."""
+    the node's shared memory (one node here) or, ``mpi``, MPI's persistent all-reduce (MPICH
+    has it), which MPI_Finalize finds freed; either way every learner ends bitwise equal.
+    Uneven: the last learner's batches are half size, so its gradient counts half (a plain
+    mean of the three gradients would differ from the lone learner's)."""
     from mpirl.launch import launcher
 
     p = subprocess.run(
-        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5"]
-        + (["uneven"] if uneven else []),
+        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5", *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -34,10 +36,34 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches(uneven):
     assert out["updates"] == 5
     assert out["moved"] > 1e-3  # the updates did something (clip and target copy included)
     assert out["param_diff"] < 1e-5 and out["target_diff"] < 1e-5, out
-    assert out["summed_w"] == (2.5 if uneven else 3.0)  # full batches weigh 1
-    if launcher() == "mpich":
-        assert out["persistent"], out
+    assert out["same_on_every_learner"], out
+    assert out["summed_w"] == (2.5 if "uneven" in args else 3.0)  # full batches weigh 1
+    if "mpi" not in args:
+        assert out["sum"] == "NodeSum", out
+    elif launcher() == "mpich":
+        assert out["sum"] == "Prequest", out
     assert "persistent request" not in p.stderr, p.stderr
+
+
+@pytest.mark.mpi
+def test_the_node_sum_is_exact_with_learners_an_update_apart():
+    """3 ranks, 300 sums through the node's shared memory at uneven paces (one rank often an
+    update ahead, reusing its other slot): every sum exact on every rank; a Start before the
+    last sum completed is refused."""
+    p = subprocess.run(
+        [*mpirun_cmd(3), sys.executable, "tests/node_sum_run.py", "300"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out == {
+        "rounds": 300,
+        "wrong": 0,
+        "twice": "NodeSum.Start before the last sum completed",
+    }, out
 
 
 def test_learners_are_the_first_ranks():

@@ -132,6 +132,10 @@ class Adam:
         #: the buffer and the ``.grad`` objects zero_grad last found in it (checked by identity:
         #: reading every pointer each update cost ~5 us)
         self._checked: tuple[torch.Tensor | None, list[torch.Tensor | None]] = (None, [])
+        #: after zero_grad: every ``.grad`` is one of those views (none dropped or missing), so
+        #: the backward that follows adds into ``grad_buffer`` and nowhere else (a sync trusts
+        #: it instead of checking the binding again: `mpirl.transport.group.AllreduceSync`)
+        self.intact = False
         if self._adam is not None:
             try:  # the fused CPU kernel halves the optimizer's share of an update (torch >= 2.4)
                 self._update(dry=True)
@@ -160,14 +164,18 @@ class Adam:
             buf.zero_()
             seen, views = self._checked
             if seen is buf and all(p.grad is v for p, v in zip(self.params, views, strict=True)):
+                self.intact = all(v is not None for v in views)
                 return  # the gradients checked last time, untouched since
             lo = buf.data_ptr()
             hi = lo + buf.numel() * buf.element_size()
             for p in self.params:  # one replaced from outside is not in the buffer: drop it
                 if p.grad is not None and not lo <= p.grad.data_ptr() < hi:
                     p.grad = None
-            self._checked = (buf, [p.grad for p in self.params])
+            views = [p.grad for p in self.params]
+            self._checked = (buf, views)
+            self.intact = all(v is not None for v in views)
             return
+        self.intact = False
         for p in self.params:
             p.grad = None
 

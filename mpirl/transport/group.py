@@ -8,7 +8,8 @@ backward pass (no sync: the learner alone clips and steps).  The modes (``--lear
 ``allreduce``  every update the lead sends each other learner an ORDER (a batch relayed from a
                buffer, or "sample B from your shard"); every learner computes its gradient and
                `AllreduceSync` sums ``[w * grad, w]`` (w = n / B, 1 for a full batch) over the
-               group in one persistent MPI all-reduce of one contiguous float32 buffer; each
+               group in one persistent sum of one contiguous float32 buffer (through shared
+               memory where the group shares a node, else MPI's all-reduce); each
                scales the sum by 1 / (summed w) and takes the same Adam step: one update of
                global batch K x B, the same parameters on every rank.
 ``async``      parameter server (a thread of the lead's rank, `mpirl.roles.group_lead`): the
@@ -37,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.agent.grads import bind_grads, flat_grads, set_grads, set_params
+from mpirl.transport.node_sum import node_sum
 from mpirl.transport.waiting import SpinThenNap
 
 MODES = ("allreduce", "async", "gba", "switch")
@@ -99,10 +101,12 @@ class AllreduceSync(LocalSync):
     ``Test``, then naps with short ``Test`` bursts: `mpirl.transport.waiting.SpinThenNap`); the
     step scales the sum by 1 / (summed w), the mean over the global batch, in its clip's pass.
 
-    The sum is one persistent request (MPI-4 ``MPI_Allreduce_init``, made with the sync) that
-    each update only starts: an ``Iallreduce`` builds its schedule anew each time (~15 us of a
-    0.9 ms update, docs/benchmarks.md).  Where the MPI library lacks persistent collectives it
-    is an ``Iallreduce`` per update.
+    The sum is one persistent request that each update only starts: where every learner of the
+    group shares one node, `mpirl.transport.node_sum.NodeSum` (the slots of an MPI shared
+    window, added up in rank order; ``shared=False`` turns it off); otherwise MPI-4's
+    ``MPI_Allreduce_init``, made with the sync (an ``Iallreduce`` builds its schedule anew each
+    time, ~15 us of a 0.9 ms update, docs/benchmarks.md), or where the MPI library lacks
+    persistent collectives, an ``Iallreduce`` per update.
 
     CUDA learners: with ``nccl`` (a torch.distributed process group over the same ranks) the
     flat gradient is summed on the device instead; see `process_group`."""
@@ -115,6 +119,7 @@ class AllreduceSync(LocalSync):
         nccl: Any = None,
         window: tuple[float, float] = (0.0, float("inf")),
         batch: int = 0,
+        shared: bool = True,
     ) -> None:
         super().__init__(straggle_s, window)
         self.comm, self.nccl = comm, nccl
@@ -131,8 +136,15 @@ class AllreduceSync(LocalSync):
         #: the ``.grad`` views `bind_grads` made, checked by identity each step (its own check
         #: reads every pointer through numpy's ctypes, ~20 us an update)
         self._views: list[Any] = []
-        #: the persistent sum of ``buf`` (None: an Iallreduce each update; or NCCL)
-        self.request = None if nccl is not None else persistent_sum(self, comm, self.buf)
+        #: ``buf``'s gradient part as the tensor Adam's zero_grad zeroes (`Adam.grad_buffer`)
+        self._grads: Any = None
+        #: the persistent sum of ``buf``: through the node's shared memory, or MPI's (None: an
+        #: Iallreduce each update; or NCCL).  Collective: every learner makes the same kind
+        self.request: Any = None
+        if nccl is None:
+            self.request = (node_sum(comm, self.buf) if shared else None) or persistent_sum(
+                self, comm, self.buf
+            )
 
     def step(self, trainer: Steppable, loss: Any, td: Any) -> None:
         self.straggle()
@@ -160,14 +172,21 @@ class AllreduceSync(LocalSync):
         trainer.apply_step(1.0 / float(buf[-1]))
 
     def _bind(self, trainer: Steppable) -> None:
-        """Every ``.grad`` a view of ``buf`` (once, or after something replaced one)."""
+        """Every ``.grad`` a view of ``buf`` (once, or after something replaced one).  Where
+        Adam's zero_grad, just before this backward, found every ``.grad`` one of the views in
+        this sync's buffer (``opt.intact``), backward has added into them in place: nothing to
+        check again (the second identity check was ~5 us an update)."""
+        opt = trainer.opt
+        if opt.intact and opt.grad_buffer is self._grads and self._grads is not None:
+            return
         views, params = self._views, trainer.params
         same = len(views) == len(params)
-        if same and all(p.grad is v for p, v in zip(params, views, strict=True)):
-            return
-        if not bind_grads(params, self.buf):
-            trainer.opt.grad_buffer = trainer.torch.from_numpy(self.buf[:-1])
-        self._views = [p.grad for p in params]
+        if not (same and all(p.grad is v for p, v in zip(params, views, strict=True))):
+            bind_grads(params, self.buf)
+            self._views = [p.grad for p in params]
+        if self._grads is None:
+            self._grads = trainer.torch.from_numpy(self.buf[:-1])
+        opt.grad_buffer = self._grads
 
     def _step_nccl(self, trainer: Steppable, n: float) -> None:  # pragma: no cover - needs 2+ GPUs
         torch, dist = trainer.torch, self.nccl
