@@ -36,26 +36,16 @@ SECTIONS = ("put", "loss", "zero", "backward", "sync", "wait", "apply", "back")
 
 
 def rank_main(updates: int, batch: int, modes: list[str]) -> None:
-    import dataclasses
 
     import numpy as np
-    import torch
     from mpi4py import MPI
 
-    from bench.learner_allreduce import batches
-    from mpirl.agent import envs
-    from mpirl.agent.train_step import TrainStep
-    from mpirl.run.config import Config
+    from bench.learner_allreduce import batches, pinned_learner
     from mpirl.transport.group import AllreduceSync, bcast_weights, wait_polled
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    torch.set_num_threads(1)
-    cfg = dataclasses.replace(Config(), batch_size=batch)
-    spec = envs.inspect(cfg.env)
-    step = TrainStep(cfg, spec)
+    spec, step = pinned_learner(rank, batch)
     n_params = sum(p.numel() for p in step.params)
     syncs = {  # collective, made in the same order on every rank
         kind: AllreduceSync(comm, n_params, batch=batch, shared=kind == "node")

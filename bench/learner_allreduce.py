@@ -70,6 +70,25 @@ def batches(spec: Any, batch: int, rank: int, count: int = 64) -> list[tuple[Any
     return out
 
 
+def pinned_learner(rank: int, batch: int) -> tuple[Any, Any]:
+    """This rank pinned to core ``rank`` (mod the usable ones), one torch thread, and its
+    `TrainStep` (the default configuration at ``batch``): (env spec, train step)."""
+    import dataclasses
+
+    import torch
+
+    from mpirl.agent import envs
+    from mpirl.agent.train_step import TrainStep
+    from mpirl.run.config import Config
+
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(Config(), batch_size=batch)
+    spec = envs.inspect(cfg.env)
+    return spec, TrainStep(cfg, spec)
+
+
 def waiter(name: str) -> Any:
     """The request-completing callable for ``--wait`` (req -> seconds waited)."""
     from mpirl.transport.group import wait_polled
@@ -102,15 +121,10 @@ def rank_main(
 ) -> None:
     """One learner rank of the job: pin, then ``rounds`` times each variant (K = 1 first) for
     ``seconds``; rank 0 prints one JSON line per window."""
-    import dataclasses
 
     import numpy as np
-    import torch
     from mpi4py import MPI
 
-    from mpirl.agent import envs
-    from mpirl.agent.train_step import TrainStep
-    from mpirl.run.config import Config
     from mpirl.transport.group import (
         AllreduceSync,
         LocalSync,
@@ -121,12 +135,7 @@ def rank_main(
 
     comm = MPI.COMM_WORLD
     rank, k = comm.Get_rank(), comm.Get_size()
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    torch.set_num_threads(1)
-    cfg = dataclasses.replace(Config(), batch_size=batch)
-    spec = envs.inspect(cfg.env)
-    step = TrainStep(cfg, spec)
+    spec, step = pinned_learner(rank, batch)
     n_params = sum(p.numel() for p in step.params)
     node = make_sync("allreduce", comm, n_params, step.device, batch=batch)
     assert isinstance(node, AllreduceSync)

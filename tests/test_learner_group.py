@@ -12,6 +12,20 @@ from mpirl.run.config import ConfigError, parse, parse_straggle
 from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
+def _run3(script, *args):
+    """``mpirun -n 3 python tests/SCRIPT ARGS``: it must exit 0; returns (its last stdout
+    line as JSON, its stderr)."""
+    p = subprocess.run(
+        [*mpirun_cmd(3), sys.executable, f"tests/{script}", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "args", [[], ["uneven"], ["uneven", "mpi"]], ids=["full", "uneven", "uneven-mpi"]
@@ -24,15 +38,7 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches(args):
     mean of the three gradients would differ from the lone learner's)."""
     from mpirl.launch import launcher
 
-    p = subprocess.run(
-        [*mpirun_cmd(3), sys.executable, "tests/group_allreduce.py", "16", "5", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out, stderr = _run3("group_allreduce.py", "16", "5", *args)
     assert out["updates"] == 5
     assert out["moved"] > 1e-3  # the updates did something (clip and target copy included)
     assert out["param_diff"] < 1e-5 and out["target_diff"] < 1e-5, out
@@ -42,7 +48,7 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches(args):
         assert out["sum"] == "NodeSum", out
     elif launcher() == "mpich":
         assert out["sum"] == "Prequest", out
-    assert "persistent request" not in p.stderr, p.stderr
+    assert "persistent request" not in stderr, stderr
 
 
 @pytest.mark.mpi
@@ -50,15 +56,7 @@ def test_the_node_sum_is_exact_with_learners_an_update_apart():
     """3 ranks, 300 sums through the node's shared memory at uneven paces (one rank often an
     update ahead, reusing its other slot): every sum exact on every rank; a Start before the
     last sum completed is refused."""
-    p = subprocess.run(
-        [*mpirun_cmd(3), sys.executable, "tests/node_sum_run.py", "300"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out, _ = _run3("node_sum_run.py", "300")
     assert out == {
         "rounds": 300,
         "wrong": 0,
