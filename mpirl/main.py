@@ -48,10 +48,17 @@ becomes one error on rank 0 (gathered), so every rank reaches the same verdict t
 from __future__ import annotations
 
 import os
+import sys
 
 # One BLAS/OpenMP thread per rank: 9 ranks share 2 cores. Set before numpy/torch load.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+if __name__ == "__main__" and sys.argv[1:2] != ["play"]:
+    # a stop relayed while this rank imports is kept, not its death (mpirl.run.failure)
+    from mpirl.run.failure import catch_stop_early
+
+    catch_stop_early()
 
 import contextlib  # noqa: E402
 import cProfile  # noqa: E402
@@ -59,7 +66,6 @@ import dataclasses  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
@@ -305,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     """Configure (every rank, one verdict printed by rank 0), then run this rank's role."""
     if (sys.argv[1:] if argv is None else argv)[:1] == ["play"]:  # `mpirl play RUN_DIR`: no MPI
         return play.main((sys.argv[1:] if argv is None else argv)[1:])
+    failure.catch_stop_early()  # (the `mpirl` script's ranks: they start here)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD

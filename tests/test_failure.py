@@ -171,6 +171,44 @@ def test_bad_fault_spec_is_refused():
     assert Fault("buffer", 1, "actor:2:0").action is None
 
 
+@pytest.mark.parametrize("how", ["early", "file"])
+def test_a_stop_asked_for_while_the_rank_starts_is_the_first_request(tmp_path, monkeypatch, how):
+    """`early`: a relayed SIGUSR1 that comes while the rank imports is kept by the early handler
+    (its default action would kill the rank); `file`: one the launcher never forwarded (it was
+    sent before the rank existed) is read from the relay's file. Either is StopSignal's first
+    request, with its watchdog armed, and a second signal after repeat_s ends the job."""
+    import os
+    import signal
+
+    from mpirl.run import failure
+
+    before = {s: signal.getsignal(s) for s in failure.STOP_SIGNALS}
+    monkeypatch.setattr(failure, "_early", None)
+    monkeypatch.setenv(failure.STOP_FILE_ENV, str(tmp_path / "stop"))
+    assert failure.stop_asked_at_start() is None  # no file: nothing asked
+    stop = None
+    try:
+        if how == "early":
+            failure.catch_stop_early()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)  # Python runs the handler between bytecodes of the main thread
+            expect = "SIGUSR1"
+        else:
+            (tmp_path / "stop").write_text("SIGTERM")
+            expect = "SIGTERM"
+        stop = failure.StopSignal(world=None, who="test", repeat_s=0.3)
+        assert stop.requested == expect and stop._watchdog._timer is not None
+        time.sleep(0.35)
+        with pytest.raises(KeyboardInterrupt, match="second SIGUSR1"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+    finally:
+        if stop is not None:
+            stop._watchdog.disarm()
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_stop_signals_ask_for_a_clean_stop(sig):
     """SIGUSR1 too: mpirl.launch relays every stop as SIGUSR1 (Open MPI's mpirun kills the ranks

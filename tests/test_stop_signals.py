@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,54 @@ def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, 
     _assert_complete_final_checkpoint(run, out)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("after", ["spawned", "1s"])
+def test_a_stop_in_the_first_second_of_a_launch_is_not_lost(tmp_path, after):
+    """A stop sent as soon as mpirl.launch has started the launcher (`spawned`), or 1 s later:
+    the launcher forwards a signal only to the ranks it has started, and a started rank dies of
+    SIGUSR1 until it takes it. Before the relay's file and the early handler the stop was lost
+    (the run went to its end) or killed ranks; now the run stops at once, cleanly."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpirl.launch",
+            *mpirun_cmd(4),
+            sys.executable,
+            "-m",
+            "mpirl.main",
+            "--run-dir",
+            str(run),
+            "--max-seconds",
+            "300",
+            *RUN,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        t0 = time.monotonic()
+        while not _children(proc.pid) and time.monotonic() - t0 < 30:
+            time.sleep(0.005)
+        time.sleep(0 if after == "spawned" else 1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            signal_job(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, out
+    assert (run / "summary.json").exists(), f"no summary.json: the ranks were killed\n{out}"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] in STOPS, (summary["stop_reason"], out)
+    assert took < 150, f"{took:.0f} s: the stop was lost, the run went on\n{out}"
+    manifest, skipped = ck.select(run)
+    assert manifest is not None and manifest["reason"] == summary["stop_reason"], skipped
+
+
 def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -198,23 +247,29 @@ def test_sweep_stopped_by_sigterm_checkpoints_and_resumes(tmp_path):
 # ---- mpirl.launch alone, with a stand-in launcher (no MPI) ------------------------------------
 
 FAKE = """
-import signal, sys, time
-signal.signal(signal.SIGUSR1, lambda *_: (print("got SIGUSR1", flush=True), sys.exit(3)))
+import os, signal, sys, time
+def usr1(*_):  # the relay's file is in place before its signal comes
+    print("got SIGUSR1, file:", open(os.environ["MPIRL_STOP_FILE"]).read(), flush=True)
+    sys.exit(3)
+time.sleep(float(sys.argv[1]))  # a launcher that starts slowly: SIGUSR1 would kill it meanwhile
+signal.signal(signal.SIGUSR1, usr1)
 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 print("blocked", sorted(s.name for s in blocked), flush=True)
 time.sleep(30)
 """
 
 
-def _fake_launch(tmp_path: Path) -> subprocess.Popen:
+def _fake_launch(tmp_path: Path, slow_s: float = 0.0) -> subprocess.Popen:
     (tmp_path / "fake.py").write_text(FAKE)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mpirl.launch", sys.executable, str(tmp_path / "fake.py")],
+        [sys.executable, "-m", "mpirl.launch", sys.executable, str(tmp_path / "fake.py")]
+        + [str(slow_s)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    assert proc.stdout.readline().startswith("blocked ['SIGHUP', 'SIGINT', 'SIGTERM']")
+    if slow_s == 0:
+        assert proc.stdout.readline().startswith("blocked ['SIGHUP', 'SIGINT', 'SIGTERM']")
     return proc
 
 
@@ -226,7 +281,20 @@ def test_launch_relays_a_stop_signal_as_sigusr1(tmp_path, to):
     target = proc.pid if to == "launch" else _children(proc.pid)[0]
     os.kill(target, signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
-    assert "SIGTERM: SIGUSR1 to the launcher" in out and "got SIGUSR1" in out
+    assert "SIGTERM: SIGUSR1 to the launcher" in out and "got SIGUSR1, file: SIGTERM" in out
+    assert proc.returncode == 3
+
+
+def test_launch_holds_a_stop_until_the_launcher_takes_sigusr1(tmp_path):
+    """A stop as soon as the launcher exists: SIGUSR1's default action would kill a launcher
+    that has not set its handler yet, so the relay writes its file and waits to send it."""
+    proc = _fake_launch(tmp_path, slow_s=1.5)
+    t0 = time.monotonic()
+    while not _children(proc.pid) and time.monotonic() - t0 < 30:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "got SIGUSR1, file: SIGTERM" in out, out
     assert proc.returncode == 3
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,44 @@ REPEAT_S = 2.0
 #: the signals that ask for a clean stop; a run's stop_reason is then one of their names
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
+#: where a relay (mpirl.launch, the sweep) writes a stop before it signals one: a launcher
+#: forwards a signal only to the ranks it has started, so a rank started after it reads it there
+STOP_FILE_ENV = "MPIRL_STOP_FILE"
+
+_early: tuple[str, float] | None = None  # a stop taken before StopSignal: (name, monotonic)
+
+
+def catch_stop_early() -> None:
+    """A rank's first lines: a relayed stop (SIGUSR1) that comes while the rank is still
+    starting (imports, MPI, the env: seconds) is kept for `StopSignal` instead of killing the
+    rank, SIGUSR1's default action. A second one after ``REPEAT_S`` ends the rank, as later."""
+    signal.signal(signal.SIGUSR1, _take_early)
+
+
+def _take_early(signum: int, _frame: FrameType | None) -> None:
+    global _early
+    now = time.monotonic()
+    if _early is None:
+        _early = (signal.Signals(signum).name, now)
+    elif now - _early[1] > REPEAT_S:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def stop_asked_at_start() -> tuple[str, float] | None:
+    """A stop asked for before `StopSignal` took the signals: one the early handler took, else
+    the relay's file (``STOP_FILE_ENV``) for a signal sent before this rank was started."""
+    if _early is not None:
+        return _early
+    path = os.environ.get(STOP_FILE_ENV)
+    if not path:
+        return None
+    try:
+        name = Path(path).read_text().strip()
+    except OSError:  # none asked for (or the file is on the relay's host, not this one)
+        return None
+    return (name if name in {s.name for s in STOP_SIGNALS} else "SIGUSR1", time.monotonic())
+
 
 class StopSignal:
     """SIGTERM/SIGINT/SIGUSR1 (SLURM preemption, Ctrl-C, job scripts) -> a clean, coordinated stop.
@@ -99,6 +138,7 @@ class StopSignal:
     The signals are unblocked first: ``mpirl.launch`` starts the launcher with them blocked (so
     that Open MPI's mpirun cannot act on them, see there), and Hydra passes that mask on to the
     ranks. At exit they are ignored, so that one still on its way cannot kill a finished rank.
+    A stop asked for while the rank was starting (`stop_asked_at_start`) is taken as the first.
     """
 
     def __init__(
@@ -110,6 +150,9 @@ class StopSignal:
         self._first_at = 0.0
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        if (asked := stop_asked_at_start()) is not None and self.requested is None:
+            self.requested, self._first_at = asked
+            self._watchdog.arm(self._grace, f"a clean stop after {asked[0]}")
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         atexit.register(self._ignore)  # runs before mpi4py's MPI_Finalize (registered earlier)
 
