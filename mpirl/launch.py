@@ -116,20 +116,19 @@ def pending(pid: int) -> set[int]:
     return _status_mask(pid, "ShdPnd:", "SigPnd:") or set()
 
 
-def _below(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc; none elsewhere)."""
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; none elsewhere), parents before children."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:  # gone meanwhile
             continue
-        children.setdefault(int(text[text.rindex(")") + 2 :].split()[1]), []).append(
-            int(stat.parent.name)
-        )
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
     out, todo = [], [pid]
     while todo:
-        kids = children.get(todo.pop(), [])
+        kids = children.get(todo.pop(0), [])
         out += kids
         todo += kids
     return out
@@ -139,7 +138,7 @@ def ready_for(pid: int, sig: int) -> frozenset[int] | None:
     """``pid`` and the processes below it, if every one handles or ignores ``sig`` (/proc's
     SigCgt, SigIgn); None while one would die of it (a rank still starting, a launcher that has
     not set its handler yet)."""
-    procs = [pid, *_below(pid)]
+    procs = [pid, *descendants(pid)]
     for p in procs:
         taken = _status_mask(p, "SigCgt:", "SigIgn:")
         if taken is not None and sig not in taken:  # (None: gone, or not Linux)

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from mpirl.launch import launcher, mpirun_cmd, mpirun_path, stop_signal
+from mpirl.launch import descendants, launcher, mpirun_cmd, mpirun_path, stop_signal
 
 __all__ = [
     "descendants",
@@ -84,24 +84,6 @@ def wait_for_training(proc: subprocess.Popen, run: Path, timeout: float = 120) -
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it was signalled"
     assert logged_updates(run) > 0, "no updates logged: the run did not start training in time"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc), parents before their children."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(0), [])
-        out += kids
-        todo += kids
-    return out
 
 
 def signal_job(pid: int, sig: signal.Signals) -> list[int]:

@@ -96,32 +96,23 @@ def test_job_script_stopped_by_slurm_writes_a_final_checkpoint(tmp_path, how):
     _assert_complete_final_checkpoint(run, out)
 
 
+def _launch(run: Path, max_seconds: int) -> subprocess.Popen:
+    """``python -m mpirl.launch mpirun -n 4 python -m mpirl.main`` in its own process group, as
+    a terminal job is."""
+    cmd = [sys.executable, "-m", "mpirl.launch", *mpirun_cmd(4), sys.executable, "-m"]
+    cmd += ["mpirl.main", "--run-dir", str(run), "--max-seconds", str(max_seconds), *RUN]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("how", ["ctrl-c", "kill-mpirun"])
 def test_terminal_stop_through_mpirl_launch_writes_a_final_checkpoint(tmp_path, how):
     """`ctrl-c`: SIGINT to the terminal's foreground process group (mpirl.launch and mpirun);
     `kill-mpirun`: SIGTERM to mpirun's pid alone."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mpirl.launch",
-            *mpirun_cmd(4),
-            sys.executable,
-            "-m",
-            "mpirl.main",
-            "--run-dir",
-            str(run),
-            "--max-seconds",
-            "150",
-            *RUN,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )  # its own group, as a terminal job is
+    proc = _launch(run, max_seconds=150)
     try:
         wait_for_training(proc, run)
         if how == "ctrl-c":
@@ -147,26 +138,7 @@ def test_a_stop_in_the_first_second_of_a_launch_is_not_lost(tmp_path, after):
     SIGUSR1 until it takes it. Before the relay's file and the early handler the stop was lost
     (the run went to its end) or killed ranks; now the run stops at once, cleanly."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mpirl.launch",
-            *mpirun_cmd(4),
-            sys.executable,
-            "-m",
-            "mpirl.main",
-            "--run-dir",
-            str(run),
-            "--max-seconds",
-            "300",
-            *RUN,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _launch(run, max_seconds=300)
     try:
         t0 = time.monotonic()
         while not _children(proc.pid) and time.monotonic() - t0 < 30:
