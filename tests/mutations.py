@@ -191,6 +191,16 @@ MUTATIONS = [
         "                self._parts.pop(tag)",
         ("tests/test_weights_link.py", "-k", "piece"),
     ),
+    Mutation(
+        "switch: starts in GBA (not allreduce's updates with no straggler)",
+        "mpirl/roles/group_lead.py",
+        'self.how = ALLREDUCE if mode in ("allreduce", "switch") else SUBMIT',
+        'self.how = ALLREDUCE if mode == "allreduce" else SUBMIT',
+        (
+            "tests/test_learner_group.py::"
+            "test_switch_without_a_straggler_makes_exactly_the_updates_of_allreduce",
+        ),
+    ),
 ]
 
 

@@ -12,11 +12,11 @@ from mpirl.run.config import ConfigError, parse, parse_straggle
 from mpirl.transport.topology import LayoutError, check_layout, layout
 
 
-def _run3(script, *args):
-    """``mpirun -n 3 python tests/SCRIPT ARGS``: it must exit 0; returns (its last stdout
+def _run_ranks(k, script, *args):
+    """``mpirun -n K python tests/SCRIPT ARGS``: it must exit 0; returns (its last stdout
     line as JSON, its stderr)."""
     p = subprocess.run(
-        [*mpirun_cmd(3), sys.executable, f"tests/{script}", *args],
+        [*mpirun_cmd(k), sys.executable, f"tests/{script}", *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -38,7 +38,7 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches(args):
     mean of the three gradients would differ from the lone learner's)."""
     from mpirl.launch import launcher
 
-    out, stderr = _run3("group_allreduce.py", "16", "5", *args)
+    out, stderr = _run_ranks(3, "group_allreduce.py", "16", "5", *args)
     assert out["updates"] == 5
     assert out["moved"] > 1e-3  # the updates did something (clip and target copy included)
     assert out["param_diff"] < 1e-5 and out["target_diff"] < 1e-5, out
@@ -52,11 +52,34 @@ def test_allreduce_equals_one_learner_on_the_concatenated_batches(args):
 
 
 @pytest.mark.mpi
+def test_switch_without_a_straggler_makes_exactly_the_updates_of_allreduce(tmp_path):
+    """The tuning-free claim by mechanism (docs/benchmarks.md, H5): the real learner group, K =
+    2 (the lead's loop and learner 1, as mpirl.wiring builds them), fed the same batches in the
+    same order by a scripted buffer, 120 updates with ``--learner-sync allreduce`` and with
+    ``switch``.  Without a straggler switch never leaves all-reduce, and its updates are
+    allreduce's to the bit: the same network and Adam state at the end, on both learners.  So
+    its return per update is allreduce's; what differs between two real runs is the timing of
+    their data, which differs as much between two runs of allreduce.  (tests/mutations.py: a
+    switch that starts in GBA fails it.)"""
+    out = {
+        m: _run_ranks(2, "group_scripted.py", m, "120", str(tmp_path / m))[0]
+        for m in ("allreduce", "switch")
+    }
+    # its first switch waits 2 s (SwitchRule.hold_s): the updates take ~0.3 s here, so even a
+    # machine 5x slower in a moment cannot flap the group into GBA on its own timing
+    assert out["switch"]["switches"] == 0, out
+    assert out["allreduce"]["updates"] == out["switch"]["updates"] == 120, out
+    for m in ("allreduce", "switch"):
+        assert out[m]["crc_learner_1"] == out[m]["crc"], out  # one state on both learners
+    assert out["switch"]["crc"] == out["allreduce"]["crc"], out
+
+
+@pytest.mark.mpi
 def test_the_node_sum_is_exact_with_learners_an_update_apart():
     """3 ranks, 300 sums through the node's shared memory at uneven paces (one rank often an
     update ahead, reusing its other slot): every sum exact on every rank; a Start before the
     last sum completed is refused."""
-    out, _ = _run3("node_sum_run.py", "300")
+    out, _ = _run_ranks(3, "node_sum_run.py", "300")
     assert out == {
         "rounds": 300,
         "wrong": 0,
