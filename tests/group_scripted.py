@@ -6,7 +6,7 @@ Rank 0 prints a JSON line: the crc32 of the lead's network and Adam state
 (`mpirl.transport.group.state_crc`), learner 1's, the switches logged and the updates made
 (used by tests/test_learner_group.py, with allreduce and switch).  With gba the run is not
 deterministic (its server thread applies gradients as they come), and on a loaded machine it
-did not always end here (1 of 4 tries at load 5, 2026-12-06): not diagnosed, not used.
+did not always end here (3 of 9 tries at load 5, 2026-12-06): not diagnosed, not used.
 
     group_scripted.py MODE UPDATES RUN_DIR
 """
