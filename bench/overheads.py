@@ -348,23 +348,11 @@ def ref_actor_mode(argv: list[str]) -> int:
 
 
 def batch_messages(cfg, spec, wire, count: int = 64) -> list:
-    """BATCH messages as the learner receives them: CartPole-like transitions in a prioritized
-    memory, sampled and packed by `Wire.batch` (also bench/learner_loop.py's)."""
-    import numpy as np
+    """BATCH messages as the learner receives them (`mpirl.fakes.batch_messages` from a memory of
+    BENCH_MEMORY; also bench/learner_loop.py's)."""
+    from mpirl import fakes
 
-    from mpirl.replay.build import make_replay
-
-    rng = np.random.default_rng(0)
-    n = BENCH_MEMORY
-    rec = np.zeros(n, wire.record)
-    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
-    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
-    rec["action"] = rng.integers(0, spec.n_actions, n)
-    rec["reward"] = 1.0
-    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma**cfg.n_step)
-    memory = make_replay(cfg, spec, wire.record, seed=0)
-    memory.add(rec, rng.random(n).astype(np.float32))
-    return [wire.batch(memory.sample(cfg.batch_size), i, 0.0) for i in range(count)]
+    return fakes.batch_messages(cfg, spec, wire, count, BENCH_MEMORY)
 
 
 def ref_learner_mode(argv: list[str]) -> int:

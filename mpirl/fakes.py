@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.agent.envs import inspect
-from mpirl.replay.build import record_dtype
+from mpirl.replay.build import make_replay, record_dtype
 from mpirl.roles.actor import Actor
 from mpirl.transport.inbox import Inbox, SitePort
 from mpirl.transport.link import PROFILES, LinkStats
@@ -31,6 +31,23 @@ if TYPE_CHECKING:
     from mpirl.transport.link import LinkProfile
     from mpirl.transport.topology import Topology
     from mpirl.transport.wire import Wire
+
+
+def batch_messages(cfg: Config, spec: EnvSpec, wire: Wire, count: int, size: int) -> list:
+    """``count`` BATCH messages as the learner receives them from a buffer: CartPole-like
+    transitions (reward 1, a terminal about every 20th) in a seeded prioritized memory of
+    ``size``, each a prioritized sample of ``cfg.batch_size`` packed by `Wire.batch`; the same
+    messages on every call (the learner benches, tests/group_scripted.py)."""
+    rng = np.random.default_rng(0)
+    rec = np.zeros(size, wire.record)
+    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
+    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
+    rec["action"] = rng.integers(0, spec.n_actions, size)
+    rec["reward"] = 1.0
+    rec["discount"] = np.where(rng.random(size) < 0.05, 0.0, cfg.gamma**cfg.n_step)
+    memory = make_replay(cfg, spec, wire.record, seed=0)
+    memory.add(rec, rng.random(size).astype(np.float32))
+    return [wire.batch(memory.sample(cfg.batch_size), i, 0.0) for i in range(count)]
 
 
 class ScriptedLink:

@@ -20,9 +20,8 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.fakes import ScriptedLink, learner_ends, wire_of
+from mpirl.fakes import ScriptedLink, batch_messages, learner_ends, wire_of
 from mpirl.logs.runlog import RunLog
-from mpirl.replay.build import make_replay
 from mpirl.run.config import Config
 from mpirl.transport.group import state_crc
 from mpirl.transport.inbox import Inbox
@@ -52,25 +51,10 @@ spec, wire = wire_of(cfg, role="learner")
 topo = SimpleNamespace(link=None, learners=comm, places=layout(4, 1, 2))
 
 
-def batches(count: int) -> list:
-    """``count`` BATCH messages, each a different prioritized sample of one seeded memory."""
-    rng = np.random.default_rng(7)
-    n = 4096
-    rec = np.zeros(n, wire.record)
-    rec["obs"] = rng.normal(0, 0.5, rec["obs"].shape)
-    rec["next_obs"] = rec["obs"] + rng.normal(0, 0.05, rec["obs"].shape)
-    rec["action"] = rng.integers(0, spec.n_actions, n)
-    rec["reward"] = 1.0
-    rec["discount"] = np.where(rng.random(n) < 0.05, 0.0, cfg.gamma**cfg.n_step)
-    memory = make_replay(cfg, spec, wire.record, seed=0)
-    memory.add(rec, rng.random(n).astype(np.float32) + 0.1)
-    return [wire.batch(memory.sample(cfg.batch_size), i, 0.0) for i in range(count)]
-
-
 def scripted_buffer() -> ScriptedLink:
     """A buffer that has the next batch ready on every receive (the k-th received is always
     batch k) until the learner's STOP, then says DONE."""
-    bufs, sent, stopped = batches(3 * UPDATES), [0], [False]
+    bufs, sent, stopped = batch_messages(cfg, spec, wire, 3 * UPDATES, 4096), [0], [False]
 
     def feed() -> list:
         if stopped[0]:
