@@ -259,14 +259,15 @@ class SwitchRule:
     and when with GBA: from the learners' compute time per batch (not the time waited for the
     others), each learner's median over the batches of the last ``horizon_s`` seconds.
 
-    Each learner's median is first divided by its own **baseline**, the smallest median it has
-    shown over a full horizon so far (its best pace), so that a learner steadily slower for a
-    reason of its own (the lead, which also relays batches and serves the group, measured
-    1.5-2.3x the other learner's compute at load 4 with no straggler, and flapped the group
-    into GBA and out every few seconds) is not a straggler; one that becomes slower than it was
-    is.  A baseline is capped at ``own_pace`` (2) x the fastest learner's, so a learner more
-    than twice as slow from the start (a slow node) still counts as a straggler; up to twice
-    as slow from the start (the lead's 1.5-2.3x at load 4) is taken as its own pace.
+    Each learner's median is first divided by its own **baseline**, the smallest of its medians so
+    far (its best pace: each median over the last ``horizon_s``, taken whenever every learner has
+    ``min_samples`` there, so the first may span less than a full horizon), so that a learner
+    steadily slower for a reason of its own (the lead, which also relays batches and serves the
+    group, measured 1.5-2.3x the other learner's compute at load 4 with no straggler, and flapped
+    the group into GBA and out every few seconds) is not a straggler; one that becomes slower than
+    it was is.  A baseline is capped at ``own_pace`` (2) x the fastest learner's, so a learner more
+    than twice as slow from the start (a slow node) still counts as a straggler; up to twice as slow
+    from the start (the lead's 1.5-2.3x at load 4) is taken as its own pace.
     ``ratio`` = the slowest learner's normalised median / the median of the others'.
     Switch to GBA
     when it stays above ``up`` (1.5: a synchronous step takes the slowest learner's time, so half
@@ -298,7 +299,7 @@ class SwitchRule:
         self.times: list[deque[tuple[float, float]]] = [deque() for _ in range(k)]
         self.t_switch = now  # start-up is no straggler: the first switch waits hold_s too
         self.t_held: float | None = None  # since when the condition for a switch holds
-        self.best = [np.inf] * k  # each learner's smallest median over a full horizon so far
+        self.best = [np.inf] * k  # each learner's smallest median so far (its baseline)
         self.t_checked = -np.inf  # when `decide` last looked at the figures
         self.own_pace = own_pace
 
