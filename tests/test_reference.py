@@ -5,11 +5,12 @@ in the loop), so the learning test stops on an update budget, not on the clock: 
 makes it slower, never flaky.  It is the same run on one host only: torch picks its float kernels
 by CPU (AVX2, AVX512; Intel, AMD), and a DQN run amplifies a last-bit difference into another
 trajectory.  So the learning test asserts what every host gave, not one host's trajectory.
-A random policy scores ~20.  Seed 1, ``--target-return 200 --max-updates 10000``, first
-evaluation (500 updates) / best: the host of 2026-12-04 reached 200 by about 5,000 updates; an
-AMD EPYC host (AVX512) on 2026-12-07 gave 19.6 / 133.7 (a plateau at 110-119 from 1,500 updates
-on; seeds 0-5 there: best 131, 134, 238, 200, 265, 212).  The test asks for a first evaluation
-under 50 and a best of at least 100: five times random, met from 1,500 updates on both.
+A random policy scores ~20.  Seed 1, ``--target-return 200 --max-updates 10000``: the host
+the budget was sized on (2026-12) reached 200 by about 5,000 updates; an AMD EPYC host (AVX512)
+on 2026-12-07 gave 19.6 at the first evaluation (500 updates) and a best of 133.7 (108-119 from
+1,500 to 9,500 updates; seeds 0-5 there: best 131, 134, 238, 200, 265, 212).  The test asks for
+a first evaluation under 100 and a best of at least 100 and at least twice the first (five times
+random), which both hosts met.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ def test_reference_learns_cartpole() -> None:
     cfg = parse(["--seed", "1", "--target-return", "200", "--max-updates", "10000", *CPU])
     summary = run(cfg, say=lambda line: None)
     assert summary["stop_reason"] in ("target_return", "max_updates"), summary["stop_reason"]
-    assert summary["evals"][0][2] < 50, summary["evals"]  # it started from (near) random
-    assert summary["best_eval"] >= 100, summary["evals"]  # and rose to five times that
+    first = summary["evals"][0][2]
+    assert first < 100, summary["evals"]  # it started from (near) random
+    assert summary["best_eval"] >= max(100, 2 * first), summary["evals"]  # and the rise is real
     assert summary["env_steps"] > summary["updates"] > 0
 
 
