@@ -1,10 +1,11 @@
 """Numbers as the reports print them, the markdown table, and the per-run CSV rows every report
 writes or reads.
 
-Numbers (`num`): 3 significant digits, an integer with thousands separators from 1,000 on; the
-reports of run folders keep trailing zeros and print NaN and None as ``n/a``, docs/results.md's
-generated sections drop them and print ``-`` (`brief`). Byte counts in B/kB/MB/GB with the same
-digits (`nbytes`).
+Numbers (`num`): 3 significant digits, an integer with thousands separators from 1,000 on,
+scientific notation from 10**9 on (an interval at n = 2 has one degree of freedom and can end at
+``2.9e+21``, which reads better than 22 digits); the reports of run folders keep trailing zeros
+and print NaN and None as ``n/a``, docs/results.md's generated sections drop them and print ``-``
+(`brief`). Byte counts in B/kB/MB/GB with the same digits (`nbytes`).
 
 Per-run rows: one dict per run; `field` writes a value into a CSV, `read_rows` reads the rows
 back with numbers as floats (NaN for a blank), `by_cell` groups them into cells of paired seeds
@@ -42,11 +43,14 @@ PAPER_TERM = {"learner": "existing", "buffer": "proposed"}
 
 def num(v: float | None, digits: int = 3, *, pad: bool = True, missing: str = "n/a") -> str:
     """``v`` to ``digits`` significant digits, an integer with thousands separators from
-    10**digits on. ``pad``: fixed decimals that keep trailing zeros (``1.50``); otherwise
-    Python's ``g`` format (``1.5``). None, NaN and inf print as ``missing``."""
+    10**digits on, scientific notation (``2.9e+21``) from 10**9 on. ``pad``: fixed decimals that
+    keep trailing zeros (``1.50``); otherwise Python's ``g`` format (``1.5``). None, NaN and inf
+    print as ``missing``."""
     if v is None or not np.isfinite(v):
         return missing
     a = abs(v)
+    if a >= 1e9:
+        return f"{v:.{digits}g}"
     if a >= 10**digits:
         return f"{v:,.0f}"
     if not pad:

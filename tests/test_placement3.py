@@ -116,6 +116,16 @@ def test_holm_alone_claims_nothing():
     assert P.Test(**{**t.__dict__, "low": 0.5, "high": 0.8}).status() == "clear miss"
 
 
+def test_an_interval_at_n_2_prints_its_ends_readably():
+    """At n = 2 (one degree of freedom) the interval at 1 - 0.05/48 ends at 1e-22 and 1e21: the
+    page printed the upper end as 22 digits with separators; now in scientific notation."""
+    t = P.Test("not worse", "cell=A", "learner", "AUC", 1.09, 4.07e-22, 2.895e21, 2, 0.13, 0.9,
+               True)  # fmt: skip
+    assert t.interval_text() == "1.09 [4.07e-22, 2.9e+21]"
+    wide = P.Test(**{**t.__dict__, "low": 0.95, "high": 123456.0})
+    assert wide.interval_text() == "1.09 [0.95, 123,456]"  # thousands separators below 10**9
+
+
 def test_a_clear_miss_is_reported_as_one_and_the_headline_falls_back(tmp_path):
     """Thinned at half the learner arm's AUC and 30 s later to target; buffer at 0.6x: thinned
     is worse on both outcomes against the learner arm, and the headline names the learner arm
